@@ -1,0 +1,11 @@
+"""The RLX IR: op schemas (MIR primitives and HIR model ops), graphs, the builder and the LIR."""
+
+from . import mir as _mir  # noqa: F401  (registers the MIR ops)
+from . import hir as _hir  # noqa: F401  (registers the HIR ops)
+from .builder import GraphBuilder, Tensor
+from .graph import Graph, Node, Value
+from .schema import REGISTRY, AttrSpec, OpSchema, get_op, register_op
+from .types import Attrs, Dim, TensorType, broadcast_shapes
+
+__all__ = ["REGISTRY", "AttrSpec", "Attrs", "Dim", "Graph", "GraphBuilder", "Node", "OpSchema",
+           "Tensor", "TensorType", "Value", "broadcast_shapes", "get_op", "register_op"]

@@ -1,0 +1,1 @@
+"""HIR ops: placeholder until filled."""

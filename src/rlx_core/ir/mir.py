@@ -1,0 +1,638 @@
+"""The MIR primitive op set: every op with inference and a float64 NumPy reference.
+
+References receive arrays already in reference precision (float64 for reals, complex128 for
+complex, integers and bools exact) and return arrays the caller casts to the inferred dtype.
+Integer arithmetic wraps (two's complement); integer ``div`` truncates toward zero, as C does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import ALL_DTYPES, FLOAT_DTYPES, INDEX_DTYPES, INT_DTYPES, DType
+from ..errors import DTypeError, ShapeError
+from .schema import AttrSpec, OpSchema, register_op
+from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
+
+REAL = FLOAT_DTYPES + INT_DTYPES
+NUMERIC = FLOAT_DTYPES + (DType.C64,) + INT_DTYPES
+FLOATS_C = FLOAT_DTYPES + (DType.C64,)
+SIGNED = FLOAT_DTYPES + (DType.C64, DType.I8, DType.I16, DType.I32, DType.I64)
+BOOL = (DType.BOOL,)
+
+
+def _check_dtypes(op: str, ts: Sequence[TensorType], allowed: Sequence[DType]) -> None:
+    for i, t in enumerate(ts):
+        if t.dtype not in allowed:
+            raise DTypeError(f"op {op!r} does not accept {t.dtype} (input {i})",
+                             fix=f"{op} accepts {', '.join(map(str, allowed))}; cast first")
+
+
+def _same_dtype(op: str, ts: Sequence[TensorType]) -> DType:
+    d = ts[0].dtype
+    for i, t in enumerate(ts[1:], 1):
+        if t.dtype != d:
+            raise DTypeError(f"op {op!r} needs equal dtypes, got {d} and {t.dtype} (input {i})",
+                             fix="insert a cast so both operands have the same dtype")
+    return d
+
+
+def _wrap_int(fn):
+    def ref(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+        with np.errstate(all="ignore"):
+            return [np.asarray(fn(*xs))]
+    return ref
+
+
+# -- elementwise unary -------------------------------------------------------------------------
+
+def _unary(name: str, fn: Any, dtypes: Sequence[DType], doc: str, out: DType | None = None,
+           out_fn: Any = None) -> None:
+    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+        _check_dtypes(name, ts, dtypes)
+        dt = out_fn(ts[0].dtype) if out_fn else (out or ts[0].dtype)
+        return [TensorType(dt, ts[0].shape)]
+
+    register_op(OpSchema(name, ("x",), infer, _wrap_int(fn), category="elementwise", doc=doc,
+                         dtypes=tuple(dtypes), elementwise=True))
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _int_abs(x: np.ndarray) -> np.ndarray:
+    return np.abs(x)
+
+
+_unary("neg", np.negative, SIGNED, "-x")
+_unary("abs", np.abs, SIGNED, "|x|; for c64 the result is f32",
+       out_fn=lambda d: DType.F32 if d is DType.C64 else d)
+_unary("sign", np.sign, FLOAT_DTYPES + (DType.I8, DType.I16, DType.I32, DType.I64), "-1, 0 or 1")
+_unary("exp", np.exp, FLOATS_C, "e**x")
+_unary("log", np.log, FLOATS_C, "natural log")
+_unary("sqrt", np.sqrt, FLOATS_C, "square root")
+_unary("rsqrt", lambda x: 1.0 / np.sqrt(x), FLOAT_DTYPES, "1/sqrt(x)")
+_unary("reciprocal", lambda x: 1.0 / x, FLOATS_C, "1/x")
+_unary("sin", np.sin, FLOATS_C, "sine")
+_unary("cos", np.cos, FLOATS_C, "cosine")
+_unary("tanh", np.tanh, FLOATS_C, "hyperbolic tangent")
+_unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), FLOAT_DTYPES, "1/(1+e**-x)")
+_unary("erf", lambda x: _erf(x) if x.size else x.astype(np.float64), FLOAT_DTYPES, "Gauss error function")
+_unary("floor", np.floor, FLOAT_DTYPES, "round toward -inf")
+_unary("ceil", np.ceil, FLOAT_DTYPES, "round toward +inf")
+_unary("round", np.round, FLOAT_DTYPES, "round half to even")
+_unary("logical_not", np.logical_not, BOOL, "not x")
+
+
+# -- elementwise binary ------------------------------------------------------------------------
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        q = np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64))
+        return (q * (np.sign(a).astype(np.int64) * np.sign(b).astype(np.int64))).astype(
+            np.result_type(a, b))
+    return a / b
+
+
+def _binary(name: str, fn: Any, dtypes: Sequence[DType], doc: str, out: DType | None = None) -> None:
+    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+        _check_dtypes(name, ts, dtypes)
+        dt = _same_dtype(name, ts)
+        return [TensorType(out or dt, broadcast_shapes(ts[0].shape, ts[1].shape))]
+
+    register_op(OpSchema(name, ("a", "b"), infer, _wrap_int(fn), category="elementwise", doc=doc,
+                         dtypes=tuple(dtypes), elementwise=True))
+
+
+_binary("add", np.add, NUMERIC, "a + b (integers wrap)")
+_binary("sub", np.subtract, NUMERIC, "a - b (integers wrap)")
+_binary("mul", np.multiply, NUMERIC, "a * b (integers wrap)")
+_binary("div", _int_div, NUMERIC, "a / b; integers truncate toward zero")
+_binary("pow", np.power, FLOATS_C, "a ** b")
+_binary("maximum", np.maximum, REAL, "max(a, b); NaN propagates")
+_binary("minimum", np.minimum, REAL, "min(a, b); NaN propagates")
+_binary("logical_and", np.logical_and, BOOL, "a and b")
+_binary("logical_or", np.logical_or, BOOL, "a or b")
+_binary("logical_xor", np.logical_xor, BOOL, "a xor b")
+_binary("equal", np.equal, ALL_DTYPES, "a == b", out=DType.BOOL)
+_binary("not_equal", np.not_equal, ALL_DTYPES, "a != b", out=DType.BOOL)
+_binary("less", np.less, REAL, "a < b", out=DType.BOOL)
+_binary("less_equal", np.less_equal, REAL, "a <= b", out=DType.BOOL)
+_binary("greater", np.greater, REAL, "a > b", out=DType.BOOL)
+_binary("greater_equal", np.greater_equal, REAL, "a >= b", out=DType.BOOL)
+
+
+def _infer_where(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    if ts[0].dtype is not DType.BOOL:
+        raise DTypeError(f"where: condition must be bool, got {ts[0].dtype}",
+                         fix="compare first (e.g. greater) to get a bool mask")
+    dt = _same_dtype("where", ts[1:])
+    return [TensorType(dt, broadcast_shapes(ts[0].shape, ts[1].shape, ts[2].shape))]
+
+
+register_op(OpSchema("where", ("cond", "a", "b"), _infer_where,
+                     _wrap_int(lambda c, a, b: np.where(c, a, b)), category="elementwise",
+                     doc="cond ? a : b", elementwise=True))
+
+
+def _infer_cast(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    return [TensorType(attrs["to"], ts[0].shape)]
+
+
+def _ref_cast(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    to: DType = attrs["to"]  # type: ignore[assignment]
+    x = xs[0]
+    with np.errstate(all="ignore"):
+        if to.is_int and x.dtype.kind == "f":
+            x = np.trunc(x)
+        if to is DType.BOOL:
+            return [x != 0]
+        if x.dtype.kind == "c" and not to.is_complex:
+            x = x.real
+        return [x.astype(to.np)]
+
+
+register_op(OpSchema("cast", ("x",), _infer_cast, _ref_cast,
+                     attrs=(AttrSpec("to", "dtype", doc="target dtype, e.g. to='f32'"),),
+                     category="elementwise", elementwise=True,
+                     doc="convert dtype; float->int truncates toward zero, ->bool is x != 0, "
+                         "complex->real drops the imaginary part"))
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+def _axes(attrs: Attrs, rank: int) -> tuple[int, ...]:
+    axes = attrs["axes"]
+    if axes is None:
+        return tuple(range(rank))
+    norm = tuple(sorted({normalize_axis(a, rank) for a in axes}))  # type: ignore[union-attr]
+    if len(norm) != len(axes):  # type: ignore[arg-type]
+        raise ShapeError(f"reduction axes {axes} repeat an axis", fix="list each axis once")
+    return norm
+
+
+def _reduce_shape(t: TensorType, axes: Sequence[int], keepdims: bool) -> tuple[Dim, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(t.shape))
+    return tuple(d for i, d in enumerate(t.shape) if i not in axes)
+
+
+_RED_ATTRS = (AttrSpec("axes", "ints", default=None, doc="axes to reduce; None reduces all"),
+              AttrSpec("keepdims", "bool", default=False))
+
+
+def _reduction(name: str, fn: Any, dtypes: Sequence[DType], doc: str, nonempty: bool = False) -> None:
+    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+        _check_dtypes(name, ts, dtypes)
+        axes = _axes(attrs, ts[0].rank)
+        if nonempty and any(ts[0].shape[a] == 0 for a in axes):
+            raise ShapeError(f"{name} over an empty axis has no identity",
+                             fix="reduce only non-empty axes")
+        return [TensorType(ts[0].dtype, _reduce_shape(ts[0], axes, bool(attrs["keepdims"])))]
+
+    def ref(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+        axes = _axes(attrs, xs[0].ndim)
+        with np.errstate(all="ignore"):
+            return [np.asarray(fn(xs[0], axis=axes, keepdims=bool(attrs["keepdims"])))]
+
+    register_op(OpSchema(name, ("x",), infer, ref, attrs=_RED_ATTRS, category="reduction", doc=doc,
+                         dtypes=tuple(dtypes),
+                         flops=lambda i, o, a: float(i[0].numel())))
+
+
+_reduction("reduce_sum", np.sum, NUMERIC, "sum over axes (integers wrap)")
+_reduction("reduce_prod", np.prod, NUMERIC, "product over axes")
+_reduction("reduce_mean", np.mean, FLOATS_C, "mean over axes")
+_reduction("reduce_max", np.max, REAL, "max over axes; NaN propagates", nonempty=True)
+_reduction("reduce_min", np.min, REAL, "min over axes; NaN propagates", nonempty=True)
+
+
+def _arg(name: str, fn: Any) -> None:
+    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+        _check_dtypes(name, ts, REAL)
+        ax = normalize_axis(attrs["axis"], ts[0].rank)  # type: ignore[arg-type]
+        if ts[0].shape[ax] == 0:
+            raise ShapeError(f"{name} over an empty axis", fix="reduce a non-empty axis")
+        return [TensorType(DType.I64, _reduce_shape(ts[0], (ax,), bool(attrs["keepdims"])))]
+
+    def ref(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+        ax = normalize_axis(attrs["axis"], xs[0].ndim)  # type: ignore[arg-type]
+        return [np.asarray(fn(xs[0], axis=ax, keepdims=bool(attrs["keepdims"]))).astype(np.int64)]
+
+    register_op(OpSchema(name, ("x",), infer, ref, attrs=(AttrSpec("axis", "int", default=-1),
+                                                          AttrSpec("keepdims", "bool", default=False)),
+                         category="reduction", dtypes=REAL, differentiable=False,
+                         doc=f"index of the first {name[3:]} along axis (i64); NaN counts as extreme"))
+
+
+_arg("argmax", np.argmax)
+_arg("argmin", np.argmin)
+
+
+# -- matmul ------------------------------------------------------------------------------------
+
+def _infer_matmul(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    _check_dtypes("matmul", ts, NUMERIC)
+    dt = _same_dtype("matmul", ts)
+    a, b = ts[0].shape, ts[1].shape
+    if not a or not b:
+        raise ShapeError("matmul operands must have rank >= 1", fix="reshape scalars to [1]")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"matmul inner dims differ: {a} @ {b} ({a2[-1]} vs {b2[-2]})",
+                         fix="the last dim of a must equal the second-to-last dim of b")
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
+    out = batch + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return [TensorType(dt, out)]
+
+
+def _matmul_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:
+    k = ins[0].shape[-1]
+    return 2.0 * outs[0].numel() * (k if isinstance(k, int) else 1)
+
+
+register_op(OpSchema("matmul", ("a", "b"), _infer_matmul,
+                     _wrap_int(lambda a, b: np.matmul(a, b)), category="matmul", dtypes=NUMERIC,
+                     flops=_matmul_flops, doc="batched matrix product with broadcasting (NumPy rules)"))
+
+
+# -- data movement -----------------------------------------------------------------------------
+
+def _infer_reshape(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    shape = list(attrs["shape"])  # type: ignore[arg-type]
+    src = ts[0].shape
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape target {tuple(shape)} has more than one -1", fix="use at most one -1")
+    if any(isinstance(d, str) for d in src) or any(isinstance(d, str) for d in shape):
+        # Symbolic: the symbols on both sides must match and the static parts must agree.
+        s_syms = sorted(d for d in src if isinstance(d, str))
+        t_syms = sorted(d for d in shape if isinstance(d, str))
+        if s_syms != t_syms and -1 not in shape:
+            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes symbolic dims",
+                             fix="keep the same symbols in the target shape")
+        s_static = math.prod(d for d in src if isinstance(d, int))
+        t_static = math.prod(d for d in shape if isinstance(d, int) and d != -1)
+        if -1 in shape:
+            if s_syms != t_syms:
+                raise ShapeError(f"reshape {src} -> {tuple(shape)}: -1 cannot absorb a symbol",
+                                 fix="name the symbol in the target shape")
+            shape[shape.index(-1)] = s_static // t_static if t_static else 0
+        elif s_static != t_static:
+            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes the element count",
+                             fix="the product of the dims must stay the same")
+        return [TensorType(ts[0].dtype, tuple(shape))]
+    n = math.prod(src)  # type: ignore[arg-type]
+    if -1 in shape:
+        rest = math.prod(d for d in shape if d != -1)
+        if rest == 0 or n % rest:
+            raise ShapeError(f"cannot reshape {src} ({n} elements) to {tuple(shape)}",
+                             fix="the product of the dims must divide the element count")
+        shape[shape.index(-1)] = n // rest
+    if math.prod(shape) != n:
+        raise ShapeError(f"cannot reshape {src} ({n} elements) to {tuple(shape)}",
+                         fix="the product of the dims must equal the element count")
+    return [TensorType(ts[0].dtype, tuple(shape))]
+
+
+register_op(OpSchema("reshape", ("x",), _infer_reshape,
+                     lambda xs, a: [xs[0].reshape([d for d in _concrete_shape(a["shape"], xs[0])])],
+                     attrs=(AttrSpec("shape", "shape", doc="target shape; one -1 may be inferred"),),
+                     category="movement", flops=lambda i, o, a: 0.0, doc="same elements, new shape"))
+
+
+def _concrete_shape(shape: Any, x: np.ndarray) -> list[int]:
+    return [d if isinstance(d, int) else -1 for d in shape]
+
+
+def _infer_transpose(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    perm = attrs["perm"]
+    r = ts[0].rank
+    if perm is None:
+        perm = tuple(reversed(range(r)))
+    if sorted(normalize_axis(p, r) for p in perm) != list(range(r)):  # type: ignore[union-attr]
+        raise ShapeError(f"transpose perm {perm} is not a permutation of {r} axes",
+                         fix=f"list each axis 0..{r - 1} exactly once")
+    return [TensorType(ts[0].dtype, tuple(ts[0].shape[normalize_axis(p, r)] for p in perm))]  # type: ignore[union-attr]
+
+
+register_op(OpSchema("transpose", ("x",), _infer_transpose,
+                     lambda xs, a: [np.transpose(xs[0], a["perm"])],
+                     attrs=(AttrSpec("perm", "ints", default=None, doc="axis order; None reverses"),),
+                     category="movement", flops=lambda i, o, a: 0.0, doc="permute axes"))
+
+
+def _infer_expand(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    target = tuple(attrs["shape"])  # type: ignore[arg-type]
+    src = ts[0].shape
+    if len(target) < len(src):
+        raise ShapeError(f"expand to {target} has lower rank than the input {src}",
+                         fix="the target rank must be >= the input rank")
+    out = broadcast_shapes(src, target)
+    if out != target:
+        raise ShapeError(f"cannot expand {src} to {target}", fix="only size-1 dims can be expanded")
+    return [TensorType(ts[0].dtype, target)]
+
+
+register_op(OpSchema("expand", ("x",), _infer_expand,
+                     lambda xs, a: [np.broadcast_to(xs[0], tuple(a["shape"]))],  # type: ignore[arg-type]
+                     attrs=(AttrSpec("shape", "shape", doc="target shape (NumPy broadcasting)"),),
+                     category="movement", flops=lambda i, o, a: 0.0, doc="broadcast to a larger shape"))
+
+_BIG = 2**62
+
+
+def _slice_params(attrs: Attrs, shape: Sequence[Dim]) -> list[tuple[int, slice]]:
+    starts, stops = attrs["starts"], attrs["stops"]
+    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))  # type: ignore[arg-type]
+    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)  # type: ignore[arg-type]
+    if not (len(starts) == len(stops) == len(axes) == len(steps)):  # type: ignore[arg-type]
+        raise ShapeError("slice: starts, stops, axes and steps must have the same length",
+                         fix="give one entry per sliced axis")
+    out = []
+    for st, sp, ax, step in zip(starts, stops, axes, steps):  # type: ignore[call-overload]
+        if step == 0:
+            raise ShapeError("slice step is 0", fix="use a non-zero step")
+        out.append((normalize_axis(ax, len(shape)), slice(st, min(sp, _BIG) if sp > 0 else sp, step)))
+    if len({a for a, _ in out}) != len(out):
+        raise ShapeError("slice lists an axis twice", fix="list each axis once")
+    return out
+
+
+def _infer_slice(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    shape = list(ts[0].shape)
+    for ax, sl in _slice_params(attrs, shape):
+        d = shape[ax]
+        if isinstance(d, str):
+            if sl.start == 0 and sl.stop >= _BIG and sl.step == 1:
+                continue
+            raise ShapeError(f"slice of symbolic dim {d!r} needs a concrete size",
+                             fix="specialize the graph (bind the symbol) before slicing it")
+        shape[ax] = len(range(*sl.indices(d)))
+    return [TensorType(ts[0].dtype, tuple(shape))]
+
+
+def _ref_slice(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    idx: list[Any] = [slice(None)] * xs[0].ndim
+    for ax, sl in _slice_params(attrs, xs[0].shape):
+        idx[ax] = sl
+    return [xs[0][tuple(idx)]]
+
+
+register_op(OpSchema("slice", ("x",), _infer_slice, _ref_slice,
+                     attrs=(AttrSpec("starts", "ints"), AttrSpec("stops", "ints"),
+                            AttrSpec("axes", "ints", default=None),
+                            AttrSpec("steps", "ints", default=None)),
+                     category="movement", flops=lambda i, o, a: 0.0,
+                     doc="Python slicing per axis (negative indices and steps, clamped)"))
+
+
+def _infer_concat(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    dt = _same_dtype("concat", ts)
+    r = ts[0].rank
+    ax = normalize_axis(attrs["axis"], r)  # type: ignore[arg-type]
+    total = 0
+    for i, t in enumerate(ts):
+        if t.rank != r or any(t.shape[j] != ts[0].shape[j] for j in range(r) if j != ax):
+            raise ShapeError(f"concat input {i} has shape {t.shape}, incompatible with {ts[0].shape}",
+                             fix=f"all inputs must match except on axis {ax}")
+        d = t.shape[ax]
+        if isinstance(d, str):
+            if len(ts) == 1:
+                return [ts[0]]
+            raise ShapeError(f"concat along symbolic dim {d!r}", fix="specialize the graph first")
+        total += d
+    shape = list(ts[0].shape)
+    shape[ax] = total
+    return [TensorType(dt, tuple(shape))]
+
+
+register_op(OpSchema("concat", ("xs*",), _infer_concat,
+                     lambda xs, a: [np.concatenate(list(xs), axis=a["axis"])],  # type: ignore[arg-type]
+                     attrs=(AttrSpec("axis", "int"),), category="movement",
+                     flops=lambda i, o, a: 0.0, doc="join along an axis"))
+
+
+def _infer_pad(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    pads = attrs["pads"]
+    r = ts[0].rank
+    if len(pads) != 2 * r or any(p < 0 for p in pads):  # type: ignore[arg-type, union-attr]
+        raise ShapeError(f"pad needs {2 * r} non-negative pads (all befores, then all afters), "
+                         f"got {pads}", fix="pads = (b0, b1, ..., e0, e1, ...)")
+    shape = []
+    for i, d in enumerate(ts[0].shape):
+        extra = pads[i] + pads[i + r]  # type: ignore[index]
+        if isinstance(d, str) and extra:
+            raise ShapeError(f"padding symbolic dim {d!r}", fix="specialize the graph first")
+        shape.append(d if isinstance(d, str) else d + extra)
+    return [TensorType(ts[0].dtype, tuple(shape))]
+
+
+def _ref_pad(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    r = xs[0].ndim
+    pads = attrs["pads"]
+    width = [(pads[i], pads[i + r]) for i in range(r)]  # type: ignore[index]
+    return [np.pad(xs[0], width, constant_values=np.asarray(attrs["value"]).astype(xs[0].dtype))]
+
+
+register_op(OpSchema("pad", ("x",), _infer_pad, _ref_pad,
+                     attrs=(AttrSpec("pads", "ints", doc="befores then afters, one per axis"),
+                            AttrSpec("value", "float", default=0.0)),
+                     category="movement", flops=lambda i, o, a: 0.0, doc="constant padding"))
+
+
+def _infer_gather(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    _check_dtypes("gather (indices)", ts[1:], INDEX_DTYPES)
+    ax = normalize_axis(attrs["axis"], ts[0].rank)  # type: ignore[arg-type]
+    s = ts[0].shape
+    return [TensorType(ts[0].dtype, s[:ax] + ts[1].shape + s[ax + 1:])]
+
+
+def _ref_gather(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    ax = normalize_axis(attrs["axis"], xs[0].ndim)  # type: ignore[arg-type]
+    n = xs[0].shape[ax]
+    idx = xs[1].astype(np.int64)
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise ShapeError(f"gather index out of range for axis of size {n}",
+                         fix="indices must be in [-n, n)")
+    return [np.take(xs[0], idx, axis=ax)]
+
+
+register_op(OpSchema("gather", ("x", "indices"), _infer_gather, _ref_gather,
+                     attrs=(AttrSpec("axis", "int", default=0),), category="movement",
+                     flops=lambda i, o, a: 0.0,
+                     doc="take along axis (NumPy take); negative indices count from the end"))
+
+
+def _infer_scatter_add(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    _check_dtypes("scatter_add (indices)", ts[1:2], INDEX_DTYPES)
+    _check_dtypes("scatter_add", ts[:1], NUMERIC)
+    if ts[2].dtype != ts[0].dtype:
+        raise DTypeError(f"scatter_add updates are {ts[2].dtype}, data is {ts[0].dtype}",
+                         fix="cast updates to the data dtype")
+    if ts[1].shape != ts[2].shape or ts[1].rank != ts[0].rank:
+        raise ShapeError(f"scatter_add: indices {ts[1].shape} and updates {ts[2].shape} must have "
+                         f"equal shapes and the rank of data {ts[0].shape}",
+                         fix="ONNX ScatterElements rules")
+    normalize_axis(attrs["axis"], ts[0].rank)  # type: ignore[arg-type]
+    return [ts[0]]
+
+
+def _ref_scatter_add(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    data, idx, upd = xs
+    ax = normalize_axis(attrs["axis"], data.ndim)  # type: ignore[arg-type]
+    out = data.copy()
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[ax] = idx.astype(np.int64) % max(data.shape[ax], 1)
+    np.add.at(out, tuple(grids), upd)
+    return [out]
+
+
+register_op(OpSchema("scatter_add", ("x", "indices", "updates"), _infer_scatter_add,
+                     _ref_scatter_add, attrs=(AttrSpec("axis", "int", default=0),),
+                     category="movement", dtypes=NUMERIC,
+                     doc="out = x; out[.., indices[i], ..] += updates[i] along axis (duplicates add up)"))
+
+
+def _infer_iota(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    shape = tuple(attrs["shape"])  # type: ignore[arg-type]
+    if any(d == -1 for d in shape):
+        raise ShapeError("iota shape may not contain -1", fix="give every dim")
+    normalize_axis(attrs["axis"], len(shape))  # type: ignore[arg-type]
+    return [TensorType(attrs["dtype"], shape)]
+
+
+def _ref_iota(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    shape = tuple(attrs["shape"])  # type: ignore[arg-type]
+    ax = normalize_axis(attrs["axis"], len(shape))  # type: ignore[arg-type]
+    if not shape:
+        return [np.zeros((), np.int64)]
+    view = [1] * len(shape)
+    view[ax] = shape[ax]
+    return [np.broadcast_to(np.arange(shape[ax]).reshape(view), shape)]
+
+
+register_op(OpSchema("iota", (), _infer_iota, _ref_iota,
+                     attrs=(AttrSpec("shape", "shape"), AttrSpec("axis", "int", default=0),
+                            AttrSpec("dtype", "dtype", default=DType.I64)),
+                     category="movement", dtypes=NUMERIC, differentiable=False,
+                     doc="the index along `axis`, broadcast to `shape`"))
+
+
+# -- conv2d and cumsum -------------------------------------------------------------------------
+
+def _conv_attrs(attrs: Attrs) -> tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int], int]:
+    s, p, d = attrs["strides"], attrs["pads"], attrs["dilations"]
+    if len(s) != 2 or len(p) != 4 or len(d) != 2 or min(s) < 1 or min(d) < 1 or min(p) < 0:  # type: ignore[arg-type]
+        raise ShapeError(f"conv2d strides {s}, pads {p}, dilations {d} are invalid",
+                         fix="strides (sh, sw) >= 1, pads (top, left, bottom, right) >= 0, "
+                             "dilations (dh, dw) >= 1")
+    return tuple(s), tuple(p), tuple(d), int(attrs["groups"])  # type: ignore[arg-type, return-value]
+
+
+def _infer_conv2d(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    _check_dtypes("conv2d", ts, NUMERIC)
+    dt = _same_dtype("conv2d", ts)
+    x, w = ts[0].shape, ts[1].shape
+    if len(x) != 4 or len(w) != 4:
+        raise ShapeError(f"conv2d needs x NCHW and w OIHW (rank 4), got {x} and {w}",
+                         fix="reshape to 4-D")
+    (sh, sw), (pt, pl, pb, pr), (dh, dw), g = _conv_attrs(attrs)
+    n, c, h, wd = x
+    o, ci, kh, kw = w
+    if g < 1 or (isinstance(c, int) and c % g) or (isinstance(o, int) and o % g):
+        raise ShapeError(f"conv2d groups={g} must divide C={c} and O={o}", fix="pick a valid groups")
+    if isinstance(c, int) and ci * g != c:
+        raise ShapeError(f"conv2d weight has {ci} input channels per group, x has {c} channels "
+                         f"and groups={g}", fix="w.shape[1] * groups must equal C")
+    if isinstance(h, str) or isinstance(wd, str):
+        raise ShapeError("conv2d spatial dims must be static", fix="specialize the graph first")
+    ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1  # type: ignore[operator]
+    wo = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1  # type: ignore[operator]
+    if ho < 1 or wo < 1:
+        raise ShapeError(f"conv2d output would be {ho}x{wo}", fix="the kernel is larger than the "
+                         "padded input; reduce dilation or add padding")
+    return [TensorType(dt, (n, o, ho, wo))]
+
+
+def conv2d_reference(x: np.ndarray, w: np.ndarray, attrs: Attrs) -> np.ndarray:
+    (sh, sw), (pt, pl, pb, pr), (dh, dw), g = _conv_attrs(attrs)
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    n, c, h, wd = xp.shape
+    o, ci, kh, kw = w.shape
+    ho = (h - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, o, ho, wo), dtype=np.result_type(x, w))
+    og = o // g
+    for gi in range(g):
+        xs = xp[:, gi * ci:(gi + 1) * ci]
+        ws = w[gi * og:(gi + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
+                out[:, gi * og:(gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out
+
+
+def _conv_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:
+    _, ci, kh, kw = ins[1].shape
+    return 2.0 * outs[0].numel() * ci * kh * kw  # type: ignore[operator]
+
+
+register_op(OpSchema("conv2d", ("x", "w"), _infer_conv2d,
+                     lambda xs, a: [conv2d_reference(xs[0], xs[1], a)],
+                     attrs=(AttrSpec("strides", "ints", default=(1, 1)),
+                            AttrSpec("pads", "ints", default=(0, 0, 0, 0),
+                                     doc="(top, left, bottom, right)"),
+                            AttrSpec("dilations", "ints", default=(1, 1)),
+                            AttrSpec("groups", "int", default=1)),
+                     category="conv", dtypes=NUMERIC, flops=_conv_flops,
+                     doc="2-D cross-correlation, x NCHW, w OIHW (no bias: add it after)"))
+
+
+def _infer_cumsum(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    _check_dtypes("cumsum", ts, NUMERIC)
+    normalize_axis(attrs["axis"], ts[0].rank)  # type: ignore[arg-type]
+    return [ts[0]]
+
+
+def _ref_cumsum(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    x = xs[0]
+    if x.ndim == 0:
+        return [x.copy()] if not attrs["exclusive"] else [np.zeros_like(x)]
+    ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    if attrs["reverse"]:
+        x = np.flip(x, ax)
+    with np.errstate(all="ignore"):
+        out = np.cumsum(x, axis=ax, dtype=x.dtype)
+    if attrs["exclusive"]:
+        out = out - x
+    if attrs["reverse"]:
+        out = np.flip(out, ax)
+    return [out]
+
+
+register_op(OpSchema("cumsum", ("x",), _infer_cumsum, _ref_cumsum,
+                     attrs=(AttrSpec("axis", "int", default=-1),
+                            AttrSpec("exclusive", "bool", default=False),
+                            AttrSpec("reverse", "bool", default=False)),
+                     category="scan", dtypes=NUMERIC, doc="running sum along axis"))
+
+MIR_OPS: tuple[str, ...] = ()
+
+
+def _collect() -> tuple[str, ...]:
+    from .schema import REGISTRY
+
+    return tuple(REGISTRY.names("mir"))
+
+
+MIR_OPS = _collect()
