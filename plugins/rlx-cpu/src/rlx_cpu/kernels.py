@@ -1,0 +1,281 @@
+"""Kernel factories: ``factory(ins, outs, attrs) -> run()`` binds arena views once, at compile time.
+
+Binding views up front keeps the per-kernel cost at one Python call plus the NumPy call, and every
+kernel writes into its planned output buffer (``out=``) so nothing is allocated on the hot path
+where NumPy allows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.special as sps
+
+from rlx_core.ir.types import Attrs, normalize_axis
+
+Run = Callable[[], None]
+Factory = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], Attrs], Run]
+
+
+def ufunc1(f: Any) -> Factory:
+    def make(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+        x, o = ins[0], outs[0]
+        return lambda: f(x, out=o)
+    return make
+
+
+def ufunc2(f: Any) -> Factory:
+    def make(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+        a, b = ins
+        o = outs[0]
+        return lambda: f(a, b, out=o)
+    return make
+
+
+def k_rsqrt(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+
+    def run() -> None:
+        np.sqrt(x, out=o)
+        np.divide(1, o, out=o)
+    return run
+
+
+def k_reciprocal(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    one = np.ones((), o.dtype)
+    return lambda: np.divide(one, x, out=o)
+
+
+def k_abs(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    return lambda: np.abs(x, out=o)
+
+
+def k_int_div(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    a, b = ins
+    o = outs[0]
+
+    def run() -> None:
+        # C semantics (truncate toward zero) computed in i64 so |INT_MIN| cannot overflow first.
+        a64, b64 = a.astype(np.int64), b.astype(np.int64)
+        q = np.abs(a64) // np.abs(b64)
+        neg = (a64 < 0) != (b64 < 0)
+        np.copyto(o, np.where(neg, -q, q), casting="unsafe")
+    return run
+
+
+def k_where(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    c, a, b = ins
+    o = outs[0]
+
+    def run() -> None:
+        np.copyto(o, b)
+        np.copyto(o, a, where=c)
+    return run
+
+
+def k_cast(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    if o.dtype == np.bool_:
+        return lambda: np.not_equal(x, 0, out=o)
+    if x.dtype.kind == "c" and o.dtype.kind != "c":
+        return lambda: np.copyto(o, x.real, casting="unsafe")
+    if o.dtype.kind in "iu" and x.dtype.kind == "f" or x.dtype.name == "bfloat16" and o.dtype.kind in "iu":
+        def run() -> None:
+            with np.errstate(invalid="ignore"):
+                np.copyto(o, np.trunc(x.astype(np.float64)), casting="unsafe")
+        return run
+
+    def plain() -> None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.copyto(o, x, casting="unsafe")
+    return plain
+
+
+def _axes(attrs: Attrs, rank: int) -> tuple[int, ...]:
+    axes = attrs["axes"]
+    if axes is None:
+        return tuple(range(rank))
+    return tuple(sorted({normalize_axis(a, rank) for a in axes}))  # type: ignore[union-attr]
+
+
+def reduction(f: Any, with_dtype: bool = True) -> Factory:
+    def make(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+        x, o = ins[0], outs[0]
+        axes = _axes(attrs, x.ndim)
+        keep = bool(attrs["keepdims"])
+        # Reduce into a view with the reduced axes kept, so `out=` always has the right rank.
+        okeep = o.reshape([1 if i in axes else d for i, d in enumerate(x.shape)])
+        kw = {"dtype": o.dtype} if with_dtype else {}
+        target = o if keep else okeep
+        if x.size == 0 and f in (np.max, np.min):
+            raise ValueError("empty reduction")
+        return lambda: f(x, axis=axes, out=target, keepdims=True, **kw)
+    return make
+
+
+def k_arg(f: Any) -> Factory:
+    def make(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+        x, o = ins[0], outs[0]
+        ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+        okeep = o.reshape([1 if i == ax else d for i, d in enumerate(x.shape)])
+        return lambda: f(x, axis=ax, out=okeep, keepdims=True)
+    return make
+
+
+def k_matmul(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    a, b = ins
+    o = outs[0]
+    return lambda: np.matmul(a, b, out=o)
+
+
+def k_reshape(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    if np.shares_memory(x, o):
+        return lambda: None  # planned in place: same bytes, nothing to move
+    src = x.reshape(o.shape)
+    return lambda: np.copyto(o, src)
+
+
+def k_transpose(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    src = np.transpose(x, attrs["perm"])
+    return lambda: np.copyto(o, src)
+
+
+def k_expand(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    return lambda: np.copyto(o, x)
+
+
+def k_slice(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    from rlx_core.ir.mir import _slice_params
+
+    x, o = ins[0], outs[0]
+    idx: list[Any] = [slice(None)] * x.ndim
+    for ax, sl in _slice_params(attrs, x.shape):
+        idx[ax] = sl
+    src = x[tuple(idx)]
+    return lambda: np.copyto(o, src)
+
+
+def k_concat(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    xs, o = list(ins), outs[0]
+    ax = normalize_axis(attrs["axis"], o.ndim)  # type: ignore[arg-type]
+    return lambda: np.concatenate(xs, axis=ax, out=o)
+
+
+def k_pad(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    r = x.ndim
+    pads = attrs["pads"]
+    inner = o[tuple(slice(pads[i], pads[i] + x.shape[i]) for i in range(r))]  # type: ignore[index]
+    with np.errstate(invalid="ignore"):
+        value = np.asarray(attrs["value"]).astype(o.dtype)
+
+    def run() -> None:
+        o.fill(value)
+        np.copyto(inner, x)
+    return run
+
+
+def k_gather(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, idx = ins
+    o = outs[0]
+    ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    return lambda: np.take(x, idx, axis=ax, out=o)
+
+
+def k_scatter_add(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, idx, upd = ins
+    o = outs[0]
+    ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    grids = list(np.indices(idx.shape, sparse=True))
+    n = max(x.shape[ax], 1)
+
+    def run() -> None:
+        np.copyto(o, x)
+        g = list(grids)
+        g[ax] = np.mod(idx, n)
+        np.add.at(o, tuple(g), upd)
+    return run
+
+
+def k_iota(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    o = outs[0]
+    if o.ndim == 0:
+        return lambda: o.fill(0)
+    ax = normalize_axis(attrs["axis"], o.ndim)  # type: ignore[arg-type]
+    view = [1] * o.ndim
+    view[ax] = o.shape[ax]
+    src = np.arange(o.shape[ax]).reshape(view).astype(o.dtype)
+    return lambda: np.copyto(o, src)
+
+
+def k_conv2d(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, w = ins
+    o = outs[0]
+    sh, sw = attrs["strides"]  # type: ignore[misc]
+    pt, pl, pb, pr = attrs["pads"]  # type: ignore[misc]
+    dh, dw = attrs["dilations"]  # type: ignore[misc]
+    g = int(attrs["groups"])  # type: ignore[arg-type]
+    n, c, h, wd = x.shape
+    oc, ci, kh, kw = w.shape
+    _, _, ho, wo = o.shape
+    og = oc // g
+    padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), x.dtype)
+    inner = padded[:, :, pt:pt + h, pl:pl + wd]
+    # Weights as (groups, og, ci*kh*kw) so each group is one GEMM over im2col columns.
+    wmat = w.reshape(g, og, ci * kh * kw)
+    acc = np.float64 if x.dtype.kind in "iub" else x.dtype
+
+    def run() -> None:
+        np.copyto(inner, x)
+        win = np.lib.stride_tricks.sliding_window_view(padded, (dh * (kh - 1) + 1, dw * (kw - 1) + 1),
+                                                       axis=(2, 3))
+        win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :ho, :wo]  # n, c, ho, wo, kh, kw
+        cols = win.reshape(n, g, ci, ho, wo, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+        cols = cols.reshape(g, n * ho * wo, ci * kh * kw)
+        if acc is not x.dtype:
+            res = np.matmul(cols.astype(np.int64), wmat.astype(np.int64).transpose(0, 2, 1))
+        else:
+            res = np.matmul(cols, wmat.transpose(0, 2, 1))  # g, n*ho*wo, og
+        res = res.reshape(g, n, ho, wo, og).transpose(1, 0, 4, 2, 3).reshape(n, oc, ho, wo)
+        np.copyto(o, res, casting="unsafe")
+    return run
+
+
+def k_cumsum(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    if x.ndim == 0:
+        return (lambda: o.fill(0)) if attrs["exclusive"] else (lambda: np.copyto(o, x))
+    ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    rev = bool(attrs["reverse"])
+    excl = bool(attrs["exclusive"])
+    src = np.flip(x, ax) if rev else x
+    dst = np.flip(o, ax) if rev else o
+
+    def run() -> None:
+        with np.errstate(over="ignore"):
+            np.cumsum(src, axis=ax, dtype=o.dtype, out=dst)
+            if excl:
+                np.subtract(dst, src, out=dst)
+    return run
+
+
+def k_erf(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    return lambda: sps.erf(x, out=o)
+
+
+def k_sigmoid(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    return lambda: sps.expit(x, out=o)
+
+
+def k_sign(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    x, o = ins[0], outs[0]
+    return lambda: np.sign(x, out=o)

@@ -1,0 +1,139 @@
+"""rlx-cpu hook implementations: identity, the host device, kernel claims and compilation.
+
+f16 and bf16 are claimed only for ops that are exact in storage precision (data movement, casts,
+selection, comparisons, min/max, sign flips); arithmetic on them takes the core's
+``compute_f16_in_f32`` rewrite, so nothing accumulates in half precision.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from rlx_core import API_VERSION
+from rlx_core.dtypes import DType
+from rlx_core.hookspecs import hookimpl
+from rlx_core.ir.schema import REGISTRY
+from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+
+from . import __version__
+
+HALF = frozenset({DType.F16, DType.BF16})
+#: Ops computed exactly in storage precision, so half types may run natively.
+EXACT = frozenset({"reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "where",
+                   "cast", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+                   "neg", "abs", "maximum", "minimum", "iota", "argmax", "argmin", "sign"})
+IN_PLACE = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "abs", "exp", "log",
+                      "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "floor",
+                      "ceil", "round", "sign", "logical_not", "logical_and", "logical_or",
+                      "logical_xor", "reshape"})
+
+
+def _factories() -> dict[str, Any]:
+    import numpy as np
+
+    from . import kernels as k
+
+    f: dict[str, Any] = {
+        "neg": k.ufunc1(np.negative), "abs": k.k_abs, "sign": k.k_sign, "exp": k.ufunc1(np.exp),
+        "log": k.ufunc1(np.log), "sqrt": k.ufunc1(np.sqrt), "rsqrt": k.k_rsqrt,
+        "reciprocal": k.k_reciprocal, "sin": k.ufunc1(np.sin), "cos": k.ufunc1(np.cos),
+        "tanh": k.ufunc1(np.tanh), "sigmoid": k.k_sigmoid, "erf": k.k_erf, "floor": k.ufunc1(np.floor),
+        "ceil": k.ufunc1(np.ceil), "round": k.ufunc1(np.round), "logical_not": k.ufunc1(np.logical_not),
+        "add": k.ufunc2(np.add), "sub": k.ufunc2(np.subtract), "mul": k.ufunc2(np.multiply),
+        "div": k.ufunc2(np.true_divide), "pow": k.ufunc2(np.power), "maximum": k.ufunc2(np.maximum),
+        "minimum": k.ufunc2(np.minimum), "logical_and": k.ufunc2(np.logical_and),
+        "logical_or": k.ufunc2(np.logical_or), "logical_xor": k.ufunc2(np.logical_xor),
+        "equal": k.ufunc2(np.equal), "not_equal": k.ufunc2(np.not_equal), "less": k.ufunc2(np.less),
+        "less_equal": k.ufunc2(np.less_equal), "greater": k.ufunc2(np.greater),
+        "greater_equal": k.ufunc2(np.greater_equal), "where": k.k_where, "cast": k.k_cast,
+        "reduce_sum": k.reduction(np.sum), "reduce_prod": k.reduction(np.prod),
+        "reduce_mean": k.reduction(np.mean), "reduce_max": k.reduction(np.max, False),
+        "reduce_min": k.reduction(np.min, False), "argmax": k.k_arg(np.argmax),
+        "argmin": k.k_arg(np.argmin), "matmul": k.k_matmul, "reshape": k.k_reshape,
+        "transpose": k.k_transpose, "expand": k.k_expand, "slice": k.k_slice, "concat": k.k_concat,
+        "pad": k.k_pad, "gather": k.k_gather, "scatter_add": k.k_scatter_add, "iota": k.k_iota,
+        "conv2d": k.k_conv2d, "cumsum": k.k_cumsum,
+    }
+    return f
+
+
+_FACTORIES: dict[str, Any] | None = None
+
+
+def factories() -> dict[str, Any]:
+    global _FACTORIES
+    if _FACTORIES is None:
+        base = _FACTORIES_BY_OP = _factories()
+        out = {f"cpu.{op}": fn for op, fn in base.items()}
+        out["cpu.div_int"] = __import__("rlx_cpu.kernels", fromlist=["k_int_div"]).k_int_div
+        _FACTORIES = out
+        del _FACTORIES_BY_OP
+    return _FACTORIES
+
+
+@hookimpl
+def rlx_backend_info() -> BackendInfo:
+    return BackendInfo(name="cpu", version=__version__, api_version=API_VERSION,
+                       description="NumPy + BLAS kernels on the host CPU", vendor="RLX")
+
+
+def _caps() -> DeviceCaps:
+    # Conservative defaults for a small x86/ARM host; `rlx calibrate cpu` replaces them.
+    cores = os.cpu_count() or 1
+    return DeviceCaps(peak_flops={"f32": 3.0e10 * cores, "f64": 1.5e10 * cores, "default": 2e9 * cores},
+                      mem_bandwidth=1.0e10, launch_overhead=2e-6, host_link_bandwidth=None)
+
+
+@hookimpl
+def rlx_probe_devices() -> list[DeviceInfo]:
+    return [DeviceInfo(backend="cpu", name="cpu:0", available=True, caps=_caps(), host_memory=True,
+                       details={"machine": platform.machine(), "processor": platform.processor() or "?",
+                                "cores": str(os.cpu_count())})]
+
+
+def _int_div_pred(v: Any) -> str | None:
+    return None if v.in_types[0].dtype.is_int else "integer division only"
+
+
+def _float_div_pred(v: Any) -> str | None:
+    return "integer division uses cpu.div_int" if v.in_types[0].dtype.is_int else None
+
+
+@hookimpl
+def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
+    claims = []
+    for op in sorted(factories_ops()):
+        schema = REGISTRY.get(op)
+        dts = frozenset(schema.dtypes)
+        if op not in EXACT:
+            dts = dts - HALF
+        if op == "cast":
+            claims.append(KernelClaim(op, "cpu.cast", dtypes=frozenset(DType), in_place=False))
+            continue
+        if op == "div":
+            claims.append(KernelClaim(op, "cpu.div_int", dtypes=dts, predicate=_int_div_pred,
+                                      constraint="integer operands (truncating division)"))
+            claims.append(KernelClaim(op, "cpu.div", dtypes=dts, predicate=_float_div_pred,
+                                      in_place=True))
+            continue
+        in_dts = dts
+        if op in ("gather", "scatter_add"):
+            in_dts = dts | {DType.I32, DType.I64}
+        if op == "where":
+            in_dts = dts | {DType.BOOL}
+        claims.append(KernelClaim(op, f"cpu.{op}", dtypes=in_dts, in_place=op in IN_PLACE,
+                                  out_dtypes=dts if op in ("gather", "scatter_add", "where") else None))
+    return claims
+
+
+def factories_ops() -> list[str]:
+    return [name[4:] for name in factories() if name != "cpu.div_int"]
+
+
+@hookimpl
+def rlx_compile(program: Any, device: DeviceInfo) -> Any:
+    from .program import CpuProgram
+
+    return CpuProgram(program, factories())

@@ -1,0 +1,43 @@
+"""RLX for Python: one tensor IR, a dispatch contract, and backends as plugins.
+
+``import rlx_core`` is cheap: NumPy and the IR load on first use of a name that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+#: The plugin API version. A plugin whose major differs is refused with a clear message.
+API_VERSION = "1.0"
+
+_LAZY = {
+    "DType": "rlx_core.dtypes",
+    "Graph": "rlx_core.ir",
+    "GraphBuilder": "rlx_core.ir",
+    "Tensor": "rlx_core.ir",
+    "TensorType": "rlx_core.ir",
+    "OpSchema": "rlx_core.ir",
+    "AttrSpec": "rlx_core.ir",
+    "register_op": "rlx_core.ir",
+    "Session": "rlx_core.runtime",
+    "Executable": "rlx_core.runtime",
+    "fastest_device": "rlx_core.cost",
+    "hub": "rlx_core.hub",
+    "load": "rlx_core.ir.serialize",
+    "save": "rlx_core.ir.serialize",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rlx_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

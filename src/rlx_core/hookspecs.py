@@ -1,0 +1,141 @@
+"""Every hook a backend plugin can implement, in one module (read this to write a backend).
+
+A plugin is a module (or object) named by an entry point in the group ``rlx.backends``; the entry
+point's name is the backend name. Implement hooks with ``@rlx_core.hookspecs.hookimpl``. A hook
+implementation may take fewer arguments than its spec (pluggy's opt-in arguments), so specs can
+grow without breaking plugins. Hooks must only *describe* things: importing heavy libraries
+(cupy, wasmtime ...) belongs in ``rlx_probe_devices`` or ``rlx_compile``, never at module import.
+
+Minimal plugin::
+
+    from rlx_core.hookspecs import hookimpl
+    from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+
+    @hookimpl
+    def rlx_backend_info():
+        return BackendInfo(name="mydev", version="0.1.0", api_version="1.0")
+
+    @hookimpl
+    def rlx_probe_devices():
+        caps = DeviceCaps(peak_flops={"default": 1e9}, mem_bandwidth=1e9, launch_overhead=1e-6)
+        return [DeviceInfo(backend="mydev", name="mydev:0", available=True, caps=caps)]
+
+    @hookimpl
+    def rlx_kernels(device):
+        return [KernelClaim(op="add", name="mydev.add", dtypes={"f32"}, impl=my_add)]
+
+    @hookimpl
+    def rlx_compile(program, device):
+        return MyProgram(program)          # has .run(inputs: dict) -> dict
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "rlx"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec(firstresult=True)
+def rlx_backend_info() -> Any:
+    """Return the backend's :class:`~rlx_core.records.BackendInfo` (identity and API version).
+
+    Called right after import; a major ``api_version`` different from ``rlx_core.API_VERSION``
+    refuses the plugin with a message telling the user which versions match.
+
+    Example::
+
+        @hookimpl
+        def rlx_backend_info():
+            return BackendInfo(name="cpu", version="0.1.0", api_version="1.0")
+    """
+
+
+@hookspec(firstresult=True)
+def rlx_probe_devices() -> Any:
+    """Return a list of :class:`~rlx_core.records.DeviceInfo`, one per device, available or not.
+
+    An unavailable device carries the reason (``"no CUDA driver: libcuda.so.1 not found"``) so
+    ``rlx doctor`` can explain it. Must not raise when the hardware is absent.
+
+    Example::
+
+        @hookimpl
+        def rlx_probe_devices():
+            return [DeviceInfo(backend="cpu", name="cpu:0", available=True, caps=CPU_CAPS)]
+    """
+
+
+@hookspec(firstresult=True)
+def rlx_kernels(device: Any) -> Any:
+    """Return the :class:`~rlx_core.records.KernelClaim` list for ``device``.
+
+    Each claim names one op and the variants (dtypes, attributes, shapes) it runs natively. The
+    dispatcher asks claims in order, so put specialised kernels first.
+
+    Example::
+
+        @hookimpl
+        def rlx_kernels(device):
+            return [KernelClaim(op="matmul", name="cpu.matmul", dtypes={"f32", "f64"}, impl=k_matmul)]
+    """
+
+
+@hookspec
+def rlx_decompositions() -> Any:
+    """Return :class:`~rlx_core.records.Decomposition` records: ops built from simpler ops.
+
+    The core registers the decompositions of every HIR op through this same hook; a plugin adds
+    expansions that suit its hardware. They are tried in registration order, plugin ones first.
+
+    Example::
+
+        @hookimpl
+        def rlx_decompositions():
+            return [Decomposition(op="gelu", name="mydev.gelu_tanh", expand=my_gelu)]
+    """
+
+
+@hookspec
+def rlx_rewrites() -> Any:
+    """Return :class:`~rlx_core.records.Rewrite` records: legal changes of a node (``rewritten``).
+
+    Example: compute an f16 node in f32 between two casts when the device has no f16 kernel.
+    """
+
+
+@hookspec
+def rlx_ops() -> Any:
+    """Return :class:`~rlx_core.ir.schema.OpSchema` records for ops this plugin adds to the IR.
+
+    A new op must come with inference and a float64 NumPy reference; the conformance suite then
+    tests it like a core op. Prefix names with the vendor (``"acme.fused_gemm"``).
+    """
+
+
+@hookspec(firstresult=True)
+def rlx_kernel_cost(claim: Any, variant: Any, caps: Any) -> Any:
+    """Return the estimated seconds for ``claim`` on ``variant``, or ``None`` for the roofline default.
+
+    Example::
+
+        @hookimpl
+        def rlx_kernel_cost(claim, variant, caps):
+            if variant.op == "matmul":
+                return my_gemm_model(variant, caps)
+            return None
+    """
+
+
+@hookspec(firstresult=True)
+def rlx_compile(program: Any, device: Any) -> Any:
+    """Turn an LIR :class:`~rlx_core.lir.Program` into an object with ``run(inputs) -> outputs``.
+
+    ``program.steps`` are in execution order; each kernel step names the claim the dispatcher
+    chose. ``program.plan`` gives every value its offset in one arena. A kernel-per-node backend
+    maps steps to calls; a whole-program backend emits one artifact (C, wasm, RTL).
+    """

@@ -1,0 +1,174 @@
+"""LIR: the per-backend program. Kernels in order, explicit transfers, and a buffer plan.
+
+The memory planner gives each value an offset in one arena by liveness: a buffer is reused once
+its value is dead, and an elementwise kernel whose claim allows it writes over a dying input of
+the same size (in place). Weights are not in the arena: they are constants the backend uploads once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .dispatch import Legalized
+from .errors import DispatchError
+from .ir.graph import Graph, Value
+from .ir.types import Attrs, TensorType
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Step:
+    """Run one kernel: ``kernel`` is the name of the claim the dispatcher chose."""
+
+    node: str
+    op: str
+    kernel: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Attrs
+    origin: str
+    path: str
+    in_place: bool = False
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Copy a value between host memory and the device (or between devices)."""
+
+    value: str
+    src: str
+    dst: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    offsets: Mapping[str, int]
+    sizes: Mapping[str, int]
+    arena_bytes: int
+    naive_bytes: int
+    alignment: int = ALIGN
+
+    def overlaps(self, a: str, b: str) -> bool:
+        oa, ob = self.offsets[a], self.offsets[b]
+        return oa < ob + self.sizes[b] and ob < oa + self.sizes[a]
+
+
+@dataclass(frozen=True)
+class Program:
+    backend: str
+    device: str
+    graph: Graph
+    steps: tuple[Step | Transfer, ...]
+    plan: BufferPlan
+    inputs: tuple[Value, ...]
+    #: (public output name, value name in ``graph``)
+    outputs: tuple[tuple[str, str], ...]
+    fingerprint: str
+
+    @property
+    def kernels(self) -> tuple[Step, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Step))
+
+    @property
+    def transfers(self) -> tuple[Transfer, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Transfer))
+
+    def type_of(self, value: str) -> TensorType:
+        return self.graph.types[value]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan_memory(graph: Graph, steps: list[Step], keep: set[str]) -> tuple[BufferPlan, list[Step]]:
+    """Assign arena offsets by liveness (greedy by size, best offset), with in-place reuse."""
+    n = len(steps)
+    params = {p.name for p in graph.params}
+    first: dict[str, int] = {v.name: -1 for v in graph.inputs}
+    last: dict[str, int] = {v.name: -1 for v in graph.inputs}
+    for i, s in enumerate(steps):
+        for o in s.outputs:
+            first[o] = i
+            last[o] = i
+        for x in s.inputs:
+            if x in last:
+                last[x] = i
+    for k in keep:
+        if k in last:
+            last[k] = n
+    sizes = {v: max(graph.types[v].nbytes(), 1) for v in first}
+    # In place: the output takes over a dying input's buffer of the same size.
+    alias: dict[str, str] = {}
+    new_steps = []
+    for i, s in enumerate(steps):
+        done = False
+        if s.in_place and len(s.outputs) == 1:
+            o = s.outputs[0]
+            for x in s.inputs:
+                root = alias.get(x, x)
+                if (x not in params and x in last and last[x] == i and sizes[x] == sizes[o]
+                        and s.inputs.count(x) == 1 and graph.types[x].shape == graph.types[o].shape
+                        and last.get(root, -2) <= i):
+                    alias[o] = root
+                    last[root] = max(last[root], last[o])
+                    done = True
+                    break
+        new_steps.append(Step(s.node, s.op, s.kernel, s.inputs, s.outputs, s.attrs, s.origin, s.path,
+                              done) if done != s.in_place else s)
+    roots = [v for v in first if v not in alias]
+    order = sorted(roots, key=lambda v: (-sizes[v], first[v]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    offsets: dict[str, int] = {}
+    for v in order:
+        size = _align(sizes[v])
+        lo, hi = first[v], last[v]
+        busy = sorted((o, o + sz) for o, sz, f, l in placed if not (l < lo or f > hi))
+        off = 0
+        best: int | None = None
+        best_gap = None
+        for b0, b1 in busy:
+            if b0 - off >= size:
+                gap = b0 - off
+                if best_gap is None or gap < best_gap:
+                    best, best_gap = off, gap
+            off = max(off, b1)
+        if best is None:
+            best = off
+        offsets[v] = best
+        placed.append((best, size, lo, hi))
+    for o, root in alias.items():
+        offsets[o] = offsets[root]
+    arena = max((o + _align(sz) for o, sz, _, _ in placed), default=0)
+    naive = sum(_align(sizes[v]) for v in first)
+    return BufferPlan(offsets, sizes, arena, naive), new_steps
+
+
+def lower(legal: Legalized, device: Any) -> Program:
+    """Turn a legalized static graph into an LIR program for ``device``."""
+    g = legal.graph
+    if not g.is_static:
+        syms = ", ".join(sorted(g.symbols))
+        raise DispatchError(f"graph {g.name!r} still has symbolic dims ({syms}) at lowering",
+                            fix="bind them: Executable.run specialises on the input shapes")
+    steps: list[Step] = []
+    for node in g.nodes:
+        a = legal.assignments[node.name]
+        steps.append(Step(node.name, node.op, a.claim.name, node.inputs, node.outputs, node.attrs,
+                          a.origin, a.path, a.claim.in_place))
+    keep = {v for _, v in legal.outputs}
+    plan, steps = plan_memory(g, steps, keep)
+    all_steps: list[Step | Transfer] = []
+    if not device.host_memory:
+        for v in g.inputs:
+            all_steps.append(Transfer(v.name, "host", device.name, v.type.nbytes()))
+    all_steps.extend(steps)
+    if not device.host_memory:
+        for pub, v in legal.outputs:
+            all_steps.append(Transfer(v, device.name, "host", g.types[v].nbytes()))
+    return Program(legal.backend, device.name, g, tuple(all_steps), plan, g.inputs, legal.outputs,
+                   g.fingerprint)

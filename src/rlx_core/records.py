@@ -1,0 +1,183 @@
+"""The small typed records that hooks return. Plain frozen dataclasses, validated at construction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .dtypes import DType
+from .errors import PluginError
+from .ir.types import Attrs, TensorType
+
+
+def _need(cond: bool, what: str, fix: str) -> None:
+    if not cond:
+        raise PluginError(what, fix=fix)
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """Who a backend is. ``api_version`` is the RLX plugin API it was written for ("MAJOR.MINOR")."""
+
+    name: str
+    version: str
+    api_version: str
+    description: str = ""
+    vendor: str = ""
+    #: True when ``rlx_compile`` turns the whole LIR program into one artifact (C, wasm, RTL...).
+    whole_program: bool = False
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.name, str) and self.name.replace("_", "").replace("-", "").isalnum(),
+              f"backend name {self.name!r} is invalid", "use a short lowercase name such as 'cuda'")
+        parts = str(self.api_version).split(".")
+        _need(len(parts) == 2 and all(p.isdigit() for p in parts),
+              f"backend {self.name!r} declares api_version {self.api_version!r}",
+              "api_version is 'MAJOR.MINOR', e.g. rlx_core.API_VERSION")
+
+    @property
+    def api_major(self) -> int:
+        return int(self.api_version.split(".")[0])
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """What the cost model needs to know about a device. Rates are per second."""
+
+    peak_flops: Mapping[str, float]
+    mem_bandwidth: float
+    launch_overhead: float
+    #: Host<->device bandwidth in bytes/s; ``None`` when buffers live in host memory.
+    host_link_bandwidth: float | None = None
+    source: str = "plugin defaults"
+
+    def __post_init__(self) -> None:
+        _need(bool(self.peak_flops) and all(v > 0 for v in self.peak_flops.values()),
+              "DeviceCaps.peak_flops must map dtype names (or 'default') to positive FLOP/s",
+              "e.g. {'f32': 1e11, 'default': 5e10}")
+        _need(self.mem_bandwidth > 0 and self.launch_overhead >= 0,
+              "DeviceCaps needs mem_bandwidth > 0 and launch_overhead >= 0", "measure with rlx calibrate")
+        _need(self.host_link_bandwidth is None or self.host_link_bandwidth > 0,
+              "DeviceCaps.host_link_bandwidth must be positive or None", "use None for host memory")
+
+    def peak(self, dtype: DType) -> float:
+        return self.peak_flops.get(dtype.value, self.peak_flops.get("default",
+                                                                    min(self.peak_flops.values())))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    backend: str
+    name: str
+    available: bool
+    caps: DeviceCaps
+    reason: str = ""
+    #: Buffers live in host memory: no transfers are needed to run on it.
+    host_memory: bool = True
+    details: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _need(self.available or bool(self.reason), f"device {self.name!r} is unavailable without a reason",
+              "say why (e.g. 'no CUDA driver found') so `rlx doctor` can tell the user")
+
+
+@dataclass(frozen=True)
+class NodeVariant:
+    """One concrete use of an op: the unit a kernel claims (op, dtypes, attributes, shapes)."""
+
+    op: str
+    in_types: tuple[TensorType, ...]
+    out_types: tuple[TensorType, ...]
+    attrs: Attrs
+
+    @property
+    def in_dtypes(self) -> tuple[DType, ...]:
+        return tuple(t.dtype for t in self.in_types)
+
+    def describe(self) -> str:
+        attrs = ", ".join(f"{k}={v}" for k, v in self.attrs.items() if v is not None)
+        ins = ", ".join(str(t) for t in self.in_types)
+        outs = ", ".join(str(t) for t in self.out_types)
+        return f"{self.op}({ins}{'; ' + attrs if attrs else ''}) -> {outs}"
+
+
+#: A predicate returns ``None`` to accept a variant, or a short reason it is rejected.
+Predicate = Callable[[NodeVariant], "str | None"]
+
+
+@dataclass(frozen=True)
+class KernelClaim:
+    """A backend's promise to run one op variant natively.
+
+    ``dtypes`` limits the input dtypes (output dtypes for ops without inputs), ``out_dtypes`` the
+    output dtypes, ``predicate`` anything else (attributes, shapes). ``impl`` is private to the
+    backend. ``in_place`` lets the memory planner put the output in a dying input's buffer.
+    """
+
+    op: str
+    name: str
+    impl: Any = None
+    dtypes: frozenset[DType] | None = None
+    out_dtypes: frozenset[DType] | None = None
+    predicate: Predicate | None = None
+    constraint: str = ""
+    cost: Callable[[NodeVariant, DeviceCaps], float] | None = None
+    in_place: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("dtypes", "out_dtypes"):
+            v = getattr(self, f)
+            if v is not None:
+                object.__setattr__(self, f, frozenset(DType.parse(d) for d in v))
+
+    def check(self, v: NodeVariant) -> str | None:
+        """``None`` if this claim accepts ``v``, else why not (shown in the dispatch error)."""
+        ins = v.in_types if v.in_types else v.out_types
+        if self.dtypes is not None:
+            bad = [str(t.dtype) for t in ins if t.dtype not in self.dtypes]
+            if bad:
+                return (f"{self.name} accepts {', '.join(sorted(d.value for d in self.dtypes))}; "
+                        f"got {', '.join(bad)}")
+        if self.out_dtypes is not None:
+            bad = [str(t.dtype) for t in v.out_types if t.dtype not in self.out_dtypes]
+            if bad:
+                return f"{self.name} produces {sorted(d.value for d in self.out_dtypes)}; needs {bad}"
+        if self.predicate is not None:
+            why = self.predicate(v)
+            if why:
+                return f"{self.name}: {why}"
+        return None
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """Build ``op`` from other ops (the ``common_ir`` path). ``expand(builder, inputs, attrs)``."""
+
+    op: str
+    name: str
+    expand: Callable[..., Any]
+    applies: Callable[[NodeVariant], bool] | None = None
+    provider: str = ""
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Change a node so the backend can run it (the ``rewritten`` path): e.g. f16 computed in f32.
+
+    ``apply(builder, inputs, variant)`` returns the replacement outputs; it must preserve meaning
+    up to the documented precision change.
+    """
+
+    name: str
+    description: str
+    applies: Callable[[NodeVariant], bool]
+    apply: Callable[..., Any]
+    provider: str = ""
+
+
+@runtime_checkable
+class CompiledProgram(Protocol):
+    """What ``rlx_compile`` returns: runs the whole program on host NumPy arrays."""
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]: ...

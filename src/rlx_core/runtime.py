@@ -1,0 +1,240 @@
+"""Sessions and executables: ``Session("cpu").compile(graph).run({"x": x})``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .cost import kernel_cost, transfer_cost
+from .dispatch import Dispatcher, Legalized, Plan, legalize
+from .errors import BackendNotFoundError, InputError
+from .hub import Backend, Hub, hub as get_hub, parse_device, split_devices
+from .ir.graph import Graph
+from .lir import Program, Transfer, lower
+from .records import KernelClaim, NodeVariant
+from .report import DispatchReport, ReportEntry, TransferEntry
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+class Session:
+    """Compiles graphs for one device (``"cpu"``, ``"cuda:1"``) or, when several are named, places
+    each node on the first device that can run it and reports every cross-device transfer.
+
+    ``device=None`` picks the default backend (``RLX_BACKENDS`` order, else cpu).
+    """
+
+    def __init__(self, device: str | Sequence[str] | None = None, *, hub: Hub | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, use_cache: bool | None = None,
+                 shape_hints: Mapping[str, int] | None = None) -> None:
+        self.hub = hub or get_hub()
+        names = split_devices(device) or [self.hub.default_backend()]
+        self.devices: list[tuple[Backend, Any]] = []
+        for spec in names:
+            bname, idx = parse_device(spec)
+            backend = self.hub.load(bname)
+            self.devices.append((backend, backend.device(idx)))
+        self.backend, self.device = self.devices[0]
+        if use_cache is None:
+            use_cache = not _env_flag("RLX_NO_CACHE")
+        from .cache import CompileCache
+
+        self.cache = CompileCache(cache_dir) if use_cache else None
+        self.shape_hints = dict(shape_hints or {})
+        self._dispatchers: dict[str, Dispatcher] = {}
+
+    @property
+    def device_names(self) -> list[str]:
+        return [d.name for _, d in self.devices]
+
+    def dispatcher(self, backend: Backend, device: Any) -> Dispatcher:
+        if device.name not in self._dispatchers:
+            caps = device.caps
+
+            def cost(claim: KernelClaim, v: NodeVariant) -> float:
+                return kernel_cost(backend, claim, v, caps)
+
+            decomps = backend.list_of("rlx_decompositions", _records().Decomposition)
+            rewrites = backend.list_of("rlx_rewrites", _records().Rewrite)
+            self._dispatchers[device.name] = Dispatcher(
+                backend, device, cost=cost, decompositions=decomps + self.hub.core_decompositions(),
+                rewrites=rewrites + self.hub.core_rewrites())
+        return self._dispatchers[device.name]
+
+    # -- planning --------------------------------------------------------------------------------
+    def legalize(self, graph: Graph) -> tuple[Legalized, bool]:
+        """Legalize for the session's (first) device, through the on-disk cache when enabled."""
+        backend, device = self.devices[0]
+        if self.cache is not None:
+            hit = self.cache.load(graph, backend, device)
+            if hit is not None:
+                return hit, True
+        legal = legalize(graph, self.dispatcher(backend, device))
+        if self.cache is not None:
+            self.cache.store(graph, backend, device, legal)
+        return legal, False
+
+    def report_for(self, legal: Legalized, program: Program | None, bindings: Mapping[str, int],
+                   from_cache: bool) -> DispatchReport:
+        backend, device = self.devices[0]
+        entries = []
+        for node_name, plan in legal.plans.items():
+            entries.append(_entry(node_name, plan, device.name))
+        transfers = []
+        if program is not None:
+            for t in program.transfers:
+                transfers.append(TransferEntry(t.value, t.src, t.dst, t.nbytes,
+                                               transfer_cost(t.nbytes, device.caps)))
+        return DispatchReport(legal.graph.name, backend.name, backend.info.version, device.name, entries,
+                              transfers,
+                              program.plan.arena_bytes if program else None,
+                              program.plan.naive_bytes if program else None,
+                              dict(bindings), from_cache)
+
+    def plan(self, graph: Graph, bindings: Mapping[str, int] | None = None) -> DispatchReport:
+        """Dispatch and lower without compiling: the report ``rlx explain`` prints."""
+        if len(self.devices) > 1:
+            from .placement import place
+
+            return place(self, graph, dict(bindings or self._hints(graph))).report
+        b = dict(bindings or self._hints(graph))
+        g = graph.specialize(b) if graph.symbols else graph
+        legal, cached = self.legalize(g)
+        program = lower(legal, self.device)
+        return self.report_for(legal, program, b, cached)
+
+    def _hints(self, graph: Graph) -> dict[str, int]:
+        return {s: self.shape_hints.get(s, 1) for s in sorted(graph.symbols)}
+
+    # -- compiling -------------------------------------------------------------------------------
+    def compile(self, graph: Graph) -> Executable:
+        """Dispatch now (so illegal graphs fail here); specialise symbolic dims on first run."""
+        if len(self.devices) > 1:
+            from .placement import MultiDeviceExecutable
+
+            return MultiDeviceExecutable(self, graph)
+        exe = Executable(self, graph)
+        if graph.symbols:
+            # Fail early: dispatch the graph with the shape hints even though it runs later.
+            exe.report = self.plan(graph)
+        else:
+            exe._specialise({})
+        if _env_flag("RLX_DISPATCH_REPORT") and exe.report is not None:
+            print(exe.report.to_text(), file=sys.stderr)
+        return exe
+
+    def run(self, graph: Graph, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
+        return self.compile(graph).run(inputs, **kw)
+
+
+def _records() -> Any:
+    from . import records
+
+    return records
+
+
+def _entry(node: str, plan: Plan, device: str) -> ReportEntry:
+    return ReportEntry(node, plan.variant.op, plan.variant.describe(), plan.kind, plan.via,
+                       tuple(plan.kernels()), device, plan.cost)
+
+
+def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[dict[str, np.ndarray],
+                                                                               dict[str, int]]:
+    """Check names, dtypes and shapes; return contiguous arrays and the symbol bindings."""
+    want = {v.name: v.type for v in graph.inputs}
+    unknown = sorted(set(inputs) - set(want))
+    if unknown:
+        raise InputError(f"unknown input(s) {unknown}", where=where,
+                         fix=f"the graph's inputs are: {', '.join(want) or 'none'}")
+    missing = [n for n in want if n not in inputs]
+    if missing:
+        sig = ", ".join(f"{n}: {want[n]}" for n in missing)
+        raise InputError(f"missing input(s) {sig}", where=where, fix="pass every graph input by name")
+    arrays: dict[str, np.ndarray] = {}
+    bindings: dict[str, int] = {}
+    for name, t in want.items():
+        a = np.asarray(inputs[name])
+        if a.dtype != t.dtype.np:
+            raise InputError(f"input {name!r} has dtype {a.dtype}, the graph expects {t.dtype}",
+                             where=where, fix=f"convert it, e.g. x.astype(np.{t.dtype.np.name})")
+        if a.ndim != t.rank:
+            raise InputError(f"input {name!r} has shape {a.shape} (rank {a.ndim}), the graph expects "
+                             f"{t} (rank {t.rank})", where=where, fix="reshape the input")
+        for axis, (got, d) in enumerate(zip(a.shape, t.shape)):
+            if isinstance(d, int):
+                if got != d:
+                    raise InputError(f"input {name!r} has shape {a.shape}, the graph expects {t} "
+                                     f"(axis {axis}: {got} != {d})", where=where, fix="reshape the input")
+            elif bindings.setdefault(d, got) != got:
+                raise InputError(f"symbol {d!r} is {bindings[d]} in one input but {got} in {name!r} "
+                                 f"(axis {axis})", where=where, fix=f"give every {d!r} axis the same size")
+        arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    return arrays, bindings
+
+
+class Executable:
+    """A compiled graph. ``run`` takes NumPy arrays by input name and returns outputs by name.
+
+    Symbolic dims are specialised per distinct input-shape signature on first run (and cached).
+    ``run`` is thread-safe: each specialisation runs under its own lock.
+    """
+
+    def __init__(self, session: Session, graph: Graph) -> None:
+        self.session = session
+        self.graph = graph
+        self.backend = session.backend
+        self.device = session.device
+        self.report: DispatchReport | None = None
+        self._specs: dict[tuple[tuple[str, int], ...], tuple[Any, Program, threading.Lock]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.graph.outputs
+
+    def program(self, bindings: Mapping[str, int] | None = None) -> Program:
+        return self._specialise(dict(bindings or {}))[1]
+
+    def _specialise(self, bindings: dict[str, int]) -> tuple[Any, Program, threading.Lock]:
+        key = tuple(sorted(bindings.items()))
+        with self._lock:
+            hit = self._specs.get(key)
+            if hit is not None:
+                return hit
+            g = self.graph.specialize(bindings) if self.graph.symbols else self.graph
+            legal, cached = self.session.legalize(g)
+            program = lower(legal, self.device)
+            compiled = self.backend.compile(program, self.device)
+            self.report = self.session.report_for(legal, program, bindings, cached)
+            entry = (compiled, program, threading.Lock())
+            self._specs[key] = entry
+            return entry
+
+    def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
+        feed = dict(inputs or {})
+        feed.update(kw)
+        where = f"graph {self.graph.name!r} on {self.device.name}"
+        arrays, bindings = bind_inputs(self.graph, feed, where)
+        compiled, program, lock = self._specialise(bindings)
+        with lock:
+            raw = compiled.run(arrays)
+        return {pub: raw[val] for pub, val in program.outputs}
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        """Positional call in input order; returns one array or a tuple of arrays."""
+        feed = {v.name: a for v, a in zip(self.graph.inputs, args)}
+        feed.update(kw)
+        out = self.run(feed)
+        vals = tuple(out[o] for o in self.graph.outputs)
+        return vals[0] if len(vals) == 1 else vals
+
+
+__all__ = ["BackendNotFoundError", "Executable", "Session", "Transfer", "__version__", "bind_inputs"]
