@@ -168,7 +168,7 @@ def lower(legal: Legalized, device: Any) -> Program:
             all_steps.append(Transfer(v.name, "host", device.name, v.type.nbytes()))
     all_steps.extend(steps)
     if not device.host_memory:
-        for pub, v in legal.outputs:
+        for _pub, v in legal.outputs:
             all_steps.append(Transfer(v, device.name, "host", g.types[v].nbytes()))
     return Program(legal.backend, device.name, g, tuple(all_steps), plan, g.inputs, legal.outputs,
                    g.fingerprint)

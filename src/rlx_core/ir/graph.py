@@ -226,11 +226,13 @@ class Graph:
     @cached_property
     def fingerprint(self) -> str:
         """sha256 of structure and weight bytes: the compile-cache key."""
+        import numpy as np
+
         h = hashlib.sha256(json.dumps(self.structure(), sort_keys=True).encode())
         for p in self.params:
             w = self.weights[p.name]
             h.update(p.name.encode())
-            h.update(memoryview(w.tobytes() if not w.flags.c_contiguous else w).cast("B"))
+            h.update(np.ascontiguousarray(w).reshape(-1).view(np.uint8).tobytes())
         return h.hexdigest()
 
     def __str__(self) -> str:

@@ -577,7 +577,9 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, attrs: Attrs) -> np.ndarray:
         ws = w[gi * og:(gi + 1) * og]
         for i in range(kh):
             for j in range(kw):
-                patch = xs[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
+                rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+                cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+                patch = xs[:, :, rows, cols]
                 out[:, gi * og:(gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
     return out
 

@@ -60,7 +60,8 @@ class AttrSpec:
             ok = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool)
                                                   for v in value)
         elif k == "floats":
-            ok = isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value)
+            ok = isinstance(value, tuple) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in value)
             value = tuple(float(v) for v in value) if ok else value
         elif k == "dtype":
             try:

@@ -160,14 +160,18 @@ class Attrs(Mapping[str, AttrValue]):
     def __len__(self) -> int:
         return len(self._d)
 
+    def _key(self) -> tuple[Any, ...]:
+        # NaN attributes (pad value=nan) must still make an Attrs equal to itself.
+        return tuple((k, "nan" if isinstance(v, float) and v != v else v) for k, v in self._d.items())
+
     def __hash__(self) -> int:
         if self._h is None:
-            self._h = hash(tuple(self._d.items()))
+            self._h = hash(self._key())
         return self._h
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Attrs):
-            return self._d == other._d
+            return self._key() == other._key()
         if isinstance(other, Mapping):
             return self._d == dict(other)
         return NotImplemented

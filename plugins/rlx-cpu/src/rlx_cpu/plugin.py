@@ -65,11 +65,11 @@ _FACTORIES: dict[str, Any] | None = None
 def factories() -> dict[str, Any]:
     global _FACTORIES
     if _FACTORIES is None:
-        base = _FACTORIES_BY_OP = _factories()
-        out = {f"cpu.{op}": fn for op, fn in base.items()}
-        out["cpu.div_int"] = __import__("rlx_cpu.kernels", fromlist=["k_int_div"]).k_int_div
+        from .kernels import k_int_div
+
+        out = {f"cpu.{op}": fn for op, fn in _factories().items()}
+        out["cpu.div_int"] = k_int_div
         _FACTORIES = out
-        del _FACTORIES_BY_OP
     return _FACTORIES
 
 

@@ -1,0 +1,1 @@
+"""File formats RLX reads and writes without third-party dependencies (safetensors)."""
