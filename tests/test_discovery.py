@@ -7,14 +7,13 @@ import sys
 
 import numpy as np
 import pytest
+from _plugintools import plugin_source
+from conftest import PluginFactory
 
 from rlx_core import GraphBuilder
 from rlx_core.errors import BackendNotFoundError, PluginConflictError, PluginError
 from rlx_core.hub import Hub
 from rlx_core.runtime import Session
-
-from _plugintools import plugin_source
-from conftest import PluginFactory
 
 
 def _add_graph() -> object:

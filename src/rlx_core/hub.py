@@ -246,8 +246,8 @@ class Hub:
                 raise self._failures[name]
             allow = _env_list(self.env, "RLX_BACKENDS")
             disabled = set(_env_list(self.env, "RLX_DISABLE_PLUGINS") or [])
-            if name in disabled or _env_list(self.env, "RLX_DISABLE_PLUGINS") == ["all"] and \
-                    name not in self._manual:
+            if name in disabled or (_env_list(self.env, "RLX_DISABLE_PLUGINS") == ["all"] and \
+                    name not in self._manual):
                 raise BackendNotFoundError(f"backend {name!r} is disabled by RLX_DISABLE_PLUGINS",
                                            fix="remove it from RLX_DISABLE_PLUGINS")
             if allow is not None and name not in allow:
@@ -303,7 +303,7 @@ class Hub:
         try:
             if plugin is not None and self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
-        except Exception:  # noqa: S110 - best effort cleanup of a plugin that is already broken
+        except Exception:
             pass
 
     def _register_ops(self, backend: Backend) -> None:

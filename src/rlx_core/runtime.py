@@ -14,7 +14,8 @@ from . import __version__
 from .cost import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
 from .errors import BackendNotFoundError, InputError
-from .hub import Backend, Hub, hub as get_hub, parse_device, split_devices
+from .hub import Backend, Hub, parse_device, split_devices
+from .hub import hub as get_hub
 from .ir.graph import Graph
 from .lir import Program, Transfer, lower
 from .records import KernelClaim, NodeVariant

@@ -1,7 +1,7 @@
 """The RLX IR: op schemas (MIR primitives and HIR model ops), graphs, the builder and the LIR."""
 
-from . import mir as _mir  # noqa: F401  (registers the MIR ops)
 from . import hir as _hir  # noqa: F401  (registers the HIR ops)
+from . import mir as _mir  # noqa: F401  (registers the MIR ops)
 from .builder import GraphBuilder, Tensor
 from .graph import Graph, Node, Value
 from .schema import REGISTRY, AttrSpec, OpSchema, get_op, register_op

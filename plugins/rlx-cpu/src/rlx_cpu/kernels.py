@@ -83,7 +83,7 @@ def k_cast(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) 
         return lambda: np.not_equal(x, 0, out=o)
     if x.dtype.kind == "c" and o.dtype.kind != "c":
         return lambda: np.copyto(o, x.real, casting="unsafe")
-    if o.dtype.kind in "iu" and x.dtype.kind == "f" or x.dtype.name == "bfloat16" and o.dtype.kind in "iu":
+    if (o.dtype.kind in "iu" and x.dtype.kind == "f") or (x.dtype.name == "bfloat16" and o.dtype.kind in "iu"):
         def run() -> None:
             with np.errstate(invalid="ignore"):
                 np.copyto(o, np.trunc(x.astype(np.float64)), casting="unsafe")
