@@ -39,7 +39,16 @@ class SerializationError(RLXError):
 
 
 class PluginError(RLXError):
-    """A plugin failed to import, has the wrong API version, or raised in a hook."""
+    """A plugin failed to import, has the wrong API version, or raised in a hook.
+
+    ``kind`` says which: ``import``, ``api_version``, ``conflict``, ``hook``, ``invalid``,
+    ``runtime`` (its compiled program raised) or ``other``.
+    """
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
+                 kind: str = "other") -> None:
+        self.kind = kind
+        super().__init__(what, where=where, fix=fix)
 
 
 class PluginConflictError(PluginError):

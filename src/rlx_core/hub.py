@@ -77,7 +77,7 @@ class Backend:
             raise PluginError(
                 f"plugin {self.label} targets RLX plugin API {self.info.api_version}, but rlx-core "
                 f"provides API {API_VERSION}",
-                where=f"backend {self.name!r}",
+                where=f"backend {self.name!r}", kind="api_version",
                 fix=(f"install a {entry.distribution} release built for API {core_major}.x, or an "
                      f"rlx-core that provides API {self.info.api_major}.x"))
         if self.info.name != self.name:
@@ -106,7 +106,7 @@ class Backend:
             raise PluginError(f"plugin {self.label} raised in hook {hook!r}: {_short_cause(e)}",
                               where=f"backend {self.name!r}",
                               fix="this is a bug in the plugin; report it to its authors, or disable "
-                                  f"it with RLX_DISABLE_PLUGINS={self.name}") from e
+                                  f"it with RLX_DISABLE_PLUGINS={self.name}", kind="hook") from e
 
     def devices(self) -> list[Any]:
         from .records import DeviceInfo
@@ -262,7 +262,7 @@ class Hub:
             if len(entries) > 1:
                 dists = " and ".join(f"{e.distribution} {e.dist_version} ({e.value})" for e in entries)
                 err = PluginConflictError(f"backend name {name!r} is provided by {dists}",
-                                          fix="uninstall one of these distributions")
+                                          fix="uninstall one of these distributions", kind="conflict")
                 self._failures[name] = err
                 raise err
             entry = entries[0]
@@ -272,7 +272,7 @@ class Hub:
                 err = PluginError(f"plugin {entry.distribution} {entry.dist_version} ({name}) failed to "
                                   f"import: {_short_cause(e)}", where=f"entry point {entry.value}",
                                   fix=f"reinstall {entry.distribution} with its dependencies, or "
-                                      f"disable it with RLX_DISABLE_PLUGINS={name}")
+                                      f"disable it with RLX_DISABLE_PLUGINS={name}", kind="import")
                 err.__cause__ = e
                 self._failures[name] = err
                 raise err from e
@@ -293,7 +293,8 @@ class Hub:
         except Exception as e:  # pluggy validation errors (bad hookimpl signature ...)
             self._unregister(plugin)
             err = PluginError(f"plugin {entry.distribution} ({entry.name}) is invalid: {_short_cause(e)}",
-                              fix="check its hook implementations against rlx_core.hookspecs")
+                              fix="check its hook implementations against rlx_core.hookspecs",
+                              kind="invalid")
             self._failures[entry.name] = err
             raise err from e
         self._backends[entry.name] = backend

@@ -13,7 +13,7 @@ import numpy as np
 from . import __version__
 from .cost import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
-from .errors import BackendNotFoundError, InputError
+from .errors import BackendNotFoundError, InputError, PluginError
 from .hub import Backend, Hub, parse_device, split_devices
 from .hub import hub as get_hub
 from .ir.graph import Graph
@@ -105,8 +105,8 @@ class Session:
         if len(self.devices) > 1:
             from .placement import place
 
-            return place(self, graph, dict(bindings or self._hints(graph))).report
-        b = dict(bindings or self._hints(graph))
+            return place(self, graph, {**self._hints(graph), **(bindings or {})}).report
+        b = {**self._hints(graph), **(bindings or {})}
         g = graph.specialize(b) if graph.symbols else graph
         legal, cached = self.legalize(g)
         program = lower(legal, self.device)
@@ -226,7 +226,14 @@ class Executable:
         arrays, bindings = bind_inputs(self.graph, feed, where)
         compiled, program, lock = self._specialise(bindings)
         with lock:
-            raw = compiled.run(arrays)
+            try:
+                raw = compiled.run(arrays)
+            except Exception as e:  # a backend bug must name the backend, not surface raw
+                raise PluginError(
+                    f"the program compiled by {self.backend.label} raised {type(e).__name__}: {e}",
+                    where=where, kind="runtime",
+                    fix="this is a bug in the backend plugin; report it with the graph, or run on "
+                        "another device") from e
         return {pub: raw[val] for pub, val in program.outputs}
 
     def __call__(self, *args: Any, **kw: Any) -> Any:

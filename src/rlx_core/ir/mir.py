@@ -438,6 +438,8 @@ def _infer_pad(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
 
 def _ref_pad(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     r = xs[0].ndim
+    if r == 0:  # np.pad rejects an empty pad_width; a rank-0 tensor has nothing to pad
+        return [xs[0].copy()]
     pads = attrs["pads"]
     width = [(pads[i], pads[i + r]) for i in range(r)]  # type: ignore[index]
     return [np.pad(xs[0], width, constant_values=np.asarray(attrs["value"]).astype(xs[0].dtype))]

@@ -112,7 +112,9 @@ def reduction(f: Any, with_dtype: bool = True) -> Factory:
         kw = {"dtype": o.dtype} if with_dtype else {}
         target = o if keep else okeep
         if x.size == 0 and f in (np.max, np.min):
-            raise ValueError("empty reduction")
+            # Inference rejects max/min over an empty axis, so an empty input here means an empty
+            # output (a kept axis is 0): nothing to compute, and NumPy would refuse the reduction.
+            return lambda: None
         return lambda: f(x, axis=axes, out=target, keepdims=True, **kw)
     return make
 
@@ -172,7 +174,8 @@ def k_pad(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -
     x, o = ins[0], outs[0]
     r = x.ndim
     pads = attrs["pads"]
-    inner = o[tuple(slice(pads[i], pads[i] + x.shape[i]) for i in range(r))]  # type: ignore[index]
+    # The trailing Ellipsis keeps a rank-0 `o[()]` a writable view instead of a NumPy scalar.
+    inner = o[tuple(slice(pads[i], pads[i] + x.shape[i]) for i in range(r)) + (Ellipsis,)]  # type: ignore[index]
     with np.errstate(invalid="ignore"):
         value = np.asarray(attrs["value"]).astype(o.dtype)
 

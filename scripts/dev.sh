@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Set up a virtual environment and run one of the project's jobs.
+#   scripts/dev.sh demo   install rlx-core + rlx-cpu, run `rlx demo` on the CPU default
+#   scripts/dev.sh test   install everything incl. test plugins, run ruff and the whole test suite
+#   scripts/dev.sh setup  only create/refresh the environment
+# Environment: PYTHON (default python3), VENV (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-demo}"
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+die() { printf '\nERROR: %s\n' "$*" >&2; exit 1; }
+
+need_apt=()
+command -v "$PYTHON" >/dev/null 2>&1 || need_apt+=(python3)
+if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  need_apt+=(python3-venv)
+fi
+if ((${#need_apt[@]})); then
+  command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
+  log "installing system packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}"
+fi
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python >= 3.11 is required"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.txt)
+
+log "installing rlx-core and rlx-cpu (editable)"
+"${PIP[@]}" -e . -e plugins/rlx-cpu
+
+case "$job" in
+  setup) ;;
+  demo)
+    log "rlx demo"
+    "$VENV/bin/rlx" demo
+    ;;
+  test)
+    log "installing test tools and the test-only plugins"
+    "${PIP[@]}" pytest pytest-benchmark ruff
+    "${PIP[@]}" tests/plugins/rlx-testwhole
+    log "ruff"
+    "$VENV/bin/ruff" check src plugins tests bench
+    log "pytest"
+    set +e
+    "$PY" -m pytest -q --benchmark-disable "${@:2}"
+    rc=$?
+    set -e
+    if [ "$rc" -eq 5 ]; then die "pytest collected no tests"; fi
+    [ "$rc" -eq 0 ] || die "tests failed (pytest exit code $rc)"
+    log "all tests passed"
+    ;;
+  *) die "unknown job '$job' (use demo, test or setup)" ;;
+esac

@@ -1,0 +1,1194 @@
+"""The ``rlx`` command line: ``rlx doctor``, ``rlx run``, ``rlx explain``, ``rlx demo`` ...
+
+Layout of this module (to add a command, copy one section):
+
+* the group (:class:`RLXGroup`): turns any :class:`~rlx_core.errors.RLXError` into a red
+  what/where/fix block and exit code 1, keeps commands in definition order, and can list commands
+  that live in other modules without importing them (:data:`LAZY_COMMANDS`);
+* shared helpers: consoles, JSON output, ``NAME=VALUE`` parsing, model loading, array summaries;
+* one section per command.
+
+``rlx --help`` must stay fast: NumPy, rich, the IR and the hub are imported inside commands only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from . import API_VERSION, __version__
+from .errors import BackendNotFoundError, InputError, PluginConflictError, PluginError, RLXError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from rich.console import Console
+
+    from .hub import Hub
+    from .ir.graph import Graph
+    from .report import DispatchReport
+
+#: Exit codes shared by every command.
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+#: Subcommands that live in other modules, imported only when invoked:
+#: ``name -> ("package.module:command_object", "one-line help shown by rlx --help")``.
+#: ``rlx conformance``, ``rlx embed``, ``rlx bench`` and ``rlx new-backend`` are meant to go here.
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {}
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+# ---------------------------------------------------------------------------------------------
+# The group: error rendering, command order, lazy commands
+
+
+def _debug_enabled(ctx: click.Context | None) -> bool:
+    if os.environ.get("RLX_DEBUG", "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    while ctx is not None:
+        if ctx.params.get("debug"):
+            return True
+        ctx = ctx.parent
+    return False
+
+
+class RLXGroup(click.Group):
+    """A click group whose commands report :class:`RLXError` as what/where/fix, not a traceback.
+
+    ``lazy_commands`` (``name -> ("module:attr", "short help")``) are listed in ``--help`` without
+    being imported; the module is imported when the command is invoked.
+    """
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, tuple[str, str]] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = lazy_commands if lazy_commands is not None else {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands) + [n for n in self.lazy_commands if n not in self.commands]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None or cmd_name not in self.lazy_commands:
+            return cmd
+        target = self.lazy_commands[cmd_name][0]
+        module, _, attr = target.partition(":")
+        loaded = getattr(importlib.import_module(module), attr)
+        if not isinstance(loaded, click.Command):
+            raise click.ClickException(f"{target} is not a click command")
+        return loaded
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Like click's, but lazy commands show their registered help instead of being imported.
+        rows: list[tuple[str, str]] = []
+        width = formatter.width - 6 - max((len(n) for n in self.list_commands(ctx)), default=0)
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                cmd = self.commands[name]
+                if cmd.hidden:
+                    continue
+                rows.append((name, cmd.get_short_help_str(width)))
+            else:
+                rows.append((name, self.lazy_commands[name][1]))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except RLXError as e:
+            if _debug_enabled(ctx):
+                raise
+            print_error(e)
+            raise click.exceptions.Exit(EXIT_FAIL) from None
+        except KeyboardInterrupt:
+            if _debug_enabled(ctx):
+                raise
+            click.echo("interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
+        except Exception as e:
+            if _debug_enabled(ctx):
+                raise
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else None
+            print_error(RLXError(f"unexpected {type(e).__name__}: {e}", where=where,
+                                 fix="this is a bug in RLX or in a plugin; run again with --debug (or "
+                                     "RLX_DEBUG=1) for the full traceback and report it"),
+                        title="internal error")
+            raise click.exceptions.Exit(EXIT_FAIL) from None
+
+
+def print_error(e: RLXError, *, title: str | None = None) -> None:
+    """The red what/where/fix block, on stderr."""
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.text import Text
+
+    body = Text()
+    body.append(e.what, style="bold")
+    if e.where:
+        body.append("\nwhere: ", style="red")
+        body.append(e.where)
+    if e.fix:
+        body.append("\nfix:   ", style="green")
+        body.append(e.fix)
+    name = title or f"error: {type(e).__name__}"
+    console(stderr=True).print(Panel(body, title=f"[bold red]{escape(name)}[/]", title_align="left",
+                                     border_style="red", expand=False))
+
+
+@click.group(cls=RLXGroup, lazy_commands=LAZY_COMMANDS, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="rlx",
+                      message=f"%(prog)s %(version)s (plugin API {API_VERSION})")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks (same as RLX_DEBUG=1).")
+def cli(debug: bool) -> None:
+    """RLX: one tensor IR, many backends.
+
+    Check your installation with `rlx doctor`, see it work with `rlx demo`, then run or explain
+    your own .rlx models.
+
+    \b
+    Examples:
+      rlx doctor
+      rlx demo --device cpu
+      rlx run model.rlx --input x=x.npy
+      rlx explain model.rlx --device cuda,cpu
+    """
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point (``rlx = "rlx_core.cli:main"``)."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="rlx")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def console(*, stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    c = Console(stderr=stderr, highlight=False)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c.width = 120  # piped or captured: do not wrap at rich's default of 80 columns
+    return c
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(json_safe(data), indent=2, ensure_ascii=False))
+
+
+def json_safe(x: Any) -> Any:
+    """Plain JSON: non-finite floats become strings, tuples lists, unknown objects their str()."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    if isinstance(x, Mapping):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # NumPy scalars
+        try:
+            return json_safe(x.item())
+        except (TypeError, ValueError):
+            pass
+    return str(x)
+
+
+def parse_pairs(values: Iterable[str], option: str, *, example: str) -> dict[str, str]:
+    """``["a=1", "b=2"]`` -> ``{"a": "1", "b": "2"}``; a malformed item is a usage error (exit 2)."""
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE (e.g. {example})", param_hint=option)
+        if key in out:
+            raise click.BadParameter(f"{key!r} is given twice", param_hint=option)
+        out[key] = value
+    return out
+
+
+def parse_bindings(values: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, value in parse_pairs(values, "--bind", example="batch=8").items():
+        try:
+            n = int(value)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise click.BadParameter(f"{key}={value}: the size must be a non-negative integer",
+                                     param_hint="--bind")
+        out[key] = n
+    return out
+
+
+def check_bindings(graph: Graph, bindings: Mapping[str, int]) -> None:
+    unknown = sorted(set(bindings) - set(graph.symbols))
+    if unknown:
+        have = ", ".join(sorted(graph.symbols)) or "none (all shapes are static)"
+        raise click.BadParameter(f"graph {graph.name!r} has no symbol {', '.join(unknown)}; its symbols: "
+                                 f"{have}", param_hint="--bind")
+
+
+def load_model(path: str | os.PathLike[str]) -> Graph:
+    from .ir.serialize import load
+
+    return load(path)
+
+
+def hub_instance() -> Hub:
+    from .hub import hub
+
+    return hub()
+
+
+def device_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--device", "-d", metavar="DEVICE", default=None, help=help_text)
+
+
+def json_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+
+
+def bind_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--bind", "-b", "binds", multiple=True, metavar="SYM=N",
+                        help="Size of a symbolic dimension (repeatable), e.g. --bind batch=8.")
+
+
+def fmt_rate(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f} {prefix}{unit}"
+    return f"{x:.2f} {unit}"
+
+
+def array_stats(a: np.ndarray) -> dict[str, Any]:
+    """Summary numbers for one array (finite values only for min/max/mean/std)."""
+    import numpy as np
+
+    stats: dict[str, Any] = {}
+    if a.size == 0:
+        return stats
+    kind = a.dtype.kind
+    if kind == "b":
+        stats["true"] = int(np.count_nonzero(a))
+        stats["false"] = int(a.size - stats["true"])
+        return stats
+    if kind == "c":
+        mag = np.abs(a.astype(np.complex128))
+        stats["abs_max"] = float(mag.max())
+        stats["abs_mean"] = float(mag.mean())
+        return stats
+    f = a.astype(np.float64)
+    finite = np.isfinite(f)
+    if not finite.all():
+        stats["nan"] = int(np.isnan(f).sum())
+        stats["inf"] = int(np.isinf(f).sum())
+    if finite.any():
+        v = f[finite]
+        stats.update(min=float(v.min()), max=float(v.max()), mean=float(v.mean()), std=float(v.std()))
+    return stats
+
+
+def array_preview(a: np.ndarray, n: int = 8) -> list[Any]:
+    import numpy as np
+
+    flat = a.reshape(-1)[:n]
+    if a.dtype.kind == "c":
+        return [[float(z.real), float(z.imag)] for z in flat.astype(np.complex128)]
+    if a.dtype.kind == "b":
+        return [bool(v) for v in flat]
+    if a.dtype.kind in "iu":
+        return [int(v) for v in flat]
+    return [float(v) for v in flat.astype(np.float64)]
+
+
+def array_text(a: np.ndarray) -> str:
+    import numpy as np
+
+    if a.dtype.kind == "f" or a.dtype.kind == "V" or str(a.dtype) == "bfloat16":
+        a = a.astype(np.float64) if a.dtype != np.float64 else a
+    return np.array2string(a, threshold=12, edgeitems=3, precision=4, max_line_width=96)
+
+
+def fmt_stats(stats: Mapping[str, Any]) -> str:
+    return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+
+
+def safe_filename(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "output"
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx doctor
+
+SMOKE_DESC = "x + 1 on f32[4]"
+
+
+def _smoke_graph() -> Graph:
+    import numpy as np
+
+    from .ir.builder import GraphBuilder
+
+    # One same-shape add and nothing else (no broadcast, no rename), so a minimal backend can pass.
+    g = GraphBuilder("rlx_doctor_smoke")
+    x = g.input("x", "f32", (4,))
+    g.output(g.op("add", x, g.param("one", np.ones(4, np.float32)), name="y"))
+    return g.build()
+
+
+def _failure_kind(e: BaseException) -> str:
+    if isinstance(e, PluginConflictError):
+        return "conflicting distributions"
+    if isinstance(e, BackendNotFoundError):
+        return "not available"
+    if isinstance(e, RLXError):
+        what = e.what
+        for needle, kind in (("failed to import", "import error"), ("targets RLX plugin API", "API mismatch"),
+                             ("raised in hook", "hook raised")):
+            if needle in what:
+                return kind
+        return "invalid plugin" if isinstance(e, PluginError) else type(e).__name__
+    return f"raised {type(e).__name__}"
+
+
+def _error_json(e: BaseException) -> dict[str, Any]:
+    if isinstance(e, RLXError):
+        return {"type": type(e).__name__, "kind": _failure_kind(e), "what": e.what, "where": e.where,
+                "fix": e.fix}
+    return {"type": type(e).__name__, "kind": _failure_kind(e), "what": f"{type(e).__name__}: {e}",
+            "where": None, "fix": "this is a bug in the plugin; report it to its authors"}
+
+
+def _smoke_test(h: Hub, backend: str, index: int) -> dict[str, Any]:
+    """Compile and run x + 1 on one device, without the compile cache."""
+    import numpy as np
+
+    from .runtime import Session
+
+    x = np.array([0.0, 1.5, -2.0, 1e3], np.float32)
+    try:
+        sess = Session(f"{backend}:{index}", hub=h, use_cache=False)
+        t0 = time.perf_counter()
+        out = sess.compile(_smoke_graph()).run({"x": x})
+        seconds = time.perf_counter() - t0
+    except Exception as e:  # a plugin's compiled program may raise anything
+        return {"status": "FAIL", "reason": str(e.what if isinstance(e, RLXError) else e),
+                "error": _error_json(e)}
+    y = out.get("y")
+    if y is None or np.shape(y) != (4,) or not np.allclose(np.asarray(y, np.float64), x + 1.0, rtol=0,
+                                                             atol=1e-6):
+        got = None if y is None else np.asarray(y).tolist()
+        return {"status": "FAIL", "reason": f"wrong result for {SMOKE_DESC}: got {got}, expected "
+                                            f"{(x + 1.0).tolist()}",
+                "error": {"type": "WrongResult", "kind": "wrong result", "what": "wrong result",
+                          "where": f"backend {backend!r}", "fix": "this is a bug in the plugin"}}
+    return {"status": "PASS", "reason": f"{SMOKE_DESC} compiled and ran correctly", "seconds": seconds}
+
+
+def _check_backend(h: Hub, name: str) -> dict[str, Any]:
+    entries = h.entries().get(name, [])
+    rec: dict[str, Any] = {
+        "name": name, "status": "FAIL", "kind": None, "reason": "", "error": None,
+        "distributions": [{"name": e.distribution, "version": e.dist_version, "entry_point": e.value}
+                          for e in entries],
+        "backend_version": None, "api_version": None, "description": None, "devices": [],
+    }
+    try:
+        backend = h.load(name)
+        rec.update(backend_version=backend.info.version, api_version=backend.info.api_version,
+                   description=backend.info.description)
+        devices = backend.devices()
+    except RLXError as e:
+        rec.update(kind=_failure_kind(e), reason=e.what, error=_error_json(e))
+        return rec
+    for i, d in enumerate(devices):
+        drec: dict[str, Any] = {"name": d.name, "index": i, "available": d.available, "reason": d.reason,
+                                "caps_source": d.caps.source, "host_memory": d.host_memory,
+                                "details": dict(d.details), "check": None}
+        if d.available:
+            drec["check"] = _smoke_test(h, name, i)
+        rec["devices"].append(drec)
+    checked = [d for d in rec["devices"] if d["check"] is not None]
+    failed = [d for d in checked if d["check"]["status"] != "PASS"]
+    if not checked:
+        why = "; ".join(f"{d['name']}: {d['reason']}" for d in rec["devices"]) or "it reports no devices"
+        rec.update(kind="no available device", reason=f"no available device ({why})")
+    elif failed:
+        first = failed[0]["check"]
+        rec.update(kind=first["error"]["kind"], reason=f"{failed[0]['name']}: {first['reason']}",
+                   error=first["error"])
+    else:
+        rec.update(status="PASS", reason=f"{SMOKE_DESC} ran correctly on "
+                                         f"{', '.join(d['name'] for d in checked)}")
+    return rec
+
+
+def doctor_report(h: Hub) -> dict[str, Any]:
+    """Everything `rlx doctor` prints, as data."""
+    import platform
+
+    env_keys = ("RLX_BACKENDS", "RLX_DISABLE_PLUGINS", "RLX_CACHE_DIR", "RLX_NO_CACHE", "RLX_DEBUG",
+                "RLX_DISPATCH_REPORT")
+    try:
+        import numpy as np
+
+        np_version: str | None = np.__version__
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        np_version = None
+    from .cache import default_cache_dir
+
+    core = {"version": __version__, "api_version": API_VERSION, "python": platform.python_version(),
+            "numpy": np_version, "platform": f"{platform.system()} {platform.machine()}",
+            "cache_dir": str(default_cache_dir()),
+            "env": {k: os.environ[k] for k in env_keys if k in os.environ}}
+    entries = h.entries()
+    names = h.names()
+    order = list(names) + sorted(n for n in h.failures() if n not in names)
+    backends = [_check_backend(h, n) for n in order]
+    disabled = {p.strip() for p in h.env.get("RLX_DISABLE_PLUGINS", "").split(",")}
+    for n in sorted(set(entries) - set(order)):
+        e = entries[n]
+        why = ("disabled by RLX_DISABLE_PLUGINS" if n in disabled
+               else "not listed in RLX_BACKENDS")
+        backends.append({"name": n, "status": "SKIP", "kind": "skipped", "reason": why, "error": None,
+                         "distributions": [{"name": x.distribution, "version": x.dist_version,
+                                            "entry_point": x.value} for x in e],
+                         "backend_version": None, "api_version": None, "description": None, "devices": []})
+    counts = {s: sum(1 for b in backends if b["status"] == s) for s in ("PASS", "FAIL", "SKIP")}
+    code = EXIT_USAGE if not entries else EXIT_FAIL if counts["FAIL"] else EXIT_OK
+    return {"core": core, "backends": backends,
+            "summary": {"passed": counts["PASS"], "failed": counts["FAIL"], "skipped": counts["SKIP"],
+                        "installed": len(entries)},
+            "exit_code": code}
+
+
+def _print_doctor(rep: Mapping[str, Any]) -> None:
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    out = console()
+    core = rep["core"]
+    out.print(Text("RLX doctor", style="bold"))
+    out.print(Text(f"  rlx-core {core['version']} (plugin API {core['api_version']}) · Python "
+                   f"{core['python']} · NumPy {core['numpy']} · {core['platform']}"))
+    out.print(Text(f"  cache: {core['cache_dir']}"))
+    for k, v in core["env"].items():
+        out.print(Text(f"  {k}={v}"))
+    out.print()
+    style = {"PASS": "bold green", "FAIL": "bold red", "SKIP": "yellow"}
+    for b in rep["backends"]:
+        line = Text("  ")
+        line.append(f"{b['status']:<4}", style=style[b["status"]])
+        line.append(f"  {b['name']}", style="bold")
+        dists = ", ".join(f"{d['name']} {d['version']}" for d in b["distributions"]) or "not installed"
+        line.append(f"  ({dists}")
+        if b["backend_version"]:
+            line.append(f"; backend {b['backend_version']}, API {b['api_version']}")
+        line.append(")")
+        if b["description"]:
+            line.append(f"  {b['description']}", style="dim")
+        out.print(line)
+        if b["devices"]:
+            t = Table(box=None, padding=(0, 2), show_edge=False, pad_edge=False)
+            for col in ("device", "available", "caps", "check"):
+                t.add_column(col, style="dim" if col == "caps" else None)
+            for d in b["devices"]:
+                avail = Text("yes", style="green") if d["available"] else Text(f"no: {d['reason']}",
+                                                                                 style="yellow")
+                chk = d["check"]
+                check = (Text("-") if chk is None else
+                         Text(chk["status"] if chk["status"] == "PASS" else f"FAIL: {chk['reason']}",
+                              style=style[chk["status"]].replace("bold ", "")))
+                t.add_row(Text(d["name"]), avail, Text(d["caps_source"]), check)
+            out.print(Padding(t, (0, 0, 0, 8), expand=False))
+        if b["status"] == "FAIL":
+            msg = Text("        ")
+            msg.append(f"{b['kind']}: ", style="red")
+            msg.append(b["reason"])
+            out.print(msg)
+            err = b.get("error") or {}
+            if err.get("where"):
+                out.print(Text(f"        where: {err['where']}"))
+            if err.get("fix"):
+                fix = Text("        fix: ", style="green")
+                fix.append(err["fix"], style="default")
+                out.print(fix)
+        elif b["status"] == "SKIP":
+            out.print(Text(f"        {b['reason']}", style="yellow"))
+    s = rep["summary"]
+    out.print()
+    if s["installed"] == 0:
+        if rep["core"]["env"].get("RLX_DISABLE_PLUGINS", "").strip() == "all":
+            msg = "All backend plugins are disabled by RLX_DISABLE_PLUGINS=all."
+        else:
+            msg = "No backend plugins are installed. Install the default one: pip install rlx-cpu"
+        out.print(Text(msg, style="bold red"))
+    else:
+        tail = f", {s['skipped']} skipped" if s["skipped"] else ""
+        out.print(Text(f"{s['passed']} passed, {s['failed']} failed{tail}",
+                       style="bold red" if s["failed"] else "bold green"))
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@json_option()
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool) -> None:
+    """Check installed backends: loading, devices, and a tiny graph run.
+
+    Every backend must load, list its devices, and compile and run x + 1 correctly.
+
+    For each backend: distribution and version, backend and plugin-API version, its devices (with
+    availability and where their performance numbers come from) and PASS/FAIL with the real reason
+    (import error, API mismatch, conflicting distributions, a hook that raised, a wrong result).
+
+    Exit code: 0 when every backend passes, 1 when any fails, 2 when none is installed.
+
+    \b
+    Examples:
+      rlx doctor
+      rlx doctor --json > doctor.json
+      RLX_BACKENDS=cuda,cpu rlx doctor
+    """
+    rep = doctor_report(hub_instance())
+    if as_json:
+        echo_json(rep)
+    else:
+        _print_doctor(rep)
+    ctx.exit(rep["exit_code"])
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx run
+
+
+def _read_npy(name: str, path: str, expect: Any) -> np.ndarray:
+    import numpy as np
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"input file {path!r} does not exist", where=f"--input {name}={path}",
+                         fix="give the path of a .npy file written with numpy.save") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(f"cannot read {path!r} as a .npy array: {e}", where=f"--input {name}={path}",
+                         fix="write the input with numpy.save(path, array) (not .npz, not pickled)"
+                         ) from None
+    if not isinstance(arr, np.ndarray):  # pragma: no cover - np.load of .npy always gives an array
+        raise InputError(f"{path!r} is not a single array", where=f"--input {name}={path}",
+                         fix="save one array per file with numpy.save")
+    # NumPy writes bfloat16 as 2-byte void; read it back as the graph's bf16.
+    if expect is not None and str(expect.dtype) == "bf16" and arr.dtype.kind == "V" and arr.itemsize == 2:
+        arr = arr.view(expect.dtype.np)
+    if expect is not None and arr.dtype != expect.dtype.np:
+        raise InputError(f"input {name!r} from {path} has dtype {_dtype_name(arr)} ({arr.dtype}), the model "
+                         f"expects {expect.dtype}", where=f"--input {name}={path}",
+                         fix=f"save it with the model's dtype: numpy.save({path!r}, "
+                             f"x.astype(numpy.{expect.dtype.np.name}))")
+    return arr
+
+
+def _random_input(name: str, t: Any, bindings: Mapping[str, int], rng: Any) -> np.ndarray:
+    shape: list[int] = []
+    for d in t.shape:
+        if isinstance(d, int):
+            shape.append(d)
+        elif d in bindings:
+            shape.append(bindings[d])
+        else:
+            raise InputError(f"input {name!r} has the symbolic shape {t}; --random cannot choose a size "
+                             f"for {d!r}", where=f"input {name!r}",
+                             fix=f"pass --input {name}=FILE.npy, or fix the size with --bind {d}=N")
+    dt = t.dtype
+    if dt.is_bool:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dt.is_complex:
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt.np)
+    if dt.is_float:
+        return rng.standard_normal(shape).astype(dt.np)
+    return rng.integers(0, 10, shape).astype(dt.np)
+
+
+def _symbols_from_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in graph.inputs:
+        a = arrays.get(v.name)
+        if a is None or a.ndim != v.type.rank:
+            continue
+        for d, n in zip(v.type.shape, a.shape):
+            if isinstance(d, str):
+                out.setdefault(d, int(n))
+    return out
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@device_option("Device to run on: BACKEND or BACKEND:INDEX (default: the first usable backend).")
+@click.option("--input", "-i", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="An input array from a .npy file (repeatable).")
+@click.option("--random", "use_random", is_flag=True,
+              help="Fill inputs not given with --input with seeded random data (normal floats, ints in "
+                   "[0, 10)). Symbolic dims must come from --bind or from another input.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random.")
+@bind_option()
+@json_option()
+@click.option("--output-dir", "-o", type=click.Path(file_okay=False), default=None,
+              help="Save every output as DIR/NAME.npy.")
+def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: bool, seed: int,
+        binds: tuple[str, ...], as_json: bool, output_dir: str | None) -> None:
+    """Run an .rlx model and print its outputs.
+
+    Prints each output's shape, dtype, a preview and statistics (or JSON), and can save them.
+
+    \b
+    Examples:
+      rlx run model.rlx --input x=x.npy
+      rlx run model.rlx --random --seed 1 --device cpu
+      rlx run model.rlx --random --bind batch=8 --json
+      rlx run model.rlx -i x=x.npy --output-dir out/
+    """
+    import numpy as np
+
+    from .hub import split_devices
+    from .runtime import Session
+
+    files = parse_pairs(inputs, "--input", example="x=x.npy")
+    graph = load_model(model)
+    want = {v.name: v.type for v in graph.inputs}
+    unknown = sorted(set(files) - set(want))
+    if unknown:
+        raise click.BadParameter(f"model {graph.name!r} has no input {', '.join(map(repr, unknown))}; its "
+                                 f"inputs: {', '.join(f'{n}: {t}' for n, t in want.items()) or 'none'}",
+                                 param_hint="--input")
+    bindings = parse_bindings(binds)
+    check_bindings(graph, bindings)
+    feed = {n: _read_npy(n, p, want[n]) for n, p in files.items()}
+    sources = {n: files[n] for n in feed}
+    missing = [n for n in want if n not in feed]
+    if missing and not use_random:
+        sig = ", ".join(f"{n}: {want[n]}" for n in missing)
+        raise InputError(f"missing input(s) {sig}", where=f"model {model}",
+                         fix="pass each with --input NAME=FILE.npy, or use --random for random data")
+    if missing:
+        rng = np.random.default_rng(seed)
+        syms = {**_symbols_from_arrays(graph, feed), **bindings}
+        for n in missing:
+            feed[n] = _random_input(n, want[n], syms, rng)
+            sources[n] = f"random (seed {seed})"
+
+    _check_multi_device(split_devices(device))
+    t0 = time.perf_counter()
+    sess = Session(device)
+    exe = sess.compile(graph)
+    t1 = time.perf_counter()
+    outs = exe.run(feed)
+    t2 = time.perf_counter()
+
+    saved: dict[str, str] = {}
+    if output_dir is not None:
+        d = Path(output_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, arr in outs.items():
+            p = d / f"{safe_filename(name)}.npy"
+            np.save(p, arr)
+            saved[name] = str(p)
+
+    if as_json:
+        echo_json({
+            "model": str(model), "graph": graph.name, "device": sess.device.name,
+            "seconds": {"compile": t1 - t0, "run": t2 - t1},
+            "inputs": {n: {"shape": list(a.shape), "dtype": str(want[n].dtype), "source": sources[n]}
+                       for n, a in feed.items()},
+            "outputs": {n: {"shape": list(a.shape), "dtype": _dtype_name(a), "preview": array_preview(a),
+                            "stats": array_stats(a), "saved": saved.get(n)} for n, a in outs.items()},
+        })
+        return
+    from rich.text import Text
+
+    from .report import fmt_seconds
+
+    out = console()
+    out.print(Text(f"{graph.name} on {sess.device.name}: compiled in {fmt_seconds(t1 - t0)}, "
+                   f"ran in {fmt_seconds(t2 - t1)}", style="bold"))
+    for n, a in feed.items():
+        out.print(Text(f"  input  {n}: {_shape_text(a)} from {sources[n]}", style="dim"))
+    for n, a in outs.items():
+        out.print(Text(f"  output {n}: ", style="bold").append(f"{_shape_text(a)}",
+                                                               style="cyan"))
+        for line in array_text(a).splitlines():
+            out.print(Text(f"    {line}"))
+        stats = array_stats(a)
+        if stats:
+            out.print(Text(f"    {fmt_stats(stats)}", style="dim"))
+        if n in saved:
+            out.print(Text(f"    saved to {saved[n]}", style="green"))
+
+
+def _shape_text(a: np.ndarray) -> str:
+    return f"{_dtype_name(a)}[{','.join(str(n) for n in a.shape)}]"
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    from .dtypes import DType
+
+    try:
+        return str(DType.parse(a.dtype))
+    except RLXError:
+        return str(a.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx explain
+
+
+def _check_multi_device(devices: Sequence[str]) -> None:
+    if len(devices) > 1 and importlib.util.find_spec("rlx_core.placement") is None:
+        raise BackendNotFoundError(f"multi-device placement ({','.join(devices)}) is not available in this "
+                                   f"rlx-core {__version__}", where="--device",
+                                   fix="name one device, e.g. --device " + devices[0])
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@device_option("Device(s): BACKEND[:INDEX], or several comma-separated (\"cuda,cpu\") to place each "
+               "node on the first device that can run it.")
+@bind_option()
+@json_option()
+def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: bool) -> None:
+    """Show how a model would be dispatched (nothing runs).
+
+    Per node: the path (native, common_ir, rewritten), kernels, device and estimated cost.
+
+    Nothing runs. Symbolic dimensions not given with --bind are planned with size 1.
+
+    \b
+    Examples:
+      rlx explain model.rlx
+      rlx explain model.rlx --device cuda,cpu
+      rlx explain model.rlx --bind batch=32 --json
+    """
+    from .hub import split_devices
+    from .runtime import Session
+
+    graph = load_model(model)
+    bindings = parse_bindings(binds)
+    check_bindings(graph, bindings)
+    defaulted = sorted(s for s in graph.symbols if s not in bindings)
+    full = {s: bindings.get(s, 1) for s in sorted(graph.symbols)}
+    _check_multi_device(split_devices(device))
+    report: DispatchReport = Session(device).plan(graph, full or None)
+    if as_json:
+        data = report.to_json()
+        data["defaulted_symbols"] = defaulted
+        echo_json(data)
+        return
+    click.echo(report.to_text())
+    if defaulted:
+        click.echo(f"note: {', '.join(defaulted)} planned with size 1; set sizes with --bind SYM=N", err=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx calibrate
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("backend")
+@click.option("--quick", is_flag=True, help="Shorter, smaller benchmarks (a few seconds; less precise).")
+@json_option()
+def calibrate(backend: str, quick: bool, as_json: bool) -> None:
+    """Measure a backend's performance numbers and cache them.
+
+    Launch overhead, memory bandwidth and GEMM throughput per float dtype.
+
+    The cost model (device ranking, multi-device placement) then uses these numbers instead of the
+    plugin's defaults. Results are stored per machine under the RLX cache directory.
+
+    \b
+    Examples:
+      rlx calibrate cpu
+      rlx calibrate cuda --quick
+    """
+    from .calibrate import calibrate as run_calibration
+
+    if ":" in backend or "," in backend:
+        raise click.BadParameter(f"{backend!r}: give a backend name (calibration measures its first "
+                                 "available device)", param_hint="BACKEND")
+    if as_json:
+        echo_json(run_calibration(backend, quick=quick))
+        return
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    err = console(stderr=True)
+    with Progress(TextColumn("[bold]calibrating {task.fields[backend]}[/]"), BarColumn(),
+                  TaskProgressColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=err.is_terminal) as progress:
+        task = progress.add_task("starting", total=1.0, backend=backend)
+
+        def on_progress(label: str, fraction: float) -> None:
+            progress.update(task, description=label, completed=max(0.0, min(1.0, fraction)))
+
+        results = run_calibration(backend, quick=quick, progress=on_progress)
+        progress.update(task, description="done", completed=1.0)
+    _print_calibration(results)
+
+
+def _print_calibration(r: Mapping[str, Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from .report import fmt_seconds
+
+    t = Table(title=f"{r.get('backend')} / {r.get('device')}", title_justify="left", show_edge=False)
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row("launch overhead", fmt_seconds(float(r["launch_overhead"])))
+    t.add_row("memory bandwidth", fmt_rate(float(r["mem_bandwidth"]), "B/s"))
+    for dt, v in r.get("peak_flops", {}).items():
+        t.add_row(f"peak {dt}" if dt != "default" else "peak (default)", fmt_rate(float(v), "FLOP/s"))
+    hl = r.get("host_link_bandwidth")
+    t.add_row("host link", "host memory" if hl is None else fmt_rate(float(hl), "B/s"))
+    for dt, why in r.get("skipped", {}).items():
+        t.add_row(f"peak {dt}", Text(f"skipped: {why}", style="yellow"))
+    out = console()
+    out.print(t)
+    out.print(Text(f"cached in {r.get('path')}", style="green"))
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx demo
+
+
+def _demo_graph(batch: int) -> Graph:
+    import numpy as np
+
+    from .ir.builder import GraphBuilder
+
+    rng = np.random.default_rng(0)
+    g = GraphBuilder("rlx_demo_mlp")
+    x = g.input("x", "f32", (batch, 784))
+    w1 = g.param("w1", (rng.standard_normal((784, 128)) * math.sqrt(2 / 784)).astype(np.float32))
+    b1 = g.param("b1", (rng.standard_normal(128) * 0.01).astype(np.float32))
+    w2 = g.param("w2", (rng.standard_normal((128, 10)) * math.sqrt(2 / 128)).astype(np.float32))
+    b2 = g.param("b2", (rng.standard_normal(10) * 0.01).astype(np.float32))
+    h = g.relu(x @ w1 + b1)
+    g.output(g.softmax(h @ w2 + b2, axis=-1), "probs")
+    return g.build()
+
+
+DEMO_TOLERANCE = 1e-4
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@device_option("Run on this device instead of the one the cost model picks.")
+@click.option("--batch", type=click.IntRange(1, 65536), default=4, show_default=True, help="Rows of input.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the random input.")
+@click.pass_context
+def demo(ctx: click.Context, device: str | None, batch: int, seed: int) -> None:
+    """Build, place, run and check a small MLP.
+
+    The model is 784 -> 128 -> 10 with relu and softmax and seeded random weights.
+
+    The device is the one the cost model estimates fastest among the installed backends (unless
+    --device); the result is checked against the float64 reference evaluator. Exit code 1 if the
+    check fails.
+
+    \b
+    Examples:
+      rlx demo
+      rlx demo --device cpu --batch 16
+    """
+    import numpy as np
+    from rich.table import Table
+    from rich.text import Text
+
+    from .cost import fastest_device, rank_devices
+    from .ir.reference import evaluate
+    from .report import fmt_seconds
+    from .runtime import Session
+
+    out = console()
+    graph = _demo_graph(batch)
+    out.print(Text(f"Model: {graph.name}, x: f32[{batch},784] -> linear 128 -> relu -> linear 10 -> softmax "
+                   f"({len(graph.nodes)} nodes)", style="bold"))
+    if device is None:
+        h = hub_instance()
+        ranked = rank_devices(graph, hub=h)
+        device = fastest_device(graph, hub=h)
+        t = Table(title="Device ranking (estimated time per run)", title_justify="left", show_edge=False)
+        for col in ("device", "total", "kernels", "transfers", "note"):
+            t.add_column(col, justify="right" if col in ("total", "kernels", "transfers") else "left")
+        for e in ranked:
+            if e.seconds is None:
+                t.add_row(e.device, "-", "-", "-", Text(f"cannot run: {e.error}", style="yellow"))
+            else:
+                note = Text("<- chosen", style="bold green") if e.device == device else Text("")
+                t.add_row(e.device, fmt_seconds(e.seconds), fmt_seconds(e.kernels), fmt_seconds(e.transfers),
+                          note)
+        out.print(t)
+        why = "lowest estimated time"
+    else:
+        why = "--device"
+    sess = Session(device)
+    out.print(Text(f"Chosen device: {sess.device.name} ({why}; performance numbers: "
+                   f"{sess.device.caps.source})", style="bold"))
+
+    exe = sess.compile(graph)
+    x = np.random.default_rng(seed).standard_normal((batch, 784)).astype(np.float32)
+    t0 = time.perf_counter()
+    probs = exe.run({"x": x})["probs"]
+    dt = time.perf_counter() - t0
+    out.print(Text(f"Ran in {fmt_seconds(dt)}", style="dim"))
+
+    t = Table(title="Outputs", title_justify="left", show_edge=False)
+    t.add_column("row", justify="right")
+    t.add_column("class", justify="right")
+    t.add_column("p", justify="right")
+    t.add_column("probabilities (classes 0-9)")
+    shown = min(batch, 8)
+    for i in range(shown):
+        k = int(np.argmax(probs[i]))
+        t.add_row(str(i), str(k), f"{float(probs[i, k]):.3f}",
+                  " ".join(f"{float(p):.2f}" for p in probs[i]))
+    out.print(t)
+    if batch > shown:
+        out.print(Text(f"  ... {batch - shown} more rows", style="dim"))
+
+    if exe.report is not None:
+        out.print()
+        out.print(Text(exe.report.to_text()), soft_wrap=True)
+    out.print()
+
+    ref = evaluate(graph, {"x": x})["probs"]
+    err = float(np.max(np.abs(probs.astype(np.float64) - ref))) if probs.shape == ref.shape else math.inf
+    ok = bool(err <= DEMO_TOLERANCE)
+    line = Text("Check against the reference evaluator: ", style="bold")
+    line.append("PASS" if ok else "FAIL", style="bold green" if ok else "bold red")
+    line.append(f" (max abs error {err:.2e}, tolerance {DEMO_TOLERANCE:.0e})")
+    out.print(line)
+    if not ok:
+        ctx.exit(EXIT_FAIL)
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx ops
+
+
+def _dtypes_text(dtypes: Sequence[Any]) -> str:
+    """Compact dtype list: whole families by name (float, int), the rest spelled out."""
+    from .dtypes import ALL_DTYPES, FLOAT_DTYPES, DType
+
+    s = set(dtypes)
+    if s == set(ALL_DTYPES):
+        return "all"
+    ints = {d for d in DType if d.is_int}
+    parts: list[str] = []
+    for family, members in (("float", set(FLOAT_DTYPES)), ("int", ints)):
+        if members <= s:
+            parts.append(family)
+            s -= members
+    parts += [str(d) for d in dtypes if d in s]
+    return ",".join(parts)
+
+
+def _first_sentence(doc: str) -> str:
+    text = " ".join(doc.split())
+    cut = text.find(". ")
+    return text if cut < 0 else text[: cut + 1]
+
+
+def _op_json(s: Any) -> dict[str, Any]:
+    from .ir.schema import REQUIRED
+
+    return {"name": s.name, "level": s.level, "category": s.category, "dtypes": [str(d) for d in s.dtypes],
+            "inputs": list(s.inputs), "num_outputs": s.num_outputs,
+            "attrs": [{"name": a.name, "kind": a.kind, "required": a.default is REQUIRED,
+                       "default": None if a.default is REQUIRED else a.default, "doc": a.doc}
+                      for a in s.attrs],
+            "elementwise": s.elementwise, "provider": s.provider, "doc": s.doc}
+
+
+def _print_op_detail(s: Any) -> None:
+    from rich.text import Text
+
+    from .ir.schema import REQUIRED
+
+    out = console()
+    out.print(Text(s.name, style="bold").append(f"  ({s.level}, {s.category}, from {s.provider})",
+                                               style="dim"))
+    out.print(Text(f"  {' '.join(s.doc.split())}"))
+    outs = "" if s.num_outputs == 1 else f" -> {s.num_outputs} outputs"
+    out.print(Text(f"  inputs: {', '.join(s.inputs) or 'none'}{outs}   (a trailing * is variadic)"))
+    out.print(Text(f"  dtypes: {', '.join(str(d) for d in s.dtypes)}"))
+    for a in s.attrs:
+        default = "required" if a.default is REQUIRED else f"default {a.default!r}"
+        out.print(Text(f"  attr {a.name}: {a.kind}, {default}" + (f" - {a.doc}" if a.doc else "")))
+    if s.level == "hir":
+        out.print(Text("  decomposes into MIR ops when a backend has no native kernel", style="dim"))
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("names", nargs=-1, metavar="[OP]...")
+@click.option("--level", type=click.Choice(["mir", "hir"]), default=None,
+              help="Only MIR primitives or only HIR model ops (default: both).")
+@json_option()
+def ops(names: tuple[str, ...], level: str | None, as_json: bool) -> None:
+    """List the registered ops with level, category, dtypes and doc.
+
+    Ops added by installed backend plugins are included (each plugin is loaded first). Name ops to
+    see their inputs, attributes and full description.
+
+    \b
+    Examples:
+      rlx ops
+      rlx ops --level hir
+      rlx ops softmax attention
+      rlx ops --json | jq '.[] | select(.category == "activation")'
+    """
+    from .ir.schema import REGISTRY
+
+    h = hub_instance()
+    for name in h.names():
+        h.try_load(name)  # plugins register their ops on load; failures are `rlx doctor`'s business
+    if names:
+        schemas = [REGISTRY.get(n, where="rlx ops") for n in names]
+    else:
+        schemas = sorted(REGISTRY.schemas(level), key=lambda s: (s.level != "hir", s.category, s.name))
+    if as_json:
+        echo_json([_op_json(s) for s in schemas])
+        return
+    if names:
+        for s in schemas:
+            _print_op_detail(s)
+        return
+    from rich import box
+    from rich.table import Table
+
+    cols = ("op", "level", "category", "dtypes", "doc")
+    rows = [(s.name if s.provider == "rlx-core" else f"{s.name} ({s.provider})", s.level, s.category,
+             _dtypes_text(s.dtypes), _first_sentence(s.doc)) for s in schemas]
+    out = console()
+    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(cols[:-1])]
+    doc_width = max(24, out.width - sum(widths) - 3 * len(widths) - 1)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+              title=f"{len(schemas)} ops (`rlx ops OP` for inputs, attributes and full docs)",
+              title_justify="left")
+    for col in cols:
+        t.add_column(col, no_wrap=col != "doc", overflow="fold")
+    for r in rows:
+        doc = r[-1] if len(r[-1]) <= doc_width else r[-1][: doc_width - 1] + "…"
+        t.add_row(*r[:-1], doc)
+    out.print(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# rlx cache
+
+
+@cli.group(cls=RLXGroup, context_settings=CONTEXT_SETTINGS)
+def cache() -> None:
+    """Inspect or clear the on-disk caches.
+
+    They hold compiled (legalized) graphs and calibration results.
+
+    The directory is $RLX_CACHE_DIR, else $XDG_CACHE_HOME/rlx, else ~/.cache/rlx.
+
+    \b
+    Examples:
+      rlx cache info
+      rlx cache clear
+    """
+
+
+def _dir_usage(root: Path, pattern: str) -> tuple[list[Path], int]:
+    files = sorted(root.rglob(pattern)) if root.exists() else []
+    return files, sum(f.stat().st_size for f in files if f.is_file())
+
+
+@cache.command("info", context_settings=CONTEXT_SETTINGS)
+@json_option()
+def cache_info(as_json: bool) -> None:
+    """Show where the caches are and what they hold.
+
+    \b
+    Example:
+      rlx cache info --json
+    """
+    from .cache import CompileCache, default_cache_dir
+    from .report import fmt_bytes
+
+    root = default_cache_dir()
+    compile_root = CompileCache().root
+    entries, nbytes = _dir_usage(compile_root, "*.pkl")
+    cal_root = root / "calibration"
+    cals = []
+    for f in sorted(cal_root.glob("*.json")) if cal_root.exists() else []:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            data = {}
+        cals.append({"file": str(f), "backend": data.get("backend"), "device": data.get("device"),
+                     "date": data.get("date")})
+    info = {"dir": str(root), "compile": {"dir": str(compile_root), "entries": len(entries), "bytes": nbytes},
+            "calibration": cals}
+    if as_json:
+        echo_json(info)
+        return
+    from rich.text import Text
+
+    out = console()
+    out.print(Text(f"cache directory: {root}", style="bold"))
+    n = len(entries)
+    out.print(Text(f"  compiled graphs: {n} entr{'y' if n == 1 else 'ies'}, {fmt_bytes(nbytes)} in "
+                   f"{compile_root}"))
+    if cals:
+        out.print(Text(f"  calibrations: {len(cals)}"))
+        for c in cals:
+            out.print(Text(f"    {c['backend']} / {c['device']}  {c['date']}  {c['file']}"))
+    else:
+        out.print(Text("  calibrations: none (run `rlx calibrate BACKEND`)"))
+
+
+@cache.command("clear", context_settings=CONTEXT_SETTINGS)
+@click.option("--calibration", is_flag=True, help="Also delete calibration results.")
+def cache_clear(calibration: bool) -> None:
+    """Delete compiled-graph cache entries (and, with --calibration, calibration results).
+
+    \b
+    Examples:
+      rlx cache clear
+      rlx cache clear --calibration
+    """
+    from .cache import CompileCache, default_cache_dir
+
+    cc = CompileCache()
+    n = cc.clear()
+    msg = f"removed {n} compiled-graph entr{'y' if n == 1 else 'ies'} from {cc.root}"
+    if calibration:
+        cal_root = default_cache_dir() / "calibration"
+        files = sorted(cal_root.glob("*.json")) if cal_root.exists() else []
+        for f in files:
+            f.unlink(missing_ok=True)
+        msg += f" and {len(files)} calibration file{'' if len(files) == 1 else 's'} from {cal_root}"
+    click.echo(msg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1102 @@
+"""Op test generation and comparison with the float64 reference: the engine of conformance testing.
+
+The pieces are backend-agnostic and meant to be reused by every backend's test suite:
+
+* :func:`cases_for` / :func:`all_cases` turn op schemas into :class:`OpCase` objects: one node,
+  concrete inputs and attributes, tagged with a *kind* (see :data:`KINDS`). Generation is driven by
+  the schema (category, inputs, attributes, dtypes); the core ops get hand-written edge cases
+  (broadcasting, empty and size-1 dims, negative axes and indices, NaN/Inf, integer wraparound),
+  plugin ops get a generic smoke case.
+* :func:`build_case_graph` makes the one-node :class:`~rlx_core.ir.graph.Graph` of a case.
+* :func:`tolerance` and :func:`compare` define what "correct" means (documented on each).
+* :func:`run_case` compiles a case on a :class:`~rlx_core.runtime.Session`, runs it, evaluates the
+  reference and reports ``passed``/``failed``/``error`` plus the dispatch path taken.
+
+Example::
+
+    from rlx_core import Session
+    from rlx_core.testing import all_cases, run_case
+
+    session = Session("cpu", use_cache=False)
+    bad = [r for r in (run_case(c, session) for c in all_cases()) if r.status != "passed"]
+
+Inputs are generated deterministically: each case seeds ``np.random.default_rng`` with
+``rng_seed + crc32(case.id)``, so a case id names the same arrays on every machine and run.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .dtypes import ALL_DTYPES, DType
+from .errors import RLXError
+from .ir.graph import Graph
+from .ir.schema import REGISTRY, REQUIRED, OpSchema
+
+Shape = tuple[int, ...]
+#: ``maker(rng, shape, dtype) -> array`` generates one operand in storage dtype.
+ValueFn = Callable[[np.random.Generator, Shape, DType], np.ndarray]
+#: A bound operand generator: everything but the case's random generator is fixed.
+InputFn = Callable[[np.random.Generator], np.ndarray]
+
+#: Case kinds. ``basic`` plain inputs; ``scalar`` rank-0 operands; ``size0`` a dim of size 0;
+#: ``size1`` size-1 dims without broadcasting; ``broadcast`` operands of different shapes;
+#: ``negative_axis`` axes/perm counted from the end; ``negative_index`` gather/scatter indices < 0;
+#: ``noncontiguous`` a transposed or strided NumPy view is fed as input; ``large`` magnitudes near
+#: the top of the dtype's range (results may overflow to Inf, as IEEE says); ``nan_inf`` NaN and
+#: +-Inf operands; ``overflow`` integer operands at the ends of their range (results wrap).
+KINDS: tuple[str, ...] = ("basic", "scalar", "size0", "size1", "broadcast", "negative_axis",
+                          "negative_index", "noncontiguous", "large", "nan_inf", "overflow")
+
+
+@dataclass(frozen=True, eq=False)
+class OpCase:
+    """One generated test: op ``op`` applied to ``inputs`` (graph input name, array) with ``attrs``.
+
+    ``dtype`` is the dtype the case is generated for: the data operand's dtype, except for
+    ``iota`` (its output dtype) and ``cast`` (its *source* dtype; the target is ``attrs["to"]``).
+    Identity semantics (``eq=False``) because the fields hold NumPy arrays.
+    """
+
+    id: str
+    op: str
+    dtype: DType
+    inputs: tuple[tuple[str, np.ndarray], ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "basic"
+
+    def feed(self) -> dict[str, np.ndarray]:
+        """The inputs as the ``{name: array}`` mapping ``Executable.run`` takes."""
+        return dict(self.inputs)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The outcome of :func:`run_case`. ``path`` is the dispatch path (``native``, ``common_ir``,
+    ``rewritten``; comma-joined if a backend split the node), empty if compilation failed."""
+
+    case_id: str
+    op: str
+    dtype: DType
+    kind: str
+    status: str  # "passed" | "failed" | "error"
+    message: str = ""
+    path: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "passed"
+
+
+# ---------------------------------------------------------------------------------------------
+# Value generators. Each returns an array already in storage dtype, so the reference and the
+# backend see bit-identical operands.
+
+#: Magnitudes for ``large`` cases: big but finite in the dtype (f16 tops out at 65504).
+LARGE: Mapping[DType, float] = {DType.F16: 1e4, DType.BF16: 1e30, DType.F32: 1e30, DType.F64: 1e300,
+                                DType.C64: 1e30}
+#: IEEE special values (and the ordinary values they interact with) for ``nan_inf`` cases.
+SPECIALS: tuple[float, ...] = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0)
+
+
+def _to(x: Any, dt: DType) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.asarray(x).astype(dt.np)
+
+
+def _ints(rng: np.random.Generator, shape: Shape, dt: DType, lo: int, hi: int) -> np.ndarray:
+    info = np.iinfo(dt.np)
+    return rng.integers(max(lo, int(info.min)), min(hi, int(info.max)), size=shape, endpoint=True,
+                        dtype=dt.np)
+
+
+def _uniform(rng: np.random.Generator, shape: Shape, dt: DType, lo: float, hi: float,
+             ilo: int = -20, ihi: int = 20) -> np.ndarray:
+    """Floats uniform in [lo, hi] (both parts for complex), ints in [ilo, ihi] clipped to range."""
+    if dt.is_bool:
+        return rng.random(shape) < 0.5
+    if dt.is_int:
+        return _ints(rng, shape, dt, ilo, ihi)
+    if dt.is_complex:
+        return _to(rng.uniform(lo, hi, shape) + 1j * rng.uniform(lo, hi, shape), dt)
+    return _to(rng.uniform(lo, hi, shape), dt)
+
+
+def _signs(rng: np.random.Generator, shape: Shape) -> np.ndarray:
+    return np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+
+
+def v_default(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """O(1) values: floats in [-2, 2], ints in [-20, 20] (u8 [0, 20]), random bools."""
+    return _uniform(rng, shape, dt, -2.0, 2.0)
+
+
+def v_positive(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Strictly positive (log, sqrt, rsqrt, pow base); complex values get a positive real part."""
+    if dt.is_complex:
+        return _to(rng.uniform(0.25, 2.0, shape) + 1j * rng.uniform(-1.0, 1.0, shape), dt)
+    return _uniform(rng, shape, dt, 0.25, 4.0, 1, 20)
+
+
+def v_nonzero(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Magnitude in [0.5, 2] (ints [1, 9]) with a random sign: safe divisors."""
+    if dt.is_int:
+        mag = _ints(rng, shape, dt, 1, 9)
+        return mag if not dt.is_signed else _to(mag * _signs(rng, shape), dt)
+    x = rng.uniform(0.5, 2.0, shape) * _signs(rng, shape)
+    if dt.is_complex:
+        x = x + 1j * rng.uniform(-1.0, 1.0, shape)
+    return _to(x, dt)
+
+
+def v_unit(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Factors near magnitude 1 so products of a few dozen stay finite (ints: +-1, +-2)."""
+    if dt.is_int:
+        choices = [-2, -1, 1, 2] if dt.is_signed else [1, 2, 3]
+        return _to(rng.choice(choices, size=shape), dt)
+    x = rng.uniform(0.5, 1.5, shape) * _signs(rng, shape)
+    if dt.is_complex:
+        x = x + 1j * rng.uniform(-0.5, 0.5, shape)
+    return _to(x, dt)
+
+
+def v_ties(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Small integers (exact in every dtype) so comparisons and argmax see equal elements."""
+    if dt.is_bool:
+        return rng.random(shape) < 0.5
+    x = rng.integers(0 if not dt.is_signed else -2, 3, size=shape).astype(np.float64)
+    if dt.is_complex:
+        x = x + 1j * rng.integers(-1, 2, size=shape)
+    return _to(x, dt)
+
+
+def v_halves(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Multiples of 0.5 (exact in every float dtype): rounding ties for floor/ceil/round."""
+    return _to(rng.integers(-10, 11, size=shape) / 2.0, dt)
+
+
+def v_special(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """:data:`SPECIALS` cycled to ``shape`` in a seeded random order (all present when size >= 10)."""
+    flat = np.resize(np.asarray(SPECIALS), max(math.prod(shape), 0))
+    if flat.size >= len(SPECIALS):
+        head, tail = flat[:len(SPECIALS)], rng.permutation(flat[len(SPECIALS):])
+        flat = rng.permutation(np.concatenate([head, tail]))
+    return _to(flat.reshape(shape), dt)
+
+
+def v_large(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Values of magnitude in [LARGE/2, LARGE] with random signs."""
+    return _to(LARGE[dt] * rng.uniform(0.5, 1.0, shape) * _signs(rng, shape), dt)
+
+
+def v_large_pos(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Positive large values (positive-domain ops; sums without cancellation)."""
+    return _to(LARGE[dt] * rng.uniform(0.5, 1.0, shape), dt)
+
+
+def v_extreme(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Integers from the whole range, half of them the range ends (min, min+1, -1, 0, 1, max-1, max)."""
+    info = np.iinfo(dt.np)
+    lo, hi = int(info.min), int(info.max)
+    ends = np.array(sorted(v for v in {lo, lo + 1, -1, 0, 1, hi - 1, hi} if lo <= v <= hi), dt.np)
+    full = rng.integers(lo, hi, size=shape, endpoint=True, dtype=dt.np)
+    pick = rng.choice(ends, size=shape)
+    return np.where(rng.random(shape) < 0.5, pick, full).astype(dt.np)
+
+
+def v_extreme_nonzero(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """:func:`v_extreme` with zeros replaced by -1 (1 for unsigned): divisors at the range ends."""
+    x = v_extreme(rng, shape, dt)
+    return np.where(x == 0, dt.np.type(-1 if dt.is_signed else 1), x).astype(dt.np)
+
+
+def v_bool(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    return rng.random(shape) < 0.5
+
+
+def fixed(values: Any) -> ValueFn:
+    """A generator that ignores the rng and returns ``values`` in the requested dtype."""
+    def make(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+        return _to(np.asarray(values).reshape(shape), dt)
+    return make
+
+
+# ---------------------------------------------------------------------------------------------
+# Case assembly
+
+class _Cases:
+    """Collects cases for one (op, dtype); ``add`` derives the id, seeds the rng and makes arrays."""
+
+    def __init__(self, op: str, dtype: DType, seed: int) -> None:
+        self.op, self.dtype, self.seed = op, dtype, seed
+        self.out: list[OpCase] = []
+        self._ids: set[str] = set()
+
+    def arr(self, fn: ValueFn, shape: Shape, dtype: DType | None = None, *, nc: bool = False) -> InputFn:
+        """Bind a value generator; ``nc`` yields a non-contiguous view with the same shape/values domain."""
+        dt = dtype or self.dtype
+
+        def make(rng: np.random.Generator) -> np.ndarray:
+            if not nc:
+                return fn(rng, shape, dt)
+            if len(shape) >= 2:  # a transposed view: reversed strides
+                return fn(rng, shape[::-1], dt).T
+            return fn(rng, (2 * shape[0],), dt)[::2]  # every other element: stride 2
+        return make
+
+    def add(self, label: str, kind: str, inputs: Sequence[tuple[str, InputFn]],
+            attrs: Mapping[str, Any] | None = None) -> None:
+        assert kind in KINDS, kind
+        cid = f"{self.op}[{self.dtype}]-{label}"
+        assert cid not in self._ids, f"duplicate case id {cid}"
+        self._ids.add(cid)
+        rng = np.random.default_rng(self.seed + zlib.crc32(cid.encode()))
+        arrays = tuple((name, make(rng)) for name, make in inputs)
+        self.out.append(OpCase(cid, self.op, self.dtype, arrays, dict(attrs or {}), kind))
+
+
+def _float(dt: DType) -> bool:
+    return dt.is_float
+
+
+# -- elementwise -------------------------------------------------------------------------------
+
+#: Input domains per unary op (values outside give NaN, which would test little).
+UNARY_DOMAIN: Mapping[str, ValueFn] = {"log": v_positive, "sqrt": v_positive, "rsqrt": v_positive,
+                                       "reciprocal": v_nonzero, "floor": v_halves, "ceil": v_halves,
+                                       "round": v_halves, "sign": v_ties, "logical_not": v_bool}
+_POSITIVE_DOMAIN = frozenset({"log", "sqrt", "rsqrt"})
+_COMPARE = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})
+#: Input domains per binary op: (a, b).
+BINARY_DOMAIN: Mapping[str, tuple[ValueFn, ValueFn]] = {
+    "div": (v_default, v_nonzero), "pow": (v_positive, v_default),
+    **{op: (v_ties, v_ties) for op in _COMPARE},
+}
+
+
+def _gen_unary(c: _Cases) -> None:
+    dt, op = c.dtype, c.op
+    vf = UNARY_DOMAIN.get(op, v_default)
+    c.add("basic", "basic", [("x", c.arr(vf, (3, 4)))])
+    c.add("scalar", "scalar", [("x", c.arr(vf, ()))])
+    c.add("size0", "size0", [("x", c.arr(vf, (0, 3)))])
+    c.add("size1", "size1", [("x", c.arr(vf, (1, 4, 1)))])
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))])
+    if vf is not v_default and not dt.is_bool:
+        # The domain generator may be narrow (halves, ties); also cover generic values.
+        c.add("values", "basic", [("x", c.arr(v_positive if op in _POSITIVE_DOMAIN else v_default,
+                                              (2, 5)))])
+    if _float(dt):
+        c.add("nan_inf", "nan_inf", [("x", c.arr(v_special, (2, 5)))])
+        c.add("large", "large", [("x", c.arr(v_large_pos if op in _POSITIVE_DOMAIN else v_large,
+                                             (3, 4)))])
+    if dt.is_int and op in ("neg", "abs", "sign"):
+        c.add("overflow", "overflow", [("x", c.arr(v_extreme, (3, 4)))])
+
+
+def _gen_binary(c: _Cases) -> None:
+    dt, op = c.dtype, c.op
+    va, vb = BINARY_DOMAIN.get(op, (v_default, v_default))
+    if dt.is_bool:
+        va = vb = v_bool
+    shapes: list[tuple[str, str, Shape, Shape]] = [
+        ("basic", "basic", (3, 4), (3, 4)),
+        ("broadcast_row", "broadcast", (3, 4), (4,)),
+        ("broadcast_outer", "broadcast", (3, 1), (1, 4)),
+        ("broadcast_rank", "broadcast", (2, 1, 4), (3, 1)),
+        ("broadcast_lhs", "broadcast", (4,), (2, 4)),
+        ("scalar", "scalar", (), ()),
+        ("scalar_rhs", "scalar", (3, 4), ()),
+        ("scalar_lhs", "scalar", (), (2, 3)),
+        ("size0", "size0", (0, 4), (4,)),
+        ("size0_broadcast", "size0", (0, 1), (1, 3)),
+        ("size1", "size1", (1, 4), (1, 1)),
+    ]
+    for label, kind, sa, sb in shapes:
+        c.add(label, kind, [("a", c.arr(va, sa)), ("b", c.arr(vb, sb))])
+    c.add("noncontiguous", "noncontiguous", [("a", c.arr(va, (3, 4), nc=True)),
+                                             ("b", c.arr(vb, (3, 4), nc=True))])
+    c.add("noncontiguous_1d", "noncontiguous", [("a", c.arr(va, (5,), nc=True)),
+                                                ("b", c.arr(vb, (5,), nc=True))])
+    if op in _COMPARE and not dt.is_bool:
+        # Ties and generic values both matter for comparisons; v_ties alone never sees fractions.
+        c.add("values", "basic", [("a", c.arr(v_default, (3, 4))), ("b", c.arr(v_default, (3, 4)))])
+    if _float(dt):
+        # Every ordered pair of special values: column vector against row vector.
+        col = fixed(np.asarray(SPECIALS).reshape(-1, 1))
+        row = fixed(np.asarray(SPECIALS).reshape(1, -1))
+        n = len(SPECIALS)
+        c.add("nan_inf", "nan_inf", [("a", c.arr(col, (n, 1))), ("b", c.arr(row, (1, n)))])
+        la = v_large_pos if op == "pow" else v_large
+        lb = v_default if op == "pow" else v_large
+        c.add("large", "large", [("a", c.arr(la, (3, 4))), ("b", c.arr(lb, (3, 4)))])
+    if dt.is_int:
+        c.add("overflow", "overflow", [("a", c.arr(v_extreme, (4, 5))),
+                                       ("b", c.arr(v_extreme_nonzero if op == "div" else v_extreme,
+                                                   (4, 5)))])
+
+
+def _gen_where(c: _Cases) -> None:
+    vf = v_bool if c.dtype.is_bool else v_default
+    b = DType.BOOL
+    layouts: list[tuple[str, str, Shape, Shape, Shape]] = [
+        ("basic", "basic", (3, 4), (3, 4), (3, 4)),
+        ("broadcast", "broadcast", (3, 1), (1, 4), ()),
+        ("broadcast_rank", "broadcast", (4,), (2, 3, 4), (3, 1)),
+        ("scalar", "scalar", (), (), ()),
+        ("size0", "size0", (0, 4), (0, 4), (4,)),
+        ("size1", "size1", (1, 1), (1, 3), (1, 3)),
+    ]
+    for label, kind, sc, sa, sb in layouts:
+        c.add(label, kind, [("cond", c.arr(v_bool, sc, b)), ("a", c.arr(vf, sa)), ("b", c.arr(vf, sb))])
+    c.add("noncontiguous", "noncontiguous", [("cond", c.arr(v_bool, (3, 4), b, nc=True)),
+                                             ("a", c.arr(vf, (3, 4), nc=True)),
+                                             ("b", c.arr(vf, (3, 4), nc=True))])
+    if _float(c.dtype):
+        c.add("nan_inf", "nan_inf", [("cond", c.arr(v_bool, (2, 5), b)), ("a", c.arr(v_special, (2, 5))),
+                                     ("b", c.arr(v_special, (2, 5)))])
+
+
+def _cast_values(src: DType, to: DType) -> ValueFn:
+    """Source values whose conversion to ``to`` is defined (no float->int out of range)."""
+    if src.is_bool:
+        return v_bool
+    if to.is_bool:
+        return fixed_choice([-1.0, 0.0, -0.0, 0.5, 1.0] if src.is_signed else [0.0, 1.0, 2.0])
+    if to.is_int and not (src.is_int):
+        info = np.iinfo(to.np)
+        lo, hi = max(-100.0, float(info.min)), min(100.0, float(info.max))
+        return lambda rng, shape, dt: _uniform(rng, shape, dt, lo, hi)
+    if src.is_int:
+        return lambda rng, shape, dt: _uniform(rng, shape, dt, 0, 0, -100, 100)
+    return v_default
+
+
+def fixed_choice(values: Sequence[float]) -> ValueFn:
+    """Elements drawn from ``values`` (complex sources get a zero imaginary part)."""
+    def make(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+        return _to(rng.choice(np.asarray(values), size=shape), dt)
+    return make
+
+
+def _gen_cast(c: _Cases) -> None:
+    src = c.dtype
+    for to in ALL_DTYPES:
+        vf = _cast_values(src, to)
+        attrs = {"to": to}
+        c.add(f"to_{to}", "basic", [("x", c.arr(vf, (3, 4)))], attrs)
+        if to in (DType.F32, DType.I32, DType.BOOL):
+            c.add(f"to_{to}-scalar", "scalar", [("x", c.arr(vf, ()))], attrs)
+            c.add(f"to_{to}-size0", "size0", [("x", c.arr(vf, (0, 3)))], attrs)
+            c.add(f"to_{to}-noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], attrs)
+        if src.is_float and not to.is_int:
+            # NaN/Inf convert (IEEE) between floats and to bool (NaN != 0); to ints they are undefined.
+            c.add(f"to_{to}-nan_inf", "nan_inf", [("x", c.arr(v_special, (2, 5)))], attrs)
+            c.add(f"to_{to}-large", "large", [("x", c.arr(v_large, (3, 4)))], attrs)
+        if src.is_int:
+            # Narrowing integer casts wrap (two's complement); int -> float rounds or overflows to Inf.
+            c.add(f"to_{to}-overflow", "overflow", [("x", c.arr(v_extreme, (3, 4)))], attrs)
+
+
+# -- reductions, arg reductions, scans ---------------------------------------------------------
+
+#: NaN/Inf rows for reductions: NaN propagation, Inf, Inf - Inf, Inf * 0, a finite control row.
+_RED_SPECIAL = np.array([[math.nan, 1.0, 2.0, -3.0], [math.inf, 1.0, 2.0, 3.0],
+                         [-math.inf, math.inf, 1.0, 0.0], [math.inf, math.inf, 0.5, 1.0],
+                         [-math.inf, -0.0, 0.0, 1.0], [0.5, -1.0, 2.0, 1.5]])
+
+
+def _gen_reduction(c: _Cases) -> None:
+    op, dt = c.op, c.dtype
+    vf = v_unit if op == "reduce_prod" else v_default
+    nonempty = op in ("reduce_max", "reduce_min")
+    x3 = (2, 3, 4)
+    for label, kind, shape, axes, keep in [
+        ("all", "basic", x3, None, False),
+        ("all_keepdims", "basic", x3, None, True),
+        ("axis1", "basic", x3, (1,), False),
+        ("axes02_keepdims", "basic", x3, (0, 2), True),
+        ("axes_empty", "basic", x3, (), False),
+        ("axis_neg", "negative_axis", x3, (-1,), False),
+        ("axes_neg_keepdims", "negative_axis", x3, (-3, -1), True),
+        ("scalar", "scalar", (), None, False),
+        ("size1", "size1", (1, 4, 1), (0, 2), False),
+        ("size0_kept", "size0", (0, 3), (1,), False),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], {"axes": axes, "keepdims": keep})
+    if not nonempty:  # max/min of an empty axis has no identity (inference rejects it)
+        c.add("size0_reduced", "size0", [("x", c.arr(vf, (0, 3)))], {"axes": (0,), "keepdims": False})
+        c.add("size0_all", "size0", [("x", c.arr(vf, (2, 0)))], {"axes": None, "keepdims": True})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"axes": (0,)})
+    c.add("noncontiguous_all", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"axes": None})
+    if _float(dt):
+        sp = fixed(_RED_SPECIAL)
+        c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axes": (1,)})
+        c.add("nan_inf_all", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axes": None})
+        c.add("large", "large", [("x", c.arr(v_large_pos, (3, 4)))], {"axes": (1,)})
+    if dt.is_int:
+        c.add("overflow", "overflow", [("x", c.arr(v_extreme, (3, 4)))], {"axes": (1,)})
+        c.add("overflow_all", "overflow", [("x", c.arr(v_extreme, (3, 4)))], {"axes": None})
+
+
+def _gen_arg(c: _Cases) -> None:
+    dt = c.dtype
+    for label, kind, shape, attrs in [
+        ("default_axis", "basic", (3, 4), {}),
+        ("axis0", "basic", (3, 4), {"axis": 0}),
+        ("axis1_3d", "basic", (2, 3, 4), {"axis": 1}),
+        ("axis_neg_keepdims", "negative_axis", (2, 3, 4), {"axis": -2, "keepdims": True}),
+        ("keepdims", "basic", (3, 4), {"axis": 1, "keepdims": True}),
+        ("size1", "size1", (1, 4), {"axis": 0}),
+        ("size0", "size0", (0, 3), {"axis": 1}),
+        ("vector", "basic", (7,), {"axis": 0}),
+    ]:
+        c.add(label, kind, [("x", c.arr(v_ties, shape))], attrs)
+    c.add("values", "basic", [("x", c.arr(v_default, (3, 5)))], {"axis": 1})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_ties, (3, 4), nc=True))], {"axis": 0})
+    if _float(dt):
+        sp = fixed(_RED_SPECIAL)
+        c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 1})
+        c.add("nan_inf_axis0", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 0})
+        c.add("large", "large", [("x", c.arr(v_large, (3, 4)))], {"axis": 1})
+    if dt.is_int:
+        c.add("overflow", "overflow", [("x", c.arr(v_extreme, (3, 4)))], {"axis": 1})
+
+
+def _gen_cumsum(c: _Cases) -> None:
+    dt = c.dtype
+    for label, kind, shape, attrs in [
+        ("default_axis", "basic", (3, 4), {}),
+        ("axis0", "basic", (3, 4), {"axis": 0}),
+        ("axis_neg", "negative_axis", (2, 3, 4), {"axis": -2}),
+        ("exclusive", "basic", (3, 4), {"exclusive": True}),
+        ("reverse", "basic", (3, 4), {"axis": 0, "reverse": True}),
+        ("exclusive_reverse", "basic", (3, 4), {"exclusive": True, "reverse": True}),
+        ("scalar", "scalar", (), {}),
+        ("scalar_exclusive", "scalar", (), {"exclusive": True}),
+        ("size0", "size0", (0, 4), {"axis": 0}),
+        ("size0_other", "size0", (0, 4), {"axis": 1, "exclusive": True}),
+        ("size1", "size1", (1, 4), {"axis": 0}),
+    ]:
+        c.add(label, kind, [("x", c.arr(v_default, shape))], attrs)
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True))], {"axis": 1})
+    c.add("noncontiguous_reverse", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True))],
+          {"axis": 0, "reverse": True, "exclusive": True})
+    if _float(dt):
+        # Inclusive only: exclusive is defined as inclusive - x, where Inf - Inf is NaN by definition.
+        sp = fixed(_RED_SPECIAL)
+        c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 1})
+        c.add("large", "large", [("x", c.arr(v_large_pos, (3, 4)))], {"axis": 1})
+    if dt.is_int:
+        c.add("overflow", "overflow", [("x", c.arr(v_extreme, (3, 4)))], {"axis": 1})
+        c.add("overflow_exclusive", "overflow", [("x", c.arr(v_extreme, (3, 4)))],
+              {"axis": 0, "exclusive": True, "reverse": True})
+
+
+# -- matmul and conv2d -------------------------------------------------------------------------
+
+def _large_products(k: int) -> ValueFn:
+    """``large`` for dot products: big operands whose k-term sums of products stay finite."""
+    def make(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+        mag = math.sqrt(LARGE[dt] / (4 * k))
+        return _to(mag * rng.uniform(0.5, 1.0, shape) * _signs(rng, shape), dt)
+    return make
+
+
+def _nan_inf_rows(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Positive values with a NaN in row 0 and +Inf in row 1: against a positive operand the
+    result rows are NaN and +Inf whatever the summation order (no Inf - Inf, no Inf * 0)."""
+    x = rng.uniform(0.5, 1.0, shape)
+    x[..., 0, 1 % shape[-1]] = math.nan
+    x[..., 1, 0] = math.inf
+    return _to(x, dt)
+
+
+def _v_pos_unit(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    return _to(rng.uniform(0.5, 1.0, shape), dt)
+
+
+def _gen_matmul(c: _Cases) -> None:
+    dt = c.dtype
+    vf = v_default
+    for label, kind, sa, sb in [
+        ("mm", "basic", (3, 4), (4, 5)),
+        ("vec_mat", "basic", (4,), (4, 5)),
+        ("mat_vec", "basic", (3, 4), (4,)),
+        ("dot", "basic", (4,), (4,)),
+        ("batched", "basic", (2, 3, 4), (2, 4, 5)),
+        ("batch_broadcast", "broadcast", (2, 1, 3, 4), (3, 4, 2)),
+        ("batch_vs_mat", "broadcast", (2, 3, 4), (4, 5)),
+        ("vec_vs_batch", "broadcast", (4,), (2, 4, 3)),
+        ("size0_m", "size0", (0, 4), (4, 3)),
+        ("size0_k", "size0", (3, 0), (0, 2)),
+        ("size0_batch", "size0", (0, 3, 4), (4, 2)),
+        ("size1", "size1", (1, 4), (4, 1)),
+        ("long_k", "basic", (2, 64), (64, 3)),
+    ]:
+        c.add(label, kind, [("a", c.arr(vf, sa)), ("b", c.arr(vf, sb))])
+    c.add("noncontiguous", "noncontiguous", [("a", c.arr(vf, (3, 4), nc=True)),
+                                             ("b", c.arr(vf, (4, 5), nc=True))])
+    if _float(dt):
+        c.add("nan_inf", "nan_inf", [("a", c.arr(_nan_inf_rows, (3, 4))), ("b", c.arr(_v_pos_unit, (4, 2)))])
+        big = _large_products(4)
+        c.add("large", "large", [("a", c.arr(big, (3, 4))), ("b", c.arr(big, (4, 5)))])
+    if dt.is_int:
+        c.add("overflow", "overflow", [("a", c.arr(v_extreme, (3, 4))), ("b", c.arr(v_extreme, (4, 5)))])
+
+
+def _gen_conv2d(c: _Cases) -> None:
+    dt = c.dtype
+    vf = v_default
+    for label, kind, sx, sw, attrs in [
+        ("basic", "basic", (1, 2, 5, 5), (3, 2, 3, 3), {}),
+        ("batch2", "basic", (2, 2, 4, 6), (3, 2, 2, 3), {}),
+        ("strided", "basic", (1, 2, 6, 5), (2, 2, 3, 3), {"strides": (2, 2)}),
+        ("padded", "basic", (1, 2, 4, 4), (3, 2, 3, 3), {"pads": (1, 1, 1, 1)}),
+        ("asym_pads_strides", "basic", (1, 1, 5, 6), (2, 1, 3, 2),
+         {"pads": (0, 1, 2, 0), "strides": (2, 1)}),
+        ("dilated", "basic", (1, 2, 7, 7), (2, 2, 3, 3), {"dilations": (2, 2), "pads": (2, 2, 2, 2)}),
+        ("dilated_strided", "basic", (1, 1, 9, 8), (1, 1, 2, 3),
+         {"dilations": (3, 1), "strides": (1, 2)}),
+        ("groups", "basic", (2, 4, 5, 5), (4, 2, 3, 3), {"groups": 2}),
+        ("depthwise", "basic", (1, 3, 4, 4), (6, 1, 3, 3), {"groups": 3, "pads": (1, 1, 1, 1)}),
+        ("size1_kernel", "size1", (1, 2, 3, 3), (3, 2, 1, 1), {}),
+        ("size1_spatial", "size1", (1, 2, 1, 1), (3, 2, 1, 1), {}),
+        ("size0_batch", "size0", (0, 2, 5, 5), (3, 2, 3, 3), {}),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, sx)), ("w", c.arr(vf, sw))], attrs)
+    # (2, 5, 5, 1).T is (1, 5, 5, 2) reversed; use an explicit transposed view for NCHW instead.
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (1, 2, 5, 5), nc=True)),
+                                             ("w", c.arr(vf, (3, 2, 3, 3), nc=True))])
+    if _float(dt):
+        big = _large_products(2 * 3 * 3)
+        c.add("large", "large", [("x", c.arr(big, (1, 2, 5, 5))), ("w", c.arr(big, (3, 2, 3, 3)))])
+    if dt.is_int:
+        c.add("overflow", "overflow", [("x", c.arr(v_extreme, (1, 2, 4, 4))),
+                                       ("w", c.arr(v_extreme, (2, 2, 3, 3)))], {"pads": (1, 1, 1, 1)})
+
+
+# -- data movement -----------------------------------------------------------------------------
+
+def _data(dt: DType) -> ValueFn:
+    return v_bool if dt.is_bool else v_default
+
+
+def _gen_reshape(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    for label, kind, shape, to in [
+        ("basic", "basic", (2, 3, 4), (6, 4)),
+        ("infer", "basic", (2, 3, 4), (4, -1)),
+        ("flatten", "basic", (2, 3, 4), (-1,)),
+        ("scalar_to_1x1", "scalar", (), (1, 1)),
+        ("1x1_to_scalar", "scalar", (1, 1), ()),
+        ("size0", "size0", (0, 3), (3, 0, 1)),
+        ("size0_infer", "size0", (0, 3), (-1,)),
+        ("size1", "size1", (1, 4, 1), (4,)),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], {"shape": to})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"shape": (12,)})
+
+
+def _gen_transpose(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    for label, kind, shape, perm in [
+        ("reverse", "basic", (2, 3, 4), None),
+        ("swap01", "basic", (2, 3, 4), (1, 0, 2)),
+        ("rotate", "basic", (2, 3, 4), (2, 0, 1)),
+        ("matrix", "basic", (3, 5), (1, 0)),
+        ("negative_perm", "negative_axis", (2, 3, 4), (-1, 0, -2)),
+        ("scalar", "scalar", (), None),
+        ("size0", "size0", (0, 3), (1, 0)),
+        ("size1", "size1", (1, 3, 1), (2, 1, 0)),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], {"perm": perm})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"perm": (1, 0)})
+
+
+def _gen_expand(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    for label, kind, shape, to in [
+        ("basic", "basic", (3, 1), (2, 3, 4)),
+        ("prepend", "broadcast", (4,), (3, 4)),
+        ("scalar", "scalar", (), (2, 3)),
+        ("size0", "size0", (1, 3), (0, 3)),
+        ("size1_noop", "size1", (1, 1), (1, 1)),
+        ("same", "basic", (2, 3), (2, 3)),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], {"shape": to})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (2, 1, 3), nc=True))], {"shape": (2, 4, 3)})
+
+
+_NEG_BIG = -(2**31)  # a stop before the start of any axis, for full reversals
+
+
+def _gen_slice(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    for label, kind, shape, attrs in [
+        ("basic", "basic", (4, 5), {"starts": (1, 0), "stops": (3, 5)}),
+        ("step2", "basic", (4, 5), {"starts": (0,), "stops": (5,), "axes": (1,), "steps": (2,)}),
+        ("clamped", "basic", (4, 5), {"starts": (2,), "stops": (100,), "axes": (0,)}),
+        ("reverse", "basic", (4, 5), {"starts": (-1,), "stops": (_NEG_BIG,), "axes": (0,),
+                                      "steps": (-1,)}),
+        ("negative_step2", "basic", (4, 5), {"starts": (4,), "stops": (0,), "axes": (1,), "steps": (-2,)}),
+        ("negative_axis", "negative_axis", (4, 5), {"starts": (-3,), "stops": (-1,), "axes": (-1,)}),
+        ("negative_both", "negative_axis", (2, 4, 5), {"starts": (-1, 3), "stops": (_NEG_BIG, 0),
+                                                       "axes": (-1, 1), "steps": (-2, -1)}),
+        ("empty_result", "size0", (4, 5), {"starts": (3,), "stops": (1,), "axes": (0,)}),
+        ("size0_input", "size0", (0, 5), {"starts": (1,), "stops": (4,), "axes": (1,)}),
+        ("size1", "size1", (1, 5), {"starts": (0, 2), "stops": (1, 3)}),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], attrs)
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (4, 5), nc=True))],
+          {"starts": (1,), "stops": (4,), "axes": (0,), "steps": (2,)})
+
+
+def _gen_concat(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    for label, kind, shapes, axis in [
+        ("axis0", "basic", [(2, 3), (1, 3), (3, 3)], 0),
+        ("axis1", "basic", [(2, 1), (2, 3)], 1),
+        ("axis_neg", "negative_axis", [(2, 2, 1), (2, 2, 3)], -1),
+        ("middle_axis", "basic", [(2, 1, 3), (2, 2, 3)], 1),
+        ("single", "basic", [(2, 3)], 0),
+        ("vectors", "basic", [(3,), (2,)], 0),
+        ("size0_part", "size0", [(0, 3), (2, 3)], 0),
+        ("size0_all", "size0", [(2, 0), (2, 0)], 1),
+        ("size1", "size1", [(1, 1), (1, 1)], 0),
+    ]:
+        c.add(label, kind, [(f"x{i}", c.arr(vf, s)) for i, s in enumerate(shapes)], {"axis": axis})
+    c.add("noncontiguous", "noncontiguous", [("x0", c.arr(vf, (3, 4), nc=True)),
+                                             ("x1", c.arr(vf, (2, 4)))], {"axis": 0})
+
+
+def _gen_pad(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    for label, kind, shape, attrs in [
+        ("basic", "basic", (2, 3), {"pads": (1, 0, 2, 1)}),
+        ("value", "basic", (2, 3), {"pads": (0, 2, 1, 0), "value": 1.5}),
+        ("zero_pads", "basic", (2, 3, 2), {"pads": (0, 0, 0, 0, 0, 0)}),
+        ("vector", "basic", (4,), {"pads": (3, 2), "value": 2.0}),
+        ("scalar", "scalar", (), {"pads": ()}),
+        ("size0", "size0", (0, 3), {"pads": (1, 1, 0, 0), "value": 1.0}),
+        ("size1", "size1", (1, 1), {"pads": (1, 1, 1, 1)}),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], attrs)
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"pads": (1, 1, 1, 1)})
+    if _float(c.dtype):
+        c.add("nan_inf", "nan_inf", [("x", c.arr(v_special, (2, 5)))], {"pads": (1, 0, 0, 1),
+                                                                         "value": math.nan})
+        c.add("inf_value", "nan_inf", [("x", c.arr(vf, (2, 2)))], {"pads": (1, 1, 1, 1), "value": -math.inf})
+
+
+def _idx(values: Any, dt: DType = DType.I64) -> ValueFn:
+    return lambda rng, shape, _: np.asarray(values, dt.np).reshape(shape)
+
+
+def _rand_idx(lo: int, hi: int, dt: DType = DType.I64) -> ValueFn:
+    """Random indices in [lo, hi) (duplicates likely): the index dtype is fixed, not the case's."""
+    return lambda rng, shape, _: rng.integers(lo, hi, size=shape).astype(dt.np)
+
+
+def _gen_gather(c: _Cases) -> None:
+    vf = _data(c.dtype)
+    i64, i32 = DType.I64, DType.I32
+    for label, kind, sx, ind, si, axis in [
+        ("axis0_dups", "basic", (5, 3), _idx([0, 4, 2, 2]), (4,), 0),
+        ("axis1_2d_index", "basic", (5, 3), _rand_idx(0, 3), (2, 2), 1),
+        ("negative_index", "negative_index", (5, 3), _idx([-1, -5, 3]), (3,), 0),
+        ("negative_axis", "negative_axis", (2, 5, 3), _rand_idx(-3, 3), (4,), -1),
+        ("i32_index", "basic", (5, 3), _idx([3, 0, -2], i32), (3,), 0),
+        ("scalar_index", "scalar", (5, 3), _idx(2), (), 0),
+        ("vector_scalar_index", "scalar", (5,), _idx(-1), (), 0),
+        ("size0_index", "size0", (5, 3), _idx([], i64), (0,), 0),
+        ("size0_data", "size0", (0, 3), _idx([1, 2]), (2,), 1),
+        ("size1", "size1", (1, 3), _idx([0, 0, 0]), (3,), 0),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, i32 if "i32" in label else i64))],
+              {"axis": axis})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (5, 3), nc=True)),
+                                             ("indices", c.arr(_idx([4, 1]), (2,), i64))], {"axis": 0})
+
+
+def _gen_scatter_add(c: _Cases) -> None:
+    dt = c.dtype
+    vf = v_default
+    i64, i32 = DType.I64, DType.I32
+    for label, kind, sx, si, ind, axis, idt in [
+        ("axis0_dups", "basic", (5, 3), (4, 3), _rand_idx(0, 5), 0, i64),
+        ("all_same", "basic", (4, 2), (3, 2), _idx([[1, 1]] * 3), 0, i64),
+        ("axis1", "basic", (3, 5), (3, 4), _rand_idx(0, 5), 1, i64),
+        ("negative_axis", "negative_axis", (3, 5), (3, 4), _rand_idx(0, 5), -1, i64),
+        ("negative_index", "negative_index", (5, 3), (4, 3), _rand_idx(-5, 5), 0, i64),
+        ("i32_index", "basic", (5, 3), (4, 3), _rand_idx(0, 5, i32), 0, i32),
+        ("vector", "basic", (6,), (9,), _rand_idx(0, 6), 0, i64),
+        ("size0_updates", "size0", (5, 3), (0, 3), _idx(np.zeros((0, 3))), 0, i64),
+        ("size1", "size1", (1, 1), (1, 1), _idx([[0]]), 0, i64),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, idt)), ("updates", c.arr(vf, si))],
+              {"axis": axis})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (5, 3), nc=True)),
+                                             ("indices", c.arr(_rand_idx(0, 5), (4, 3), i64, nc=True)),
+                                             ("updates", c.arr(vf, (4, 3), nc=True))], {"axis": 0})
+    if dt.is_int:
+        c.add("overflow", "overflow", [("x", c.arr(v_extreme, (4, 3))),
+                                       ("indices", c.arr(_rand_idx(0, 4), (6, 3), i64)),
+                                       ("updates", c.arr(v_extreme, (6, 3)))], {"axis": 0})
+
+
+def _gen_iota(c: _Cases) -> None:
+    for label, kind, shape, axis in [
+        ("axis0", "basic", (3, 4), 0),
+        ("axis1", "basic", (3, 4), 1),
+        ("axis_neg", "negative_axis", (2, 3, 4), -2),
+        ("vector", "basic", (7,), 0),
+        ("scalar", "scalar", (), 0),
+        ("size0", "size0", (0, 3), 1),
+        ("size1", "size1", (1, 5), 0),
+    ]:
+        c.add(label, kind, [], {"shape": shape, "axis": axis, "dtype": c.dtype})
+    if c.dtype in (DType.I8, DType.U8):  # indices past the range wrap
+        c.add("overflow", "overflow", [], {"shape": (300,), "axis": 0, "dtype": c.dtype})
+
+
+# -- fallback for ops without a dedicated generator (plugin ops) -----------------------------
+
+def _operand_names(schema: OpSchema) -> list[str]:
+    names = [n for n in schema.inputs if not n.endswith("*")]
+    if schema.variadic:
+        base = schema.inputs[-1][:-1]
+        names += [f"{base}0", f"{base}1"]
+    return names
+
+
+def _gen_generic(c: _Cases, schema: OpSchema) -> None:
+    """Schema-driven cases for unknown ops: the elementwise/reduction suites when the schema looks
+    like one, else one smoke case of positive (2, 3) operands with default attributes."""
+    needs_attr = any(a.default is REQUIRED for a in schema.attrs)
+    names = {a.name for a in schema.attrs}
+    if not needs_attr and schema.category == "elementwise" and len(schema.inputs) == 1 and not schema.variadic:
+        _gen_unary(c)
+    elif not needs_attr and schema.category == "elementwise" and len(schema.inputs) == 2 \
+            and not schema.variadic:
+        _gen_binary(c)
+    elif schema.category == "reduction" and {"axes", "keepdims"} <= names and len(schema.inputs) == 1:
+        _gen_reduction(c)
+    if not needs_attr:
+        vf = v_bool if c.dtype.is_bool else v_positive
+        c.add("generic", "basic", [(n, c.arr(vf, (2, 3))) for n in _operand_names(schema)])
+
+
+#: Dedicated generators of the core MIR ops.
+GENERATORS: dict[str, Callable[[_Cases], None]] = {
+    "where": _gen_where, "cast": _gen_cast, "argmax": _gen_arg, "argmin": _gen_arg,
+    "matmul": _gen_matmul, "conv2d": _gen_conv2d, "cumsum": _gen_cumsum, "reshape": _gen_reshape,
+    "transpose": _gen_transpose, "expand": _gen_expand, "slice": _gen_slice, "concat": _gen_concat,
+    "pad": _gen_pad, "gather": _gen_gather, "scatter_add": _gen_scatter_add, "iota": _gen_iota,
+    **{op: _gen_reduction for op in ("reduce_sum", "reduce_prod", "reduce_mean", "reduce_max",
+                                     "reduce_min")},
+    **{op: _gen_unary for op in ("neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "reciprocal",
+                                 "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil", "round",
+                                 "logical_not")},
+    **{op: _gen_binary for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                  "logical_and", "logical_or", "logical_xor", *sorted(_COMPARE))},
+}
+
+
+def _schema(s: OpSchema | str) -> OpSchema:
+    return s if isinstance(s, OpSchema) else REGISTRY.get(s)
+
+
+def cases_for(schema: OpSchema | str, dtype: DType | str, rng_seed: int = 0) -> list[OpCase]:
+    """All cases of one op for one dtype; empty if ``dtype`` is not in ``schema.dtypes``.
+
+    Core ops use the dedicated generators in :data:`GENERATORS`. Other ops (plugin ops) get the
+    generic suite; each generic case is kept only if the schema's inference accepts it, so an op
+    with unusual operands yields fewer cases rather than broken ones.
+    """
+    schema = _schema(schema)
+    dt = DType.parse(dtype)
+    if dt not in schema.dtypes:
+        return []
+    c = _Cases(schema.name, dt, rng_seed)
+    gen = GENERATORS.get(schema.name) if schema.provider == "rlx-core" else None
+    if gen is not None:
+        gen(c)
+        return c.out
+    _gen_generic(c, schema)
+    kept = []
+    for case in c.out:
+        try:
+            build_case_graph(case)
+        except RLXError:
+            continue
+        kept.append(case)
+    return kept
+
+
+def all_cases(schemas: Iterable[OpSchema | str] | None = None, dtypes: Iterable[DType | str] | None = None,
+              rng_seed: int = 0) -> list[OpCase]:
+    """Cases for every schema (default: all MIR ops) and every dtype it accepts (or of ``dtypes``)."""
+    chosen = [_schema(s) for s in schemas] if schemas is not None else REGISTRY.schemas("mir")
+    wanted = None if dtypes is None else [DType.parse(d) for d in dtypes]
+    out: list[OpCase] = []
+    for s in chosen:
+        for dt in (s.dtypes if wanted is None else [d for d in wanted if d in s.dtypes]):
+            out.extend(cases_for(s, dt, rng_seed))
+    return out
+
+
+def build_case_graph(case: OpCase) -> Graph:
+    """A graph with the case's arrays as inputs (same names, dtypes, shapes) and one node."""
+    from .ir.builder import GraphBuilder
+
+    g = GraphBuilder(case.id.replace("[", "_").replace("]", "_"))
+    ins = [g.input(name, DType.parse(arr.dtype), arr.shape) for name, arr in case.inputs]
+    out = g.op(case.op, *ins, name="node", **dict(case.attrs))
+    for o in out if isinstance(out, tuple) else (out,):
+        g.output(o)
+    return g.build()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerances and comparison
+
+#: Unit roundoff doubled (the distance from 1 to the next float) per floating dtype.
+EPS: Mapping[DType, float] = {DType.F16: 2.0**-10, DType.BF16: 2.0**-7, DType.F32: 2.0**-23,
+                              DType.F64: 2.0**-52, DType.C64: 2.0**-23}
+#: Ops whose result is one of the inputs' values or an exactly representable function of them.
+EXACT_OPS: frozenset[str] = frozenset({
+    "reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "iota", "where",
+    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+    "logical_not", "logical_and", "logical_or", "logical_xor",
+    "neg", "abs", "sign", "floor", "ceil", "round", "maximum", "minimum",
+    "reduce_max", "reduce_min", "argmax", "argmin"})
+#: Ops computed by library functions that are accurate to a few ulps, not correctly rounded.
+LIBRARY_OPS: frozenset[str] = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "pow",
+                                         "rsqrt"})
+#: Ops that sum (or multiply) ``k`` terms per output element.
+ACCUMULATING_OPS: frozenset[str] = frozenset({"reduce_sum", "reduce_prod", "reduce_mean", "matmul",
+                                              "conv2d", "cumsum", "scatter_add"})
+#: Allowance, in compute-precision ulps, for a library function's error (NumPy's SIMD f32 and
+#: libm functions are within 4 ulps; twice that leaves margin without hiding real bugs).
+LIBRARY_ULPS = 8
+#: Ops whose complex form is still exact or correctly rounded per component.
+_COMPLEX_EXACT_ARITH = frozenset({"add", "sub", "cast", "reduce_sum", "cumsum", "scatter_add"})
+
+
+def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
+              src: DType | str | None = None) -> tuple[float, float]:
+    """``(rtol, atol)`` for comparing ``op``'s output of ``dtype`` with the rounded reference.
+
+    A result passes when ``|got - want| <= atol + rtol * |want|``. The rules:
+
+    * **Exact**, ``(0, 0)``: integer and bool outputs (integer arithmetic wraps and is exactly
+      specified), and the ops in :data:`EXACT_OPS` (movement, comparisons, ``where``, logical ops,
+      ``neg``/``abs``/``sign``, ``floor``/``ceil``/``round``, max/min and their reductions,
+      ``argmax``/``argmin``, ``iota``) whose results are input values or exactly representable.
+      ``abs`` of a complex ``src`` is a hypot and is not exact.
+    * Otherwise let ``e`` be the storage epsilon (f16 ``2**-10``, bf16 ``2**-7``, f32/c64
+      ``2**-23``, f64 ``2**-52``) and ``c`` the epsilon of the precision the op must be computed
+      in: half types compute in f32 (the contract for every backend: arithmetic and accumulation
+      of f16/bf16 happen in at least f32), other types in themselves.
+
+      - ``rtol = 2e + L*c``: the reference is rounded once to storage; a backend may be off by one
+        more storage ulp (double rounding through f32), plus ``L`` compute ulps: ``L = 1`` for
+        correctly rounded IEEE operations, ``L = LIBRARY_ULPS`` (8) for library functions
+        (:data:`LIBRARY_OPS`) and for complex arithmetic other than add/sub.
+      - ``atol = e * scale`` for elementwise ops, with ``scale = 1`` since generated operands are
+        O(1): a result near zero through cancellation (``sin`` near pi) is only as accurate as its
+        operands.
+      - Accumulating ops (:data:`ACCUMULATING_OPS`) with ``k`` terms per output add the standard
+        summation bound (Higham, *Accuracy and Stability*, ch. 4): ``rtol += k*c`` and
+        ``atol = k * c * scale`` where ``scale`` is the magnitude of the summed terms,
+        ``max(sum |terms|)`` (what the op computes on ``|inputs|``; :func:`run_case` measures it).
+        Half types accumulate in f32, so ``c``, not ``e``, multiplies ``k``.
+
+    This gives f16 ``(1.95e-3, 9.8e-4)``, bf16 ``(1.56e-2, 7.8e-3)``, f32 ``(3.6e-7, 1.2e-7)``
+    (``1.2e-6`` relative for library functions), f64 ``(6.7e-16, 2.2e-16)`` for elementwise ops.
+    """
+    dt = DType.parse(dtype)
+    sdt = DType.parse(src) if src is not None else dt
+    if not (dt.is_float or dt.is_complex):
+        return 0.0, 0.0
+    complex_op = dt.is_complex or sdt.is_complex
+    if op in EXACT_OPS and not (op == "abs" and complex_op):
+        return 0.0, 0.0
+    e = EPS[dt]
+    c = min(e, EPS[DType.F32])
+    library = op in LIBRARY_OPS or (complex_op and op not in _COMPLEX_EXACT_ARITH)
+    rtol = 2 * e + (LIBRARY_ULPS if library else 1) * c
+    if op in ACCUMULATING_OPS:
+        return rtol + k * c, k * c * scale
+    return rtol, e * scale
+
+
+def _fmt_index(idx: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(i) for i in idx) + "]"
+
+
+def compare(got: Any, want_ref: np.ndarray, dtype: DType | str, op: str, *, k: int = 1,
+            scale: float = 1.0, src: DType | str | None = None) -> str | None:
+    """Check a backend result against the reference; ``None`` if it matches, else why not.
+
+    ``want_ref`` is the float64 (complex128, exact integer/bool) reference already rounded to the
+    storage precision of ``dtype`` (as :func:`rlx_core.ir.reference.evaluate` returns it).
+    Rules: ``got`` must be an ndarray of exactly ``dtype`` and the reference's shape; NaN must be
+    at exactly the reference's NaN positions and +-Inf must match exactly (per component for
+    complex); finite elements must satisfy :func:`tolerance`. ``k``, ``scale`` and ``src`` are
+    passed to :func:`tolerance`.
+    """
+    dt = DType.parse(dtype)
+    if not isinstance(got, np.ndarray):
+        return f"{op}: result is a {type(got).__name__}, expected a numpy ndarray"
+    want = np.asarray(want_ref)
+    if got.dtype != dt.np:
+        return f"{op}: dtype {got.dtype} (expected {dt.np} for {dt})"
+    if got.shape != want.shape:
+        return f"{op}: shape {got.shape} (expected {want.shape})"
+    if got.size == 0:
+        return None
+    if not (dt.is_float or dt.is_complex):
+        w = want.astype(dt.np)
+        bad = got != w
+        if not bad.any():
+            return None
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        return (f"{op}[{dt}]: {int(bad.sum())} of {got.size} elements differ (exact dtype); first at "
+                f"{_fmt_index(first)}: got {got[first]!r}, expected {w[first]!r}")
+    wide = np.complex128 if dt.is_complex else np.float64
+    g = got.astype(wide)
+    w = want.astype(wide)
+    parts = [(g.real, w.real, "")] + ([(g.imag, w.imag, " (imaginary part)")] if dt.is_complex else [])
+    for gp, wp, what in parts:
+        nan_bad = np.isnan(gp) != np.isnan(wp)
+        if nan_bad.any():
+            i = tuple(int(v) for v in np.argwhere(nan_bad)[0])
+            return (f"{op}[{dt}]: NaN mismatch{what} at {int(nan_bad.sum())} element(s), first "
+                    f"{_fmt_index(i)}: got {g[i]}, expected {w[i]}")
+        inf_bad = (np.isinf(gp) | np.isinf(wp)) & (gp != wp) & ~np.isnan(gp)
+        if inf_bad.any():
+            i = tuple(int(v) for v in np.argwhere(inf_bad)[0])
+            return (f"{op}[{dt}]: Inf mismatch{what} at {int(inf_bad.sum())} element(s), first "
+                    f"{_fmt_index(i)}: got {g[i]}, expected {w[i]}")
+    finite = np.isfinite(g) & np.isfinite(w)
+    rtol, atol = tolerance(dt, op, k=k, scale=scale, src=src)
+    with np.errstate(all="ignore"):
+        err = np.where(finite, np.abs(g - w), 0.0)
+        bound = atol + rtol * np.abs(w)
+        over = err > bound
+    if not over.any():
+        return None
+    with np.errstate(all="ignore"):
+        ratio = np.where(over, err / np.where(bound > 0, bound, np.finfo(np.float64).tiny), 0.0)
+        rel = np.where(finite & (np.abs(w) > 0), err / np.abs(w), np.where(err > 0, np.inf, 0.0))
+    worst = np.unravel_index(int(np.argmax(ratio)), got.shape)
+    worst = tuple(int(i) for i in worst)
+    return (f"{op}[{dt}]: {int(over.sum())} of {got.size} elements exceed tolerance (rtol={rtol:.3g}, "
+            f"atol={atol:.3g}); max abs err {float(err.max()):.6g}, max rel err {float(rel.max()):.6g}; "
+            f"worst at {_fmt_index(worst)}: got {g[worst]}, expected {w[worst]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
+    """``(k, scale)`` for :func:`tolerance`: terms per output and the magnitude ``max sum |terms|``.
+
+    ``scale`` is the op's own reference evaluated on ``|inputs|`` (data operands only: index
+    operands keep their sign), which is exactly ``sum |terms|`` per output for sums, means, dot
+    products, convolutions, cumulative and scatter sums (and ``prod |x|`` for products).
+    Non-finite values are ignored: those outputs are compared exactly anyway.
+    """
+    if case.op not in ACCUMULATING_OPS:
+        return 1, 1.0
+    from .ir.reference import to_reference
+
+    graph = graph or build_case_graph(case)
+    node = graph.nodes[0]
+    ins = dict(case.inputs)
+    shapes = {n: a.shape for n, a in case.inputs}
+    attrs = node.attrs
+    op = case.op
+    if op == "matmul":
+        k = shapes["a"][-1] if shapes["a"] else 1
+    elif op == "conv2d":
+        _, ci, kh, kw = shapes["w"]
+        k = ci * kh * kw
+    elif op == "cumsum":
+        x = shapes["x"]
+        k = x[int(attrs["axis"]) % len(x)] if x else 1  # type: ignore[call-overload]
+        attrs = attrs.replace(exclusive=False)  # the inclusive sum bounds the exclusive one too
+    elif op == "scatter_add":
+        idx = shapes["indices"]
+        k = (idx[int(attrs["axis"]) % len(idx)] if idx else 0) + 1  # type: ignore[call-overload]
+    else:
+        out = graph.types[graph.outputs[0]]
+        n_in, n_out = math.prod(shapes["x"]), out.numel()
+        k = n_in // n_out if n_out else 1
+    refs = []
+    for v in graph.inputs:
+        r = to_reference(ins[v.name], v.type.dtype)
+        refs.append(r if v.name == "indices" else np.abs(r).astype(r.dtype))
+    try:
+        with np.errstate(all="ignore"):
+            mag = np.abs(np.asarray(REGISTRY.get(op).reference(refs, attrs)[0]))
+    except Exception:
+        return max(k, 1), 1.0
+    mag = mag[np.isfinite(mag)]
+    return max(k, 1), float(mag.max()) if mag.size else 0.0
+
+
+def run_case(case: OpCase, session: Any) -> CaseResult:
+    """Compile ``case`` on ``session``, run it, and compare every output with the reference.
+
+    ``error``: building, compiling, running or the reference raised (message has the exception);
+    ``failed``: a result differs (message from :func:`compare`); ``passed`` otherwise.
+    """
+    from .ir.reference import evaluate
+
+    def result(status: str, message: str = "", path: str = "") -> CaseResult:
+        return CaseResult(case.id, case.op, case.dtype, case.kind, status, message, path)
+
+    path = ""
+    with warnings.catch_warnings():
+        # Empty means and 0/0 warn in NumPy; those results (NaN) are checked, not the warning.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            graph = build_case_graph(case)
+            exe = session.compile(graph)
+            if exe.report is not None:
+                path = ",".join(dict.fromkeys(e.path for e in exe.report.entries))
+            got = exe.run(case.feed())
+        except Exception as e:
+            return result("error", f"{type(e).__name__}: {e}", path)
+        try:
+            want = evaluate(graph, case.feed())
+            k, scale = accumulation(case, graph)
+        except Exception as e:
+            return result("error", f"reference failed: {type(e).__name__}: {e}", path)
+    src = DType.parse(case.inputs[0][1].dtype) if case.inputs else None
+    problems = []
+    for name in graph.outputs:
+        if name not in got:
+            problems.append(f"output {name!r} missing")
+            continue
+        msg = compare(got[name], want[name], graph.types[name].dtype, case.op, k=k, scale=scale, src=src)
+        if msg:
+            problems.append(msg)
+    if problems:
+        return result("failed", "; ".join(problems), path)
+    return result("passed", "", path)
+
+
+__all__ = ["ACCUMULATING_OPS", "EPS", "EXACT_OPS", "GENERATORS", "KINDS", "LARGE", "LIBRARY_OPS",
+           "SPECIALS", "CaseResult", "OpCase", "accumulation", "all_cases", "build_case_graph",
+           "cases_for", "compare", "run_case", "tolerance"]
