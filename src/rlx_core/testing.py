@@ -240,7 +240,7 @@ class _Cases:
         self._ids: set[str] = set()
 
     def arr(self, fn: ValueFn, shape: Shape, dtype: DType | None = None, *, nc: bool = False) -> InputFn:
-        """Bind a value generator; ``nc`` yields a non-contiguous view with the same shape/values domain."""
+        """Bind a value generator; ``nc`` makes a non-contiguous view of the same shape and domain."""
         dt = dtype or self.dtype
 
         def make(rng: np.random.Generator) -> np.ndarray:
@@ -260,10 +260,6 @@ class _Cases:
         rng = np.random.default_rng(self.seed + zlib.crc32(cid.encode()))
         arrays = tuple((name, make(rng)) for name, make in inputs)
         self.out.append(OpCase(cid, self.op, self.dtype, arrays, dict(attrs or {}), kind))
-
-
-def _float(dt: DType) -> bool:
-    return dt.is_float
 
 
 # -- elementwise -------------------------------------------------------------------------------
@@ -293,7 +289,7 @@ def _gen_unary(c: _Cases) -> None:
         # The domain generator may be narrow (halves, ties); also cover generic values.
         c.add("values", "basic", [("x", c.arr(v_positive if op in _POSITIVE_DOMAIN else v_default,
                                               (2, 5)))])
-    if _float(dt):
+    if dt.is_float:
         c.add("nan_inf", "nan_inf", [("x", c.arr(v_special, (2, 5)))])
         c.add("large", "large", [("x", c.arr(v_large_pos if op in _POSITIVE_DOMAIN else v_large,
                                              (3, 4)))])
@@ -328,7 +324,7 @@ def _gen_binary(c: _Cases) -> None:
     if op in _COMPARE and not dt.is_bool:
         # Ties and generic values both matter for comparisons; v_ties alone never sees fractions.
         c.add("values", "basic", [("a", c.arr(v_default, (3, 4))), ("b", c.arr(v_default, (3, 4)))])
-    if _float(dt):
+    if dt.is_float:
         # Every ordered pair of special values: column vector against row vector.
         col = fixed(np.asarray(SPECIALS).reshape(-1, 1))
         row = fixed(np.asarray(SPECIALS).reshape(1, -1))
@@ -359,7 +355,7 @@ def _gen_where(c: _Cases) -> None:
     c.add("noncontiguous", "noncontiguous", [("cond", c.arr(v_bool, (3, 4), b, nc=True)),
                                              ("a", c.arr(vf, (3, 4), nc=True)),
                                              ("b", c.arr(vf, (3, 4), nc=True))])
-    if _float(c.dtype):
+    if c.dtype.is_float:
         c.add("nan_inf", "nan_inf", [("cond", c.arr(v_bool, (2, 5), b)), ("a", c.arr(v_special, (2, 5))),
                                      ("b", c.arr(v_special, (2, 5)))])
 
@@ -370,7 +366,7 @@ def _cast_values(src: DType, to: DType) -> ValueFn:
         return v_bool
     if to.is_bool:
         return fixed_choice([-1.0, 0.0, -0.0, 0.5, 1.0] if src.is_signed else [0.0, 1.0, 2.0])
-    if to.is_int and not (src.is_int):
+    if to.is_int and not src.is_int:
         info = np.iinfo(to.np)
         lo, hi = max(-100.0, float(info.min)), min(100.0, float(info.max))
         return lambda rng, shape, dt: _uniform(rng, shape, dt, lo, hi)
@@ -436,7 +432,7 @@ def _gen_reduction(c: _Cases) -> None:
         c.add("size0_all", "size0", [("x", c.arr(vf, (2, 0)))], {"axes": None, "keepdims": True})
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"axes": (0,)})
     c.add("noncontiguous_all", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"axes": None})
-    if _float(dt):
+    if dt.is_float:
         sp = fixed(_RED_SPECIAL)
         c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axes": (1,)})
         c.add("nan_inf_all", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axes": None})
@@ -461,7 +457,7 @@ def _gen_arg(c: _Cases) -> None:
         c.add(label, kind, [("x", c.arr(v_ties, shape))], attrs)
     c.add("values", "basic", [("x", c.arr(v_default, (3, 5)))], {"axis": 1})
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_ties, (3, 4), nc=True))], {"axis": 0})
-    if _float(dt):
+    if dt.is_float:
         sp = fixed(_RED_SPECIAL)
         c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 1})
         c.add("nan_inf_axis0", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 0})
@@ -489,7 +485,7 @@ def _gen_cumsum(c: _Cases) -> None:
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True))], {"axis": 1})
     c.add("noncontiguous_reverse", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True))],
           {"axis": 0, "reverse": True, "exclusive": True})
-    if _float(dt):
+    if dt.is_float:
         # Inclusive only: exclusive is defined as inclusive - x, where Inf - Inf is NaN by definition.
         sp = fixed(_RED_SPECIAL)
         c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 1})
@@ -544,7 +540,7 @@ def _gen_matmul(c: _Cases) -> None:
         c.add(label, kind, [("a", c.arr(vf, sa)), ("b", c.arr(vf, sb))])
     c.add("noncontiguous", "noncontiguous", [("a", c.arr(vf, (3, 4), nc=True)),
                                              ("b", c.arr(vf, (4, 5), nc=True))])
-    if _float(dt):
+    if dt.is_float:
         c.add("nan_inf", "nan_inf", [("a", c.arr(_nan_inf_rows, (3, 4))), ("b", c.arr(_v_pos_unit, (4, 2)))])
         big = _large_products(4)
         c.add("large", "large", [("a", c.arr(big, (3, 4))), ("b", c.arr(big, (4, 5)))])
@@ -572,10 +568,9 @@ def _gen_conv2d(c: _Cases) -> None:
         ("size0_batch", "size0", (0, 2, 5, 5), (3, 2, 3, 3), {}),
     ]:
         c.add(label, kind, [("x", c.arr(vf, sx)), ("w", c.arr(vf, sw))], attrs)
-    # (2, 5, 5, 1).T is (1, 5, 5, 2) reversed; use an explicit transposed view for NCHW instead.
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (1, 2, 5, 5), nc=True)),
                                              ("w", c.arr(vf, (3, 2, 3, 3), nc=True))])
-    if _float(dt):
+    if dt.is_float:
         big = _large_products(2 * 3 * 3)
         c.add("large", "large", [("x", c.arr(big, (1, 2, 5, 5))), ("w", c.arr(big, (3, 2, 3, 3)))])
     if dt.is_int:
@@ -690,7 +685,7 @@ def _gen_pad(c: _Cases) -> None:
     ]:
         c.add(label, kind, [("x", c.arr(vf, shape))], attrs)
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))], {"pads": (1, 1, 1, 1)})
-    if _float(c.dtype):
+    if c.dtype.is_float:
         c.add("nan_inf", "nan_inf", [("x", c.arr(v_special, (2, 5)))], {"pads": (1, 0, 0, 1),
                                                                          "value": math.nan})
         c.add("inf_value", "nan_inf", [("x", c.arr(vf, (2, 2)))], {"pads": (1, 1, 1, 1), "value": -math.inf})
@@ -720,8 +715,8 @@ def _gen_gather(c: _Cases) -> None:
         ("size0_data", "size0", (0, 3), _idx([1, 2]), (2,), 1),
         ("size1", "size1", (1, 3), _idx([0, 0, 0]), (3,), 0),
     ]:
-        c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, i32 if "i32" in label else i64))],
-              {"axis": axis})
+        idt = i32 if "i32" in label else i64
+        c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, idt))], {"axis": axis})
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (5, 3), nc=True)),
                                              ("indices", c.arr(_idx([4, 1]), (2,), i64))], {"axis": 0})
 
@@ -741,8 +736,8 @@ def _gen_scatter_add(c: _Cases) -> None:
         ("size0_updates", "size0", (5, 3), (0, 3), _idx(np.zeros((0, 3))), 0, i64),
         ("size1", "size1", (1, 1), (1, 1), _idx([[0]]), 0, i64),
     ]:
-        c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, idt)), ("updates", c.arr(vf, si))],
-              {"axis": axis})
+        c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, idt)),
+                            ("updates", c.arr(vf, si))], {"axis": axis})
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (5, 3), nc=True)),
                                              ("indices", c.arr(_rand_idx(0, 5), (4, 3), i64, nc=True)),
                                              ("updates", c.arr(vf, (4, 3), nc=True))], {"axis": 0})
@@ -782,10 +777,10 @@ def _gen_generic(c: _Cases, schema: OpSchema) -> None:
     like one, else one smoke case of positive (2, 3) operands with default attributes."""
     needs_attr = any(a.default is REQUIRED for a in schema.attrs)
     names = {a.name for a in schema.attrs}
-    if not needs_attr and schema.category == "elementwise" and len(schema.inputs) == 1 and not schema.variadic:
+    elementwise = not needs_attr and schema.category == "elementwise" and not schema.variadic
+    if elementwise and len(schema.inputs) == 1:
         _gen_unary(c)
-    elif not needs_attr and schema.category == "elementwise" and len(schema.inputs) == 2 \
-            and not schema.variadic:
+    elif elementwise and len(schema.inputs) == 2:
         _gen_binary(c)
     elif schema.category == "reduction" and {"axes", "keepdims"} <= names and len(schema.inputs) == 1:
         _gen_reduction(c)

@@ -83,7 +83,7 @@ def k_cast(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) 
         return lambda: np.not_equal(x, 0, out=o)
     if x.dtype.kind == "c" and o.dtype.kind != "c":
         return lambda: np.copyto(o, x.real, casting="unsafe")
-    if (o.dtype.kind in "iu" and x.dtype.kind == "f") or (x.dtype.name == "bfloat16" and o.dtype.kind in "iu"):
+    if o.dtype.kind in "iu" and (x.dtype.kind == "f" or x.dtype.name == "bfloat16"):
         def run() -> None:
             with np.errstate(invalid="ignore"):
                 np.copyto(o, np.trunc(x.astype(np.float64)), casting="unsafe")
@@ -112,8 +112,9 @@ def reduction(f: Any, with_dtype: bool = True) -> Factory:
         kw = {"dtype": o.dtype} if with_dtype else {}
         target = o if keep else okeep
         if x.size == 0 and f in (np.max, np.min):
-            # Inference rejects max/min over an empty axis, so an empty input here means an empty
-            # output (a kept axis is 0): nothing to compute, and NumPy would refuse the reduction.
+            if o.size:  # an empty reduced axis: no identity (inference should have refused it)
+                raise ValueError("empty reduction")
+            # A kept axis is 0, so the output is empty too: nothing to compute.
             return lambda: None
         return lambda: f(x, axis=axes, out=target, keepdims=True, **kw)
     return make
