@@ -2,6 +2,8 @@
 # Set up a virtual environment and run one of the project's jobs.
 #   scripts/dev.sh demo   install rlx-core + rlx-cpu, run `rlx demo` on the CPU default
 #   scripts/dev.sh test   install everything incl. test plugins, run ruff and the whole test suite
+#   scripts/dev.sh certify  run the conformance suite on every plugin that can execute here and
+#                           write certificates to CERT_DIR (default docs/certificates)
 #   scripts/dev.sh setup  only create/refresh the environment
 # Environment: PYTHON (default python3), VENV (default .venv).
 set -euo pipefail
@@ -34,11 +36,25 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.txt)
 
-log "installing rlx-core and rlx-cpu (editable)"
-"${PIP[@]}" -e . -e plugins/rlx-cpu
+log "installing rlx-core, rlx-cpu and rlx-conformance (editable)"
+"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance
+
+# Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
+CI_PLUGINS=(cpu)
+
+certify() {
+  local dir="$1" failed=0
+  mkdir -p "$dir"
+  for b in "${CI_PLUGINS[@]}"; do
+    log "conformance: $b"
+    "$VENV/bin/rlx" conformance "$b" -q --json "$dir/$b.json" --markdown "$dir/$b.md" || failed=1
+  done
+  [ "$failed" -eq 0 ] || die "a plugin failed certification (see $dir)"
+}
 
 case "$job" in
   setup) ;;
+  certify) certify "${CERT_DIR:-docs/certificates}" ;;
   demo)
     log "rlx demo"
     "$VENV/bin/rlx" demo
@@ -48,7 +64,7 @@ case "$job" in
     "${PIP[@]}" pytest pytest-benchmark ruff
     "${PIP[@]}" tests/plugins/rlx-testwhole
     log "ruff"
-    "$VENV/bin/ruff" check src plugins tests bench
+    "$VENV/bin/ruff" check src plugins conformance tests bench
     log "pytest"
     set +e
     "$PY" -m pytest -q --benchmark-disable "${@:2}"
@@ -56,7 +72,8 @@ case "$job" in
     set -e
     if [ "$rc" -eq 5 ]; then die "pytest collected no tests"; fi
     [ "$rc" -eq 0 ] || die "tests failed (pytest exit code $rc)"
-    log "all tests passed"
+    certify build/certificates
+    log "all tests passed and every CI plugin is certified"
     ;;
   *) die "unknown job '$job' (use demo, test or setup)" ;;
 esac

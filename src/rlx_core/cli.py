@@ -43,7 +43,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Subcommands that live in other modules, imported only when invoked:
 #: ``name -> ("package.module:command_object", "one-line help shown by rlx --help")``.
 #: ``rlx conformance``, ``rlx embed``, ``rlx bench`` and ``rlx new-backend`` are meant to go here.
-LAZY_COMMANDS: dict[str, tuple[str, str]] = {}
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "conformance": ("rlx_conformance.cli:conformance", "Certify a backend with the conformance suite."),
+}
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -83,7 +85,12 @@ class RLXGroup(click.Group):
             return cmd
         target = self.lazy_commands[cmd_name][0]
         module, _, attr = target.partition(":")
-        loaded = getattr(importlib.import_module(module), attr)
+        try:
+            loaded = getattr(importlib.import_module(module), attr)
+        except ImportError as e:
+            dist = module.split(".")[0].replace("_", "-")
+            raise click.ClickException(f"`rlx {cmd_name}` needs the {dist} package ({e}); "
+                                       f"install it: pip install {dist}") from None
         if not isinstance(loaded, click.Command):
             raise click.ClickException(f"{target} is not a click command")
         return loaded

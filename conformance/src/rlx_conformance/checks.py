@@ -1,0 +1,397 @@
+"""The checks: generated from the op schemas (op), model graphs (graph) and the contract (contract).
+
+Each check is a small record with a stable id (``op::add[f32]-broadcast_row``) and a ``run``
+function taking the :class:`Context`. Checks never pass by default: a check that cannot run is
+``skipped`` (not certified) or ``error``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx_core.dtypes import DType
+from rlx_core.errors import DispatchError, InputError, PluginError, RLXError
+from rlx_core.hub import Backend, Hub
+from rlx_core.ir.builder import GraphBuilder
+from rlx_core.ir.graph import Graph
+from rlx_core.ir.reference import evaluate
+from rlx_core.ir.schema import REGISTRY, AttrSpec, OpSchema
+from rlx_core.records import BackendInfo, Decomposition, DeviceInfo, KernelClaim, Rewrite
+from rlx_core.runtime import Session
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # passed | failed | error | skipped | xfailed | xpassed
+    message: str = ""
+    path: str = ""
+
+
+@dataclass
+class Context:
+    backend: Backend
+    device: DeviceInfo
+    hub: Hub
+    session: Session
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def new_session(self) -> Session:
+        return Session(self.device.name, hub=self.hub, use_cache=False)
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    kind: str  # op | graph | contract
+    variant: str  # what a certificate line is about: "add[f32]", "mlp[f32]", "determinism"
+    run: Callable[[Context], Outcome]
+    op: str = ""
+    dtype: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# op checks
+
+
+class _Compiled:
+    """Hands a pre-compiled executable to ``rlx_core.testing.run_case`` (no second compile)."""
+
+    def __init__(self, exe: Any) -> None:
+        self.exe = exe
+
+    def compile(self, graph: Graph) -> Any:
+        return self.exe
+
+
+def _op_check(case: Any) -> Callable[[Context], Outcome]:
+    def run(ctx: Context) -> Outcome:
+        from rlx_core.testing import build_case_graph, run_case
+
+        graph = build_case_graph(case)
+        try:
+            exe = ctx.session.compile(graph)
+        except DispatchError as e:
+            first = e.illegal[0].tried[0] if e.illegal and e.illegal[0].tried else e.what
+            return Outcome("skipped", f"not supported by this backend: {first}")
+        res = run_case(case, _Compiled(exe))
+        return Outcome(res.status, res.message, res.path)
+    return run
+
+
+def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
+    from rlx_core.testing import cases_for
+
+    out = []
+    for schema in schemas if schemas is not None else REGISTRY.schemas():
+        if schema.provider == "rlx-conformance":
+            continue
+        for dt in schema.dtypes:
+            for case in cases_for(schema, dt):
+                out.append(Check(f"op::{case.id}", "op", f"{schema.name}[{dt.value}]", _op_check(case),
+                                 op=schema.name, dtype=dt.value))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# graph checks (model-shaped graphs, compared with the float64 reference)
+
+
+def graph_checks() -> list[Check]:
+    try:
+        from rlx_core import graphs
+    except ImportError:  # pragma: no cover - older rlx-core without the model graph library
+        return []
+    out = []
+    for gc in graphs.graph_cases(dtypes=("f32", "f16")):
+        def run(ctx: Context, gc: Any = gc) -> Outcome:
+            try:
+                ctx.session.compile(gc.graph)
+            except DispatchError as e:
+                return Outcome("skipped", f"not supported by this backend: {e.what.splitlines()[0]}")
+            res = graphs.check_graph(gc, ctx.session)
+            return Outcome(res.status, res.message, res.path)
+        variant = gc.id.split("::", 1)[-1]
+        out.append(Check(gc.id, "graph", variant, run, dtype=getattr(gc, "dtype", "")))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# contract checks
+
+
+def _mlp(seed: int = 0, dtype: str = "f32") -> tuple[Graph, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    npdt = DType.parse(dtype).np
+    g = GraphBuilder("conformance_mlp")
+    x = g.input("x", dtype, ("batch", 12))
+    w1 = g.param("w1", (rng.standard_normal((12, 24)) * 0.3).astype(npdt))
+    b1 = g.param("b1", rng.standard_normal(24).astype(npdt))
+    w2 = g.param("w2", (rng.standard_normal((24, 5)) * 0.3).astype(npdt))
+    h = g.op("relu", x @ w1 + b1)
+    g.output(g.softmax(h @ w2), "probs")
+    return g.build(), {"x": rng.standard_normal((6, 12)).astype(npdt)}
+
+
+def _branchy(seed: int = 1) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Many values with overlapping lifetimes: buffer reuse bugs corrupt its outputs."""
+    rng = np.random.default_rng(seed)
+    g = GraphBuilder("conformance_branchy")
+    x = g.input("x", "f32", (4, 8))
+    w = g.param("w", (rng.standard_normal((8, 8)) * 0.4).astype(np.float32))
+    h, skips = x, []
+    for i in range(5):
+        a = (h @ w) * 0.5
+        b = a * a + h
+        h = a + b + (skips[-1] if skips else h)
+        skips.append(h)
+        if i % 2:
+            h = g.softmax(h)
+    g.output(h, "out")
+    g.output(skips[1], "early")
+    return g.build(), {"x": rng.standard_normal((4, 8)).astype(np.float32)}
+
+
+def _compile_or_skip(ctx: Context, graph: Graph) -> Any:
+    try:
+        return ctx.session.compile(graph)
+    except DispatchError as e:
+        raise _Skip(f"the contract graph needs ops this backend lacks: {e.what.splitlines()[0]}") from e
+
+
+class _Skip(Exception):
+    pass
+
+
+def _contract(fn: Callable[[Context], Outcome]) -> Callable[[Context], Outcome]:
+    def run(ctx: Context) -> Outcome:
+        try:
+            return fn(ctx)
+        except _Skip as e:
+            return Outcome("skipped", str(e))
+    return run
+
+
+def c_records(ctx: Context) -> Outcome:
+    import rlx_core
+
+    b = ctx.backend
+    problems = []
+    if not isinstance(b.info, BackendInfo):
+        problems.append("rlx_backend_info did not return BackendInfo")
+    if b.info.api_major != int(rlx_core.API_VERSION.split(".")[0]):
+        problems.append(f"API {b.info.api_version} vs core {rlx_core.API_VERSION}")
+    devs = b.devices()
+    if not devs or not all(isinstance(d, DeviceInfo) for d in devs):
+        problems.append("rlx_probe_devices must return a non-empty list of DeviceInfo")
+    for d in devs:
+        if d.backend != b.name:
+            problems.append(f"device {d.name} says backend {d.backend!r}, not {b.name!r}")
+        if not d.name.startswith(b.name + ":"):
+            problems.append(f"device name {d.name!r} should be '{b.name}:<index>'")
+    claims = [c for cs in b.claims(ctx.device).values() for c in cs]
+    if not claims:
+        problems.append("rlx_kernels returned no claims")
+    names = [c.name for c in claims]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        problems.append(f"duplicate kernel names {dups}")
+    for c in claims:
+        if not isinstance(c, KernelClaim):
+            problems.append(f"{c!r} is not a KernelClaim")
+        elif c.op not in REGISTRY:
+            problems.append(f"kernel {c.name} claims unknown op {c.op!r}")
+    for r in b.list_of("rlx_decompositions", Decomposition):
+        if r.op not in REGISTRY:
+            problems.append(f"decomposition {r.name} is for unknown op {r.op!r}")
+    b.list_of("rlx_rewrites", Rewrite)
+    if problems:
+        return Outcome("failed", "; ".join(problems))
+    return Outcome("passed", f"{len(claims)} kernel claims on {ctx.device.name}")
+
+
+def c_native_ran(ctx: Context) -> Outcome:
+    checked = 0
+    for graph, feed in (_mlp(), _branchy()):
+        exe = _compile_or_skip(ctx, graph)
+        out, counts = exe.profile(feed)
+        if counts is None:
+            raise _Skip("the compiled program has no profile(); kernel calls cannot be counted")
+        for e in exe.report.entries:
+            for k in e.kernels:
+                checked += 1
+                if counts.get(k, 0) < 1:
+                    return Outcome("failed", f"report says node {e.node!r} ran {k} ({e.path}) but the "
+                                             f"program never called it (calls: {dict(counts)})")
+    return Outcome("passed", f"{checked} kernel uses verified by call counts")
+
+
+_PROBE = "rlx_conformance.unclaimable"
+
+
+def _ensure_probe_op() -> None:
+    if _PROBE not in REGISTRY:
+        REGISTRY.register(OpSchema(
+            _PROBE, ("x",), lambda ts, a: [ts[0]], lambda xs, a: [xs[0] * 2],
+            attrs=(AttrSpec("tag", "int", default=0),), category="elementwise",
+            provider="rlx-conformance", doc="an op no backend claims (tests the failure path)"))
+
+
+def c_unsupported_fails(ctx: Context) -> Outcome:
+    _ensure_probe_op()
+    try:
+        return _unsupported_fails(ctx)
+    finally:
+        # The probe op exists only for this check; keep it out of everyone's op registry.
+        REGISTRY.unregister(_PROBE)
+
+
+def _unsupported_fails(ctx: Context) -> Outcome:
+    g = GraphBuilder("conformance_unsupported")
+    x = g.input("x", "f32", (3,))
+    g.output(g.op(_PROBE, x, name="probe"))
+    try:
+        exe = ctx.session.compile(g.build())
+    except DispatchError as e:
+        msg = str(e)
+        if not e.illegal or e.illegal[0].node != "probe" or _PROBE not in msg:
+            return Outcome("failed", f"DispatchError does not name the node and op: {msg[:300]}")
+        return Outcome("passed", "unsupported variant fails compilation and names the node")
+    except Exception as e:
+        return Outcome("failed", f"expected DispatchError, got {type(e).__name__}: {e}")
+    return Outcome("failed", f"an op nobody claims compiled (fallback?): {exe.report.to_text()[:300]}")
+
+
+def c_costs(ctx: Context) -> Outcome:
+    def mm(n: int) -> Graph:
+        g = GraphBuilder("cost")
+        a = g.input("a", "f32", (n, n))
+        g.output(a @ a)
+        return g.build()
+
+    try:
+        small = ctx.session.plan(mm(16))
+        big = ctx.session.plan(mm(256))
+    except DispatchError as e:
+        raise _Skip(f"matmul f32 unsupported: {e.what.splitlines()[0]}") from e
+    es, eb = small.total_seconds, big.total_seconds
+    if not (es > 0 and eb > 0):
+        return Outcome("failed", f"costs must be positive: {es} and {eb}")
+    if not eb > es:
+        return Outcome("failed", f"cost of 256^3 matmul ({eb}) is not above 16^3 ({es})")
+    for e in small.entries + big.entries:
+        if not e.seconds > 0:
+            return Outcome("failed", f"kernel cost of {e.node} is {e.seconds}")
+    return Outcome("passed", f"16^3: {es:.3g}s, 256^3: {eb:.3g}s")
+
+
+def c_determinism(ctx: Context) -> Outcome:
+    graph, feed = _mlp()
+    exe = _compile_or_skip(ctx, graph)
+    a = exe.run(feed)["probs"]
+    b = exe.run(feed)["probs"]
+    c = ctx.new_session().compile(graph).run(feed)["probs"]
+    if not (np.array_equal(a, b, equal_nan=True) and np.array_equal(a, c, equal_nan=True)):
+        return Outcome("failed", "two runs of the same graph and inputs are not bit-equal")
+    return Outcome("passed", "3 runs bit-equal")
+
+
+def c_threads(ctx: Context) -> Outcome:
+    graph, feed = _mlp(3)
+    want = _compile_or_skip(ctx, graph).run(feed)["probs"]
+    errors: list[str] = []
+
+    def work() -> None:
+        try:
+            exe = ctx.new_session().compile(graph)
+            for _ in range(10):
+                if not np.array_equal(exe.run(feed)["probs"], want, equal_nan=True):
+                    errors.append("result differs under concurrency")
+                    return
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        return Outcome("failed", "two sessions in two threads: " + errors[0])
+    return Outcome("passed", "2 threads x 10 runs bit-equal")
+
+
+def c_memory_reuse(ctx: Context) -> Outcome:
+    graph, feed = _branchy()
+    exe = _compile_or_skip(ctx, graph)
+    got = exe.run(feed)
+    want = evaluate(graph, feed)
+    for k in want:
+        if not np.allclose(got[k], want[k], rtol=1e-4, atol=1e-5):
+            err = float(np.max(np.abs(got[k] - want[k])))
+            return Outcome("failed", f"output {k!r} wrong by {err:.3g}: buffer reuse corrupted a value")
+    prog = exe.program()
+    return Outcome("passed", f"arena {prog.plan.arena_bytes} B vs naive {prog.plan.naive_bytes} B")
+
+
+def c_input_validation(ctx: Context) -> Outcome:
+    graph, feed = _mlp()
+    exe = _compile_or_skip(ctx, graph)
+    try:
+        exe.run({"x": feed["x"].astype(np.float64)})
+    except InputError:
+        return Outcome("passed", "wrong input dtype rejected before reaching the backend")
+    except RLXError as e:
+        return Outcome("failed", f"expected InputError, got {type(e).__name__}: {e.what}")
+    return Outcome("failed", "an f64 input was accepted for an f32 graph input")
+
+
+def c_symbolic(ctx: Context) -> Outcome:
+    graph, _ = _mlp(5)
+    exe = _compile_or_skip(ctx, graph)
+    rng = np.random.default_rng(9)
+    for batch in (1, 3, 8):
+        x = rng.standard_normal((batch, 12)).astype(np.float32)
+        got = exe.run(x=x)["probs"]
+        want = evaluate(graph, {"x": x})["probs"]
+        if got.shape != (batch, 5) or not np.allclose(got, want, rtol=1e-4, atol=1e-6):
+            return Outcome("failed", f"batch={batch}: wrong shape {got.shape} or values")
+    return Outcome("passed", "specialised for batch 1, 3, 8")
+
+
+def c_runtime_errors_wrapped(ctx: Context) -> Outcome:
+    """A backend must not let raw exceptions escape; the core wraps them naming the plugin."""
+    try:
+        ctx.backend.call("rlx_backend_info")
+    except PluginError as e:
+        return Outcome("failed", f"rlx_backend_info raised: {e.what}")
+    return Outcome("passed", "hooks callable in isolation")
+
+
+CONTRACT: dict[str, Callable[[Context], Outcome]] = {
+    "records": c_records,
+    "native_kernels_ran": c_native_ran,
+    "unsupported_variant_fails": c_unsupported_fails,
+    "costs_positive_and_growing": c_costs,
+    "determinism": c_determinism,
+    "two_sessions_two_threads": c_threads,
+    "memory_reuse_no_corruption": c_memory_reuse,
+    "input_validation": c_input_validation,
+    "symbolic_specialisation": c_symbolic,
+    "hooks_isolated": c_runtime_errors_wrapped,
+}
+
+
+def contract_checks() -> list[Check]:
+    return [Check(f"contract::{name}", "contract", name, _contract(fn)) for name, fn in CONTRACT.items()]
+
+
+def collect() -> list[Check]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return contract_checks() + op_checks() + graph_checks()
