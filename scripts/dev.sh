@@ -69,7 +69,7 @@ case "$job" in
     "$VENV/bin/ruff" check src plugins conformance tests bench
     log "pytest"
     set +e
-    "$PY" -m pytest -q --benchmark-disable "${@:2}"
+    "$PY" -m pytest --benchmark-disable "${@:2}"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then die "pytest collected no tests"; fi

@@ -32,7 +32,7 @@ def _paths(report: object) -> dict[str, str]:
 @pytest.mark.parametrize("device", ["cpu", "whole"])
 def test_three_paths_and_numbers(device: str) -> None:
     graph = _mlp()
-    exe = Session(device, use_cache=False).compile(graph)
+    exe = Session(device, use_cache=False, fusion=False).compile(graph)
     x = RNG.standard_normal((5, 8)).astype(np.float32)
     out = exe.run(x=x)["probs"]
     want = evaluate(graph, {"x": x})["probs"]
@@ -190,3 +190,19 @@ def rlx_kernel_cost(claim, variant, caps):
     exe = Session("decomp", hub=Hub(), use_cache=False).compile(g.build())
     (entry,) = exe.report.entries
     assert entry.path == COMMON_IR and entry.via == "decomp.relu_as_double" and entry.seconds == 0.5
+
+
+def test_fusion_groups_are_reported_and_exact() -> None:
+    graph = _mlp()
+    x = RNG.standard_normal((5, 8)).astype(np.float32)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    out = exe.run(x=x)["probs"]
+    np.testing.assert_allclose(out, evaluate(graph, {"x": x})["probs"], rtol=1e-5, atol=1e-6)
+    assert exe.report.fused == [["add_0", "maximum_0"]]
+    (fused,) = [e for e in exe.report.entries if e.op == "fused_elementwise"]
+    assert fused.path == NATIVE and fused.kernels == ("cpu.fused_elementwise",)
+    assert fused.variant.startswith("fused[add,maximum]")
+    assert "fused: 1 groups (2 nodes -> 1 kernels)" in exe.report.to_text()
+    # A backend that does not claim fused kernels keeps the unfused graph.
+    whole = Session("whole", use_cache=False).compile(graph)
+    assert whole.report.fused == [] and "add_0" in {e.node for e in whole.report.entries}

@@ -34,10 +34,10 @@ class CompileCache:
         self.hits = 0
         self.misses = 0
 
-    def key(self, graph: Graph, backend: Any, device: Any) -> str:
+    def key(self, graph: Graph, backend: Any, device: Any, variant: str = "") -> str:
         h = hashlib.sha256()
         for part in (graph.fingerprint, backend.name, backend.entry.distribution, backend.info.version,
-                     __version__, API_VERSION, device.name, str(FORMAT)):
+                     __version__, API_VERSION, device.name, str(FORMAT), variant):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
@@ -45,10 +45,10 @@ class CompileCache:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pkl"
 
-    def load(self, graph: Graph, backend: Any, device: Any) -> Legalized | None:
+    def load(self, graph: Graph, backend: Any, device: Any, variant: str = "") -> Legalized | None:
         from .ir.serialize import graph_from_structure
 
-        p = self.path(self.key(graph, backend, device))
+        p = self.path(self.key(graph, backend, device, variant))
         try:
             with open(p, "rb") as f:
                 data = pickle.load(f)
@@ -67,10 +67,12 @@ class CompileCache:
             self.misses += 1
             return None
         self.hits += 1
-        return Legalized(legal_graph, assignments, plans, tuple(tuple(x) for x in data["outputs"]),
-                         backend.name, device.name)
+        legal = Legalized(legal_graph, assignments, plans, tuple(tuple(x) for x in data["outputs"]),
+                          backend.name, device.name)
+        legal.extra["fused"] = data.get("fused", [])
+        return legal
 
-    def store(self, graph: Graph, backend: Any, device: Any, legal: Legalized) -> None:
+    def store(self, graph: Graph, backend: Any, device: Any, legal: Legalized, variant: str = "") -> None:
         orig = set(graph.weights)
         data = {
             "format": FORMAT,
@@ -79,8 +81,9 @@ class CompileCache:
             "assignments": {n: (a.claim.name, a.origin, a.path) for n, a in legal.assignments.items()},
             "plans": {n: _plan_to(p) for n, p in legal.plans.items()},
             "outputs": [list(x) for x in legal.outputs],
+            "fused": legal.extra.get("fused", []),
         }
-        p = self.path(self.key(graph, backend, device))
+        p = self.path(self.key(graph, backend, device, variant))
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".pkl")

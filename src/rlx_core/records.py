@@ -96,6 +96,12 @@ class NodeVariant:
         return tuple(t.dtype for t in self.in_types)
 
     def describe(self) -> str:
+        if self.op == "fused_elementwise" and isinstance(self.attrs.get("program"), str):
+            import json
+
+            chain = ",".join(o[0] for o in json.loads(self.attrs["program"])["ops"])  # type: ignore[arg-type]
+            ins = ", ".join(str(t) for t in self.in_types)
+            return f"fused[{chain}]({ins}) -> {', '.join(str(t) for t in self.out_types)}"
         attrs = ", ".join(f"{k}={v}" for k, v in self.attrs.items() if v is not None)
         ins = ", ".join(str(t) for t in self.in_types)
         outs = ", ".join(str(t) for t in self.out_types)

@@ -40,6 +40,8 @@ class DispatchReport:
     naive_bytes: int | None = None
     bindings: dict[str, int] = field(default_factory=dict)
     from_cache: bool = False
+    #: fused groups: each the list of original node names now run as one fused kernel
+    fused: list[list[str]] = field(default_factory=list)
 
     @property
     def kernel_seconds(self) -> float:
@@ -81,6 +83,7 @@ class DispatchReport:
             "memory": {"arena_bytes": self.arena_bytes, "naive_bytes": self.naive_bytes},
             "nodes": [dict(asdict(e), kernels=list(e.kernels)) for e in self.entries],
             "transfers": [asdict(t) for t in self.transfers],
+            "fused": self.fused,
             "from_cache": self.from_cache,
         }
 
@@ -105,6 +108,13 @@ class DispatchReport:
         c = self.counts()
         lines.append(f"summary: {len(self.entries)} nodes: {c['native']} native, {c['common_ir']} "
                      f"common_ir, {c['rewritten']} rewritten; {self.num_kernels} kernels")
+        if self.fused:
+            lines.append(f"fused: {len(self.fused)} groups "
+                         f"({sum(len(g) for g in self.fused)} nodes -> {len(self.fused)} kernels)")
+            for grp in self.fused[:20]:
+                lines.append(f"  {grp[-1]} <- " + " + ".join(grp))
+            if len(self.fused) > 20:
+                lines.append(f"  ... {len(self.fused) - 20} more groups")
         if self.transfers:
             tb = sum(t.nbytes for t in self.transfers)
             lines.append(f"transfers: {len(self.transfers)} ({fmt_bytes(tb)}, "

@@ -14,6 +14,7 @@ from . import __version__
 from .cost import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
 from .errors import BackendNotFoundError, InputError, PluginError
+from .fusion import fuse
 from .hub import Backend, Hub, parse_device, split_devices
 from .hub import hub as get_hub
 from .ir.graph import Graph
@@ -35,8 +36,11 @@ class Session:
 
     def __init__(self, device: str | Sequence[str] | None = None, *, hub: Hub | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool | None = None,
-                 shape_hints: Mapping[str, int] | None = None) -> None:
+                 shape_hints: Mapping[str, int] | None = None, fusion: bool | None = None) -> None:
         self.hub = hub or get_hub()
+        #: Fuse elementwise chains the backend runs natively (RLX_FUSION=0 turns it off).
+        self.fusion = (os.environ.get("RLX_FUSION", "1").strip() not in ("0", "false", "no")
+                       if fusion is None else fusion)
         names = split_devices(device) or [self.hub.default_backend()]
         self.devices: list[tuple[Backend, Any]] = []
         for spec in names:
@@ -72,15 +76,22 @@ class Session:
 
     # -- planning --------------------------------------------------------------------------------
     def legalize(self, graph: Graph) -> tuple[Legalized, bool]:
-        """Legalize for the session's (first) device, through the on-disk cache when enabled."""
+        """Fuse, then legalize for the session's (first) device, through the on-disk cache."""
         backend, device = self.devices[0]
+        variant = "fusion" if self.fusion else "nofusion"
         if self.cache is not None:
-            hit = self.cache.load(graph, backend, device)
+            hit = self.cache.load(graph, backend, device, variant)
             if hit is not None:
                 return hit, True
-        legal = legalize(graph, self.dispatcher(backend, device))
+        disp = self.dispatcher(backend, device)
+        fused_groups: list[list[str]] = []
+        src = graph
+        if self.fusion:
+            src, fused_groups = fuse(graph, accept=lambda g, n: _runs_natively(disp, g, n))
+        legal = legalize(src, disp)
+        legal.extra["fused"] = fused_groups
         if self.cache is not None:
-            self.cache.store(graph, backend, device, legal)
+            self.cache.store(graph, backend, device, legal, variant)
         return legal, False
 
     def report_for(self, legal: Legalized, program: Program | None, bindings: Mapping[str, int],
@@ -98,7 +109,7 @@ class Session:
                               transfers,
                               program.plan.arena_bytes if program else None,
                               program.plan.naive_bytes if program else None,
-                              dict(bindings), from_cache)
+                              dict(bindings), from_cache, fused=list(legal.extra.get("fused", [])))
 
     def plan(self, graph: Graph, bindings: Mapping[str, int] | None = None) -> DispatchReport:
         """Dispatch and lower without compiling: the report ``rlx explain`` prints."""
@@ -134,6 +145,13 @@ class Session:
 
     def run(self, graph: Graph, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
         return self.compile(graph).run(inputs, **kw)
+
+
+def _runs_natively(disp: Dispatcher, graph: Graph, node: Any) -> bool:
+    v = NodeVariant(node.op, tuple(graph.types[i] for i in node.inputs),
+                    tuple(graph.types[o] for o in node.outputs), node.attrs)
+    p = disp.plan(v)
+    return isinstance(p, Plan) and p.kind == "native"
 
 
 def _records() -> Any:

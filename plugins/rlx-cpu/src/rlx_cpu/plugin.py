@@ -11,6 +11,7 @@ import os
 import platform
 from typing import Any
 
+import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
 from rlx_core.dtypes import DType
 from rlx_core.hookspecs import hookimpl
@@ -69,6 +70,7 @@ def factories() -> dict[str, Any]:
 
         out = {f"cpu.{op}": fn for op, fn in _factories().items()}
         out["cpu.div_int"] = k_int_div
+        out["cpu.fused_elementwise"] = _fused_factory
         _FACTORIES = out
     return _FACTORIES
 
@@ -125,11 +127,25 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
             in_dts = dts | {DType.BOOL}
         claims.append(KernelClaim(op, f"cpu.{op}", dtypes=in_dts, in_place=op in IN_PLACE,
                                   out_dtypes=dts if op in ("gather", "scatter_add", "where") else None))
+    claims.append(KernelClaim("fused_elementwise", "cpu.fused_elementwise", predicate=_fused_pred,
+                              constraint="f32/f64/i32/i64/bool programs (Numba for large tensors)"))
     return claims
 
 
+def _fused_factory(ins: Any, outs: Any, attrs: Any) -> Any:
+    from .fused import k_fused
+
+    return k_fused(ins, outs, attrs)
+
+
+def _fused_pred(v: Any) -> str | None:
+    from .fused import supported
+
+    return supported([t.dtype for t in v.in_types], v.out_types[0].dtype, v.attrs["program"])
+
+
 def factories_ops() -> list[str]:
-    return [name[4:] for name in factories() if name != "cpu.div_int"]
+    return [name[4:] for name in factories() if name not in ("cpu.div_int", "cpu.fused_elementwise")]
 
 
 @hookimpl

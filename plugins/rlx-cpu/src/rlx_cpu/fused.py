@@ -1,0 +1,229 @@
+"""Fused elementwise kernels: Numba-compiled from the shared renderer, cached on disk.
+
+Small tensors run the fused program as a sequence of NumPy ufunc calls into one scratch buffer
+(no compile latency); tensors of at least ``NUMBA_MIN`` elements run one generated, parallel
+Numba loop — a single pass over memory with the intermediates kept in registers. The generated
+module is written to the RLX cache directory and compiled with ``cache=True``, so a second
+process pays no compile time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_core.codegen import render_program
+from rlx_core.dtypes import DType
+from rlx_core.fusion import decode
+from rlx_core.ir.schema import REGISTRY
+from rlx_core.ir.types import Attrs
+
+NUMBA_MIN = int(os.environ.get("RLX_CPU_NUMBA_MIN", "32768"))
+PARALLEL_MIN = 65536
+CODEGEN_DTYPES = frozenset({DType.F32, DType.F64, DType.BOOL, DType.I32, DType.I64})
+_LOCK = threading.Lock()
+
+
+def supported(in_dtypes: Sequence[DType], out_dtype: DType, program: str) -> str | None:
+    """``None`` if the CPU can run this fused variant, else why not."""
+    if any(d not in CODEGEN_DTYPES for d in [*in_dtypes, out_dtype]):
+        return "fused kernels are generated for f32/f64/i32/i64/bool only"
+    ops, _ = decode(program)
+    for name, _, _ in ops:
+        if name == "div" and not all(d.is_float for d in in_dtypes if d is not DType.BOOL):
+            return "integer division is not fused (C and Python round differently)"
+    return None
+
+
+def _layout(x: np.ndarray, out_shape: tuple[int, ...], split: int) -> str | None:
+    """How input ``x`` maps onto the (outer, inner) view of the output split at ``split``."""
+    shape = (1,) * (len(out_shape) - x.ndim) + x.shape
+    outer, inner = shape[:split], shape[split:]
+    o_full = outer == out_shape[:split]
+    i_full = inner == out_shape[split:]
+    o_one = all(d == 1 for d in outer)
+    i_one = all(d == 1 for d in inner)
+    if o_full and i_full:
+        return "full"
+    if o_one and i_one:
+        return "scalar"
+    if o_one and i_full:
+        return "row"
+    if o_full and i_one:
+        return "col"
+    return None
+
+
+def plan_layouts(ins: Sequence[np.ndarray], out_shape: tuple[int, ...]) -> tuple[int, list[str]] | None:
+    r = len(out_shape)
+    best = None
+    for split in range(r + 1):
+        lays = [_layout(x, out_shape, split) for x in ins]
+        if all(lays):
+            outer = int(np.prod(out_shape[:split], dtype=np.int64))
+            if best is None or outer > best[0]:
+                best = (outer, split, lays)
+    return None if best is None else (best[1], best[2])  # type: ignore[return-value]
+
+
+def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: str) -> str:
+    exprs = []
+    for k, lay in enumerate(lays):
+        exprs.append({"full": f"x{k}[r, c]", "scalar": f"x{k}[0, 0]", "row": f"x{k}[0, c]",
+                      "col": f"x{k}[r, 0]"}[lay])
+    lines, res, _ = render_program(program, exprs, dtypes, "numba")
+    args = ", ".join(f"x{k}" for k in range(len(lays)))
+    body = "\n".join("            " + ln for ln in lines)
+    src = [
+        "import math", "import numpy as np", "from numba import njit, prange", "",
+        "",
+        "@njit(cache=True, nogil=True, fastmath=False)",
+        f"def {name}_serial(o, {args}):",
+        "    for r in range(o.shape[0]):",
+        "        for c in range(o.shape[1]):",
+        body.replace("            ", "            ", 1),
+        f"            o[r, c] = {res}",
+        "",
+        "",
+        "@njit(cache=True, nogil=True, parallel=True, fastmath=False)",
+        f"def {name}_parallel(o, {args}):",
+        "    for r in prange(o.shape[0]):",
+        "        for c in range(o.shape[1]):",
+        body,
+        f"            o[r, c] = {res}",
+        "",
+    ]
+    return "\n".join(src)
+
+
+def _module_dir() -> Path:
+    from rlx_core.cache import default_cache_dir
+
+    d = default_cache_dir() / "cpu-numba"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+_MODULES: dict[str, Any] = {}
+
+
+def compiled_kernel(program: str, dtypes: Sequence[DType], lays: Sequence[str]) -> Any:
+    key = hashlib.sha256(f"{program}|{[d.value for d in dtypes]}|{list(lays)}".encode()).hexdigest()[:24]
+    with _LOCK:
+        mod = _MODULES.get(key)
+        if mod is None:
+            name = f"rlx_fused_{key}"
+            path = _module_dir() / f"{name}.py"
+            src = _source(program, dtypes, lays, "k")
+            if not path.exists() or path.read_text() != src:
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(src)
+                os.replace(tmp, path)
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            _MODULES[key] = mod
+        return mod
+
+
+def _numpy_program(ins: Sequence[np.ndarray], o: np.ndarray, program: str) -> Any:
+    """The fused program as NumPy calls (small tensors): reference semantics, no compile."""
+    ops, out = decode(program)
+    steps = [(_NP[n], args, Attrs(REGISTRY.get(n).check_attrs(a, "fused"))) for n, args, a in ops]
+
+    def run() -> None:
+        env: dict[str, Any] = {f"i{k}": x for k, x in enumerate(ins)}
+        with np.errstate(all="ignore"):
+            for j, (fn, args, attrs) in enumerate(steps):
+                env[f"t{j}"] = fn(*[env[a] for a in args], attrs)
+            np.copyto(o, env[out], casting="unsafe")
+    return run
+
+
+def _np_cast(x: Any, a: Attrs) -> Any:
+    to: DType = a["to"]  # type: ignore[assignment]
+    if to is DType.BOOL:
+        return x != 0
+    if to.is_int and np.asarray(x).dtype.kind == "f":
+        return np.trunc(x).astype(to.np)
+    return np.asarray(x).astype(to.np)
+
+
+def _np_max(a: Any, b: Any, at: Attrs) -> Any:
+    return np.maximum(a, b)
+
+
+_NP: dict[str, Any] = {
+    "neg": lambda x, a: np.negative(x), "abs": lambda x, a: np.abs(x), "sign": lambda x, a: np.sign(x),
+    "exp": lambda x, a: np.exp(x), "log": lambda x, a: np.log(x), "sqrt": lambda x, a: np.sqrt(x),
+    "rsqrt": lambda x, a: 1 / np.sqrt(x), "reciprocal": lambda x, a: 1 / x,
+    "sin": lambda x, a: np.sin(x), "cos": lambda x, a: np.cos(x), "tanh": lambda x, a: np.tanh(x),
+    "floor": lambda x, a: np.floor(x), "ceil": lambda x, a: np.ceil(x), "round": lambda x, a: np.rint(x),
+    "logical_not": lambda x, a: np.logical_not(x), "add": lambda x, y, a: x + y,
+    "sub": lambda x, y, a: x - y, "mul": lambda x, y, a: x * y, "div": lambda x, y, a: x / y,
+    "pow": lambda x, y, a: np.power(x, y), "maximum": _np_max, "minimum": lambda x, y, a: np.minimum(x, y),
+    "logical_and": lambda x, y, a: np.logical_and(x, y), "logical_or": lambda x, y, a: np.logical_or(x, y),
+    "logical_xor": lambda x, y, a: np.logical_xor(x, y), "equal": lambda x, y, a: x == y,
+    "not_equal": lambda x, y, a: x != y, "less": lambda x, y, a: x < y, "less_equal": lambda x, y, a: x <= y,
+    "greater": lambda x, y, a: x > y, "greater_equal": lambda x, y, a: x >= y,
+    "where": lambda c, x, y, a: np.where(c, x, y), "cast": _np_cast,
+}
+
+
+def _np_erf(x: Any, a: Attrs) -> Any:
+    import scipy.special as sps
+
+    return sps.erf(x)
+
+
+def _np_sigmoid(x: Any, a: Attrs) -> Any:
+    import scipy.special as sps
+
+    return sps.expit(x)
+
+
+_NP["erf"] = _np_erf
+_NP["sigmoid"] = _np_sigmoid
+
+
+def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
+    o = outs[0]
+    program: str = attrs["program"]  # type: ignore[assignment]
+    if o.size < NUMBA_MIN:
+        return _numpy_program(ins, o, program)
+    planned = plan_layouts(ins, o.shape)
+    if planned is None:
+        return _numpy_program(ins, o, program)
+    split, lays = planned
+    outer = int(np.prod(o.shape[:split], dtype=np.int64))
+    inner = int(np.prod(o.shape[split:], dtype=np.int64))
+    if split == len(o.shape) or split == 0:  # all full/scalar: let the parallel loop see many rows
+        lays = ["scalar" if lay == "scalar" else "full" for lay in lays]
+        inner = 1024 if o.size % 1024 == 0 else 1
+        outer = o.size // inner
+    o2 = o.reshape(outer, inner)
+    views = []
+    for x, lay in zip(ins, lays):
+        if lay == "full":
+            views.append(x.reshape(outer, inner))
+        elif lay == "scalar":
+            views.append(x.reshape(1, 1))
+        elif lay == "row":
+            views.append(x.reshape(1, inner))
+        else:
+            views.append(x.reshape(outer, 1))
+    dtypes = [DType.parse(x.dtype) for x in ins]
+    mod = compiled_kernel(program, dtypes, lays)
+    fn = mod.k_parallel if o.size >= PARALLEL_MIN else mod.k_serial
+    fn(o2, *views)  # compile now (bind time), not on the first run
+    return lambda: fn(o2, *views)

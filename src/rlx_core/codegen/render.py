@@ -1,0 +1,179 @@
+"""Render a fused elementwise program (see :mod:`rlx_core.fusion`) as statements in a dialect.
+
+One renderer, small per-dialect tables — the tinygrad ``cstyle`` idea. A backend wraps the
+statements in its own kernel skeleton (index computation, buffer declarations, launch). Semantics
+follow the MIR references: ``maximum``/``minimum`` propagate NaN, ``round`` is half-to-even,
+float->int ``cast`` truncates, ``sigmoid`` is ``1/(1+exp(-x))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..dtypes import DType
+from ..errors import IRError
+from ..fusion import decode
+from ..ir.schema import REGISTRY
+from ..ir.types import TensorType
+
+Expr = str
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    types: dict[DType, str]
+    #: unary math function name for (op, dtype) -> name, e.g. ("exp", F32) -> "expf"
+    math: Callable[[str, DType], str]
+    statement: str = "{type} {name} = {expr};"
+    ternary: str = "({c} ? {a} : {b})"
+    logical: dict[str, str] = field(default_factory=lambda: {"and": "({a} && {b})", "or": "({a} || {b})",
+                                                              "not": "(!{a})"})
+    cast: str = "(({type})({x}))"
+    true_false: tuple[str, str] = ("true", "false")
+    #: how a float literal of a dtype is written
+    literal: Callable[[float, DType], str] = lambda v, dt: repr(float(v))
+    has_erf: bool = True
+
+    def ctype(self, dt: DType) -> str:
+        try:
+            return self.types[dt]
+        except KeyError:
+            raise IRError(f"dialect {self.name!r} has no type for {dt}",
+                          fix="cast to a supported dtype before this kernel") from None
+
+
+def _c_math(suffix_f32: bool) -> Callable[[str, DType], str]:
+    def name(op: str, dt: DType) -> str:
+        base = {"abs": "fabs", "round": "rint"}.get(op, op)
+        return base + ("f" if suffix_f32 and dt is DType.F32 else "")
+    return name
+
+
+def _c_lit(v: float, dt: DType) -> str:
+    s = repr(float(v))
+    if s in ("inf", "-inf", "nan"):
+        return {"inf": "INFINITY", "-inf": "(-INFINITY)", "nan": "NAN"}[s]
+    return s + ("f" if dt is DType.F32 else "")
+
+
+_CTYPES = {DType.F32: "float", DType.F64: "double", DType.I32: "int", DType.I64: "long long",
+           DType.I8: "signed char", DType.I16: "short", DType.U8: "unsigned char", DType.BOOL: "bool"}
+
+DIALECTS: dict[str, Dialect] = {
+    "c": Dialect("c", _CTYPES, _c_math(True), literal=_c_lit),
+    "cuda": Dialect("cuda", {**_CTYPES, DType.F16: "half", DType.I64: "long long"}, _c_math(True),
+                    literal=_c_lit),
+    "opencl": Dialect("opencl", {**_CTYPES, DType.I64: "long", DType.F16: "half"}, _c_math(False),
+                      literal=_c_lit),
+    "metal": Dialect("metal", {DType.F32: "float", DType.F16: "half", DType.I32: "int", DType.I64: "long",
+                               DType.I16: "short", DType.I8: "char", DType.U8: "uchar", DType.BOOL: "bool"},
+                     lambda op, dt: "metal::precise::" + {"abs": "fabs", "round": "rint"}.get(op, op),
+                     literal=_c_lit, has_erf=False),
+    "glsl": Dialect("glsl", {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool"},
+                    lambda op, dt: {"round": "roundEven"}.get(op, op), cast="{type}({x})",
+                    has_erf=False, literal=lambda v, dt: repr(float(v))),
+    "wgsl": Dialect("wgsl", {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool"},
+                    lambda op, dt: op, statement="let {name}: {type} = {expr};",
+                    ternary="select({b}, {a}, {c})", cast="{type}({x})", has_erf=False,
+                    literal=lambda v, dt: repr(float(v))),
+    "numba": Dialect("numba", {DType.F32: "np.float32", DType.F64: "np.float64", DType.I32: "np.int32",
+                               DType.I64: "np.int64", DType.I8: "np.int8", DType.I16: "np.int16",
+                               DType.U8: "np.uint8", DType.BOOL: "np.bool_"},
+                     lambda op, dt: "math." + {"abs": "fabs", "round": "__round__"}.get(op, op),
+                     statement="{name} = {expr}", ternary="({a} if {c} else {b})",
+                     logical={"and": "({a} and {b})", "or": "({a} or {b})", "not": "(not {a})"},
+                     cast="{type}({x})", true_false=("True", "False"),
+                     literal=lambda v, dt: f"np.{'float32' if dt is DType.F32 else 'float64'}({float(v)!r})"),
+}
+
+_UNARY_MATH = ("exp", "log", "sqrt", "sin", "cos", "tanh", "floor", "ceil", "erf")
+_BINOP = {"add": "+", "sub": "-", "mul": "*", "div": "/", "equal": "==", "not_equal": "!=", "less": "<",
+          "less_equal": "<=", "greater": ">", "greater_equal": ">="}
+
+
+def _erf_poly(d: Dialect, x: Expr, dt: DType) -> Expr:
+    """erf via Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7) for dialects without erf (f32 only)."""
+    one = d.literal(1.0, dt)
+    t = f"({one} / ({one} + {d.literal(0.3275911, dt)} * {d.math('abs', dt)}({x})))"
+    poly = (f"((((({d.literal(1.061405429, dt)} * {t} + {d.literal(-1.453152027, dt)}) * {t} + "
+            f"{d.literal(1.421413741, dt)}) * {t} + {d.literal(-0.284496736, dt)}) * {t} + "
+            f"{d.literal(0.254829592, dt)}) * {t})")
+    y = f"({one} - {poly} * {d.math('exp', dt)}(-({x}) * ({x})))"
+    return d.ternary.format(c=f"({x} < {d.literal(0.0, dt)})", a=f"(-{y})", b=y)
+
+
+def render_op(d: Dialect, op: str, args: Sequence[Expr], in_types: Sequence[DType], out: DType,
+              attrs: dict) -> Expr:
+    a = args[0] if args else ""
+    b = args[1] if len(args) > 1 else ""
+    dt = in_types[0] if in_types else out
+    lit = d.literal
+    numba = d.name == "numba"
+    if op in _BINOP:
+        return f"({a} {_BINOP[op]} {b})"
+    if op == "neg":
+        return f"(-{a})"
+    if op == "abs":
+        return f"abs({a})" if (numba or not dt.is_float) else f"{d.math('abs', dt)}({a})"
+    if op in _UNARY_MATH:
+        if op == "erf" and not d.has_erf:
+            return _erf_poly(d, a, dt)
+        return f"{d.math(op, dt)}({a})"
+    if op == "round":
+        return f"np.rint({a})" if numba else f"{d.math('round', dt)}({a})"
+    if op == "rsqrt":
+        return f"({lit(1.0, dt)} / {d.math('sqrt', dt)}({a}))"
+    if op == "reciprocal":
+        return f"({lit(1.0, dt)} / {a})"
+    if op == "sigmoid":
+        return f"({lit(1.0, dt)} / ({lit(1.0, dt)} + {d.math('exp', dt)}(-{a})))"
+    if op == "sign":
+        zero = lit(0.0, dt) if dt.is_float else "0"
+        pos = d.cast.format(type=d.ctype(dt), x=f"({a} > {zero})")
+        neg = d.cast.format(type=d.ctype(dt), x=f"({a} < {zero})")
+        return f"({pos} - {neg})"
+    if op == "pow":
+        return f"({a} ** {b})" if numba else f"{d.math('pow', dt)}({a}, {b})"
+    if op in ("maximum", "minimum"):
+        cmp = ">" if op == "maximum" else "<"
+        # NaN propagates from either side, as the reference does.
+        return d.ternary.format(c=f"({a} {cmp} {b} or {a} != {a})" if numba else
+                                f"({a} {cmp} {b} || {a} != {a})", a=a, b=b)
+    if op == "logical_and":
+        return d.logical["and"].format(a=a, b=b)
+    if op == "logical_or":
+        return d.logical["or"].format(a=a, b=b)
+    if op == "logical_xor":
+        return f"({a} != {b})"
+    if op == "logical_not":
+        return d.logical["not"].format(a=a)
+    if op == "where":
+        return d.ternary.format(c=args[0], a=args[1], b=args[2])
+    if op == "cast":
+        if out is DType.BOOL:
+            return f"({a} != {lit(0.0, dt) if dt.is_float else '0'})"
+        return d.cast.format(type=d.ctype(out), x=a)
+    raise IRError(f"the renderer has no rule for op {op!r} in dialect {d.name!r}",
+                  fix="leave this op out of fused groups for this backend")
+
+
+def render_program(program: str, in_exprs: Sequence[Expr], in_dtypes: Sequence[DType], dialect: str,
+                   *, prefix: str = "t") -> tuple[list[str], Expr, DType]:
+    """Statements computing a fused program from input expressions; returns (lines, result, dtype)."""
+    d = DIALECTS[dialect]
+    ops, out = decode(program)
+    env: dict[str, tuple[Expr, DType]] = {f"i{k}": (e, t)
+                                          for k, (e, t) in enumerate(zip(in_exprs, in_dtypes))}
+    lines = []
+    for j, (op, args, attrs) in enumerate(ops):
+        schema = REGISTRY.get(op)
+        arg_types = [TensorType(env[x][1], ()) for x in args]
+        out_dt = schema.infer(arg_types, schema.check_attrs(attrs, f"fused {op}"))[0].dtype
+        expr = render_op(d, op, [env[x][0] for x in args], [env[x][1] for x in args], out_dt, attrs)
+        name = f"{prefix}{j}"
+        lines.append(d.statement.format(type=d.ctype(out_dt), name=name, expr=expr))
+        env[name] = (name, out_dt)
+    res, dt = env[f"{prefix}{out[1:]}"] if out.startswith("t") else env[out]
+    return lines, res, dt
