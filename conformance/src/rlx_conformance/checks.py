@@ -117,7 +117,7 @@ def graph_checks() -> list[Check]:
             res = graphs.check_graph(gc, ctx.session)
             return Outcome(res.status, res.message, res.path)
         variant = gc.id.split("::", 1)[-1]
-        out.append(Check(gc.id, "graph", variant, run, dtype=getattr(gc, "dtype", "")))
+        out.append(Check(gc.id, "graph", variant, run, dtype=str(getattr(gc, "dtype", ""))))
     return out
 
 
