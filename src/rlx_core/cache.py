@@ -69,7 +69,7 @@ class CompileCache:
         self.hits += 1
         legal = Legalized(legal_graph, assignments, plans, tuple(tuple(x) for x in data["outputs"]),
                           backend.name, device.name)
-        legal.extra["fused"] = data.get("fused", [])
+        legal.extra.update(data.get("extra", {}))
         return legal
 
     def store(self, graph: Graph, backend: Any, device: Any, legal: Legalized, variant: str = "") -> None:
@@ -81,7 +81,7 @@ class CompileCache:
             "assignments": {n: (a.claim.name, a.origin, a.path) for n, a in legal.assignments.items()},
             "plans": {n: _plan_to(p) for n, p in legal.plans.items()},
             "outputs": [list(x) for x in legal.outputs],
-            "fused": legal.extra.get("fused", []),
+            "extra": {k: legal.extra[k] for k in ("fused", "fused_origins", "kernels") if k in legal.extra},
         }
         p = self.path(self.key(graph, backend, device, variant))
         try:

@@ -84,12 +84,9 @@ class Session:
             if hit is not None:
                 return hit, True
         disp = self.dispatcher(backend, device)
-        fused_groups: list[list[str]] = []
-        src = graph
+        legal = legalize(graph, disp)
         if self.fusion:
-            src, fused_groups = fuse(graph, accept=lambda g, n: _runs_natively(disp, g, n))
-        legal = legalize(src, disp)
-        legal.extra["fused"] = fused_groups
+            legal = _fuse_legalized(legal, disp)
         if self.cache is not None:
             self.cache.store(graph, backend, device, legal, variant)
         return legal, False
@@ -98,8 +95,9 @@ class Session:
                    from_cache: bool) -> DispatchReport:
         backend, device = self.devices[0]
         entries = []
+        kernels = legal.extra.get("kernels", {})
         for node_name, plan in legal.plans.items():
-            entries.append(_entry(node_name, plan, device.name))
+            entries.append(_entry(node_name, plan, device.name, kernels.get(node_name)))
         transfers = []
         if program is not None:
             for t in program.transfers:
@@ -147,11 +145,49 @@ class Session:
         return self.compile(graph).run(inputs, **kw)
 
 
-def _runs_natively(disp: Dispatcher, graph: Graph, node: Any) -> bool:
+def _native_plan(disp: Dispatcher, graph: Graph, node: Any) -> Plan | None:
     v = NodeVariant(node.op, tuple(graph.types[i] for i in node.inputs),
                     tuple(graph.types[o] for o in node.outputs), node.attrs)
     p = disp.plan(v)
-    return isinstance(p, Plan) and p.kind == "native"
+    return p if isinstance(p, Plan) and p.kind == "native" else None
+
+
+def _fuse_legalized(legal: Legalized, disp: Dispatcher) -> Legalized:
+    """Fuse elementwise chains of the *legalized* graph (so decomposed HIR ops fuse too) wherever
+    the backend runs the fused variant natively; kernels are re-attributed to original nodes."""
+    from .dispatch import Assignment
+    from .fusion import FUSED
+
+    fused_graph, groups = fuse(legal.graph, accept=lambda g, n: _native_plan(disp, g, n) is not None)
+    legal.extra["fused"] = groups
+    if not groups:
+        legal.extra["kernels"] = _kernels_by_origin(legal)
+        return legal
+    members = {grp[-1]: grp for grp in groups}
+    assignments: dict[str, Assignment] = {}
+    for node in fused_graph.nodes:
+        if node.op == FUSED and node.name in members:
+            plan = _native_plan(disp, fused_graph, node)
+            assert plan is not None and plan.claim is not None
+            origins = list(dict.fromkeys(legal.assignments[m].origin for m in members[node.name]))
+            a = legal.assignments[node.name]
+            assignments[node.name] = Assignment(plan.claim, a.origin, a.path)
+            legal.extra.setdefault("fused_origins", {})[node.name] = origins
+        else:
+            assignments[node.name] = legal.assignments[node.name]
+    out = Legalized(fused_graph, assignments, legal.plans, legal.outputs, legal.backend, legal.device,
+                    dict(legal.extra))
+    out.extra["kernels"] = _kernels_by_origin(out)
+    return out
+
+
+def _kernels_by_origin(legal: Legalized) -> dict[str, list[str]]:
+    by: dict[str, list[str]] = {}
+    fo = legal.extra.get("fused_origins", {})
+    for name, a in legal.assignments.items():
+        for origin in fo.get(name, [a.origin]):
+            by.setdefault(origin, []).append(a.claim.name)
+    return by
 
 
 def _records() -> Any:
@@ -160,9 +196,9 @@ def _records() -> Any:
     return records
 
 
-def _entry(node: str, plan: Plan, device: str) -> ReportEntry:
+def _entry(node: str, plan: Plan, device: str, kernels: list[str] | None = None) -> ReportEntry:
     return ReportEntry(node, plan.variant.op, plan.variant.describe(), plan.kind, plan.via,
-                       tuple(plan.kernels()), device, plan.cost)
+                       tuple(kernels if kernels is not None else plan.kernels()), device, plan.cost)
 
 
 def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[dict[str, np.ndarray],
