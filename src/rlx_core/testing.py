@@ -6,7 +6,10 @@ The pieces are backend-agnostic and meant to be reused by every backend's test s
   concrete inputs and attributes, tagged with a *kind* (see :data:`KINDS`). Generation is driven by
   the schema (category, inputs, attributes, dtypes); the core ops get hand-written edge cases
   (broadcasting, empty and size-1 dims, negative axes and indices, NaN/Inf, integer wraparound),
-  plugin ops get a generic smoke case.
+  plugin ops get a generic smoke case. :func:`all_cases` defaults to the MIR ops;
+  :func:`hir_cases` gives the HIR ops' (every attention mask kind, norms over several axes, pools
+  with padding both ways, ...), whose tolerances allow for their decompositions (see
+  :func:`tolerance`). Whole-model graph tests live in :mod:`rlx_core.graphs`.
 * :func:`build_case_graph` makes the one-node :class:`~rlx_core.ir.graph.Graph` of a case.
 * :func:`tolerance` and :func:`compare` define what "correct" means (documented on each).
 * :func:`run_case` compiles a case on a :class:`~rlx_core.runtime.Session`, runs it, evaluates the
@@ -39,6 +42,7 @@ from .dtypes import ALL_DTYPES, DType
 from .errors import RLXError
 from .ir.graph import Graph
 from .ir.schema import REGISTRY, REQUIRED, OpSchema
+from .ir.types import normalize_axis
 
 Shape = tuple[int, ...]
 #: ``maker(rng, shape, dtype) -> array`` generates one operand in storage dtype.
@@ -762,6 +766,360 @@ def _gen_iota(c: _Cases) -> None:
         c.add("overflow", "overflow", [], {"shape": (300,), "axis": 0, "dtype": c.dtype})
 
 
+# -- HIR ops -----------------------------------------------------------------------------------
+# Inputs are O(1) unless the kind says otherwise; every generator runs for f16, bf16, f32 and f64.
+
+def _v_weights(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Signed values in [-1, 1]: weights and affine parameters."""
+    return _to(rng.uniform(-1.0, 1.0, shape), dt)
+
+
+def _v_zeros(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    return np.zeros(shape, dt.np)
+
+
+def _v_offset(offset: float, spread: float = 1.0) -> ValueFn:
+    """``offset + uniform(-spread, spread)``: a large mean over a small spread (stability cases)."""
+    def make(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+        return _to(offset + rng.uniform(-spread, spread, shape), dt)
+    return make
+
+
+def _v_mag(lo: float, hi: float) -> ValueFn:
+    """Magnitudes in [lo, hi] with random signs."""
+    def make(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+        return _to(rng.uniform(lo, hi, shape) * _signs(rng, shape), dt)
+    return make
+
+
+def _v_mag_pos(lo: float, hi: float) -> ValueFn:
+    """Uniform in [lo, hi] (no sign flips)."""
+    return lambda rng, shape, dt: _to(rng.uniform(lo, hi, shape), dt)
+
+
+#: NaN/Inf values whose effect through gelu and silu is defined: -inf is left out because
+#: ``x * sigmoid(x)`` and ``x * Phi(x)`` are ``-inf * 0`` (NaN) there, while the limit is 0.
+_SPECIALS_NO_NEG_INF = tuple(v for v in SPECIALS if v != -math.inf)
+
+
+def _v_special_no_neg_inf(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    flat = np.resize(np.asarray(_SPECIALS_NO_NEG_INF), math.prod(shape))
+    return _to(rng.permutation(flat).reshape(shape), dt)
+
+
+def _gen_activation(c: _Cases) -> None:
+    """relu, gelu, silu: elementwise, any rank."""
+    op = c.op
+    modes: list[tuple[str, dict[str, Any]]] = [("", {})]
+    if op == "gelu":
+        modes = [("", {"approximate": "none"}), ("tanh-", {"approximate": "tanh"})]
+    specials = v_special if op == "relu" else _v_special_no_neg_inf
+    for pre, attrs in modes:
+        for label, kind, vf, shape in [
+            ("basic", "basic", v_default, (3, 5)),
+            ("wide", "basic", _v_mag(0.0, 8.0), (4, 6)),  # the tails, where 1 + erf cancels
+            ("rank3", "basic", v_default, (2, 3, 4)),
+            ("scalar", "scalar", v_default, ()),
+            ("size0", "size0", v_default, (0, 3)),
+            ("size1", "size1", v_default, (1, 4, 1)),
+            ("large", "large", v_large, (3, 4)),
+            ("nan_inf", "nan_inf", specials, (2, 5)),
+        ]:
+            c.add(pre + label, kind, [("x", c.arr(vf, shape))], attrs)
+        c.add(pre + "noncontiguous", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True))], attrs)
+
+
+#: Softmax NaN/Inf rows: -inf entries (probability 0 / log-probability -inf) in rows that keep
+#: finite entries, and a NaN row (NaN propagates to the whole row); a finite control row.
+_SOFTMAX_SPECIAL = np.array([[-math.inf, 1.0, 2.0, -math.inf, 0.5],
+                             [-math.inf, -math.inf, -math.inf, -math.inf, 3.0],
+                             [0.25, math.nan, 1.0, -1.0, 2.0],
+                             [-1.0, 0.0, 1.5, -math.inf, -2.0]])
+
+
+def _gen_softmax(c: _Cases) -> None:
+    for label, kind, vf, shape, axis in [
+        ("basic", "basic", v_default, (3, 5), -1),
+        ("axis0", "basic", v_default, (4, 3), 0),
+        ("rank3_axis1", "basic", v_default, (2, 4, 3), 1),
+        ("axis_neg2", "negative_axis", v_default, (2, 4, 3), -2),
+        ("axis_neg3", "negative_axis", v_default, (3, 2, 4), -3),
+        ("vector", "basic", v_default, (7,), 0),
+        ("wide_logits", "basic", _v_mag(0.0, 12.0), (3, 16), -1),
+        ("long_axis", "basic", v_default, (2, 200), -1),
+        ("size1_axis", "size1", v_default, (3, 1), -1),  # softmax 1, log_softmax 0
+        ("size1_rows", "size1", v_default, (1, 1, 5), -1),
+        ("size0_rows", "size0", v_default, (0, 4), -1),
+        ("large", "large", _v_offset(1000.0, 5.0), (3, 6), -1),  # logits ~1e3: max subtraction
+        ("large_mixed", "large", _v_mag(500.0, 1000.0), (3, 6), -1),  # exp underflows to 0
+        ("nan_inf", "nan_inf", fixed(_SOFTMAX_SPECIAL), _SOFTMAX_SPECIAL.shape, -1),
+        ("nan_inf_axis0", "nan_inf", fixed(_SOFTMAX_SPECIAL.T), _SOFTMAX_SPECIAL.T.shape, 0),
+    ]:
+        c.add(label, kind, [("x", c.arr(vf, shape))], {"axis": axis})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True))], {"axis": -1})
+
+
+#: Norm NaN/Inf rows: a row holding NaN or +-Inf normalises to all NaN (its mean or variance is
+#: NaN/Inf); the other rows must be unaffected.
+_NORM_SPECIAL = np.array([[math.nan, 1.0, -1.0, 0.5],
+                          [math.inf, 1.0, 2.0, -3.0],
+                          [-math.inf, 0.0, 1.0, 2.0],
+                          [0.5, -1.5, 2.0, 1.0]])
+
+
+def _gen_layer_norm(c: _Cases) -> None:
+    """layer_norm and rms_norm: over the last axis, the last two (axis=-2 / 1), all of them."""
+    rms = c.op == "rms_norm"
+
+    def add(label: str, kind: str, vf: ValueFn, shape: Shape, axis: int, eps: float | None = None) -> None:
+        trailing = shape[normalize_axis(axis, len(shape)):]
+        ins = [("x", c.arr(vf, shape)), ("gamma", c.arr(_v_weights, trailing))]
+        if not rms:
+            ins.append(("beta", c.arr(_v_weights, trailing)))
+        attrs: dict[str, Any] = {"axis": axis}
+        if eps is not None:
+            attrs["eps"] = eps
+        c.add(label, kind, ins, attrs)
+
+    add("basic", "basic", v_default, (2, 3, 8), -1)
+    add("axis_neg2", "negative_axis", v_default, (2, 3, 4), -2)  # gamma/beta are (3, 4)
+    add("axis1", "basic", v_default, (2, 3, 4), 1)
+    add("axis0_all", "basic", v_default, (3, 4), 0)
+    add("vector", "basic", v_default, (16,), -1)
+    add("long_row", "basic", v_default, (2, 256), -1)
+    add("eps", "basic", _v_mag(0.0, 0.05), (3, 6), -1, eps=0.01)  # eps comparable to the variance
+    add("size1_rows", "size1", v_default, (1, 1, 6), -1)
+    add("size1_axis", "size1", v_default, (4, 1), -1)  # one element: x - mean is exactly 0
+    add("large", "large", _large_products(8), (3, 8), -1)  # sums of squares stay finite
+    if c.dtype in (DType.F32, DType.F64):
+        # A mean far from zero: E[x^2] - E[x]^2 would lose every digit; centring first keeps them.
+        # (Not for half types: a mean of 1000 stored in f16/bf16 is off by up to 0.25/2, so the
+        # centred values themselves are wrong; such a case tests nothing but its tolerance.)
+        add("large_offset", "large", _v_offset(1000.0), (3, 64), -1)
+    add("nan_inf", "nan_inf", fixed(_NORM_SPECIAL), _NORM_SPECIAL.shape, -1)
+    c.add("noncontiguous", "noncontiguous",
+          [("x", c.arr(v_default, (3, 4), nc=True)), ("gamma", c.arr(_v_weights, (4,), nc=True))]
+          + ([] if rms else [("beta", c.arr(_v_weights, (4,), nc=True))]), {"axis": -1})
+
+
+def _v_quarter_large(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """A quarter of :func:`v_large`: ``(x - mean) * inv`` (``|inv| < 2.2``) stays finite."""
+    return _to(0.25 * LARGE[dt] * rng.uniform(0.5, 1.0, shape) * _signs(rng, shape), dt)
+
+
+def _gen_batch_norm(c: _Cases) -> None:
+    def add(label: str, kind: str, vf: ValueFn, shape: Shape, eps: float | None = None) -> None:
+        ch = (shape[1],)
+        ins = [("x", c.arr(vf, shape)), ("scale", c.arr(_v_weights, ch)), ("bias", c.arr(_v_weights, ch)),
+               ("mean", c.arr(v_default, ch)), ("var", c.arr(_v_mag_pos(0.5, 2.0), ch))]
+        c.add(label, kind, ins, {} if eps is None else {"eps": eps})
+
+    add("rank2", "basic", v_default, (4, 3))
+    add("rank4", "basic", v_default, (2, 3, 4, 5))
+    add("rank3", "basic", v_default, (2, 4, 5))
+    add("eps", "basic", v_default, (2, 3, 2, 2), eps=0.5)
+    add("size1", "size1", v_default, (1, 1, 1, 1))
+    add("size1_channels", "size1", v_default, (2, 1, 3, 3))
+    add("size0_batch", "size0", v_default, (0, 3, 2, 2))
+    add("large", "large", _v_quarter_large, (2, 3, 2, 2))
+    add("nan_inf", "nan_inf", v_special, (2, 5, 2))
+    c.add("noncontiguous", "noncontiguous",
+          [("x", c.arr(v_default, (3, 4), nc=True)), ("scale", c.arr(_v_weights, (4,), nc=True)),
+           ("bias", c.arr(_v_weights, (4,))), ("mean", c.arr(v_default, (4,))),
+           ("var", c.arr(_v_mag_pos(0.5, 2.0), (4,)))], {})
+
+
+def _gen_linear(c: _Cases) -> None:
+    for label, kind, sx, out, bias in [
+        ("basic", "basic", (3, 4), 5, _v_weights),
+        ("zero_bias", "basic", (3, 4), 5, _v_zeros),  # a layer without bias
+        ("rank3", "basic", (2, 3, 4), 6, _v_weights),
+        ("rank4", "basic", (2, 2, 3, 5), 3, _v_weights),
+        ("vector", "basic", (4,), 3, _v_weights),
+        ("long_k", "basic", (2, 128), 4, _v_weights),
+        ("size1", "size1", (1, 1), 1, _v_weights),
+        ("size1_out", "size1", (3, 4), 1, _v_weights),
+        ("size0_batch", "size0", (0, 4), 3, _v_weights),
+    ]:
+        c.add(label, kind, [("x", c.arr(v_default, sx)), ("w", c.arr(v_default, (out, sx[-1]))),
+                            ("b", c.arr(bias, (out,)))])
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_default, (3, 4), nc=True)),
+                                             ("w", c.arr(v_default, (5, 4), nc=True)),
+                                             ("b", c.arr(_v_weights, (5,)))])
+    big = _large_products(4)
+    c.add("large", "large", [("x", c.arr(big, (3, 4))), ("w", c.arr(big, (5, 4))),
+                             ("b", c.arr(_v_weights, (5,)))])
+    # NaN in row 0 and +Inf in row 1 against positive weights and bias: NaN and +Inf rows.
+    c.add("nan_inf", "nan_inf", [("x", c.arr(_nan_inf_rows, (3, 4))), ("w", c.arr(_v_pos_unit, (2, 4))),
+                                 ("b", c.arr(_v_pos_unit, (2,)))])
+
+
+def _gen_conv2d_bias(c: _Cases) -> None:
+    for label, kind, sx, sw, attrs in [
+        ("basic", "basic", (1, 2, 5, 5), (3, 2, 3, 3), {}),
+        ("batch2", "basic", (2, 3, 6, 6), (4, 3, 3, 3), {"pads": (1, 1, 1, 1)}),
+        ("strided", "basic", (1, 2, 7, 6), (2, 2, 3, 3), {"strides": (2, 2)}),
+        ("strided_padded", "basic", (2, 2, 6, 6), (3, 2, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        ("asym_pads_strides", "basic", (1, 1, 5, 6), (2, 1, 3, 2), {"pads": (0, 1, 2, 0), "strides": (2, 1)}),
+        ("dilated", "basic", (1, 2, 7, 7), (2, 2, 3, 3), {"dilations": (2, 2), "pads": (2, 2, 2, 2)}),
+        ("groups", "basic", (2, 4, 5, 5), (4, 2, 3, 3), {"groups": 2}),
+        ("depthwise", "basic", (1, 3, 4, 4), (6, 1, 3, 3), {"groups": 3, "pads": (1, 1, 1, 1)}),
+        ("size1_kernel", "size1", (1, 2, 3, 3), (3, 2, 1, 1), {}),
+        ("size1_spatial", "size1", (1, 2, 1, 1), (3, 2, 1, 1), {}),
+    ]:
+        c.add(label, kind, [("x", c.arr(v_default, sx)), ("w", c.arr(v_default, sw)),
+                            ("b", c.arr(_v_weights, (sw[0],)))], attrs)
+    c.add("zero_bias", "basic", [("x", c.arr(v_default, (1, 2, 4, 4))), ("w", c.arr(v_default, (2, 2, 3, 3))),
+                                 ("b", c.arr(_v_zeros, (2,)))], {"pads": (1, 1, 1, 1)})
+    big = _large_products(2 * 3 * 3)
+    c.add("large", "large", [("x", c.arr(big, (1, 2, 5, 5))), ("w", c.arr(big, (3, 2, 3, 3))),
+                             ("b", c.arr(_v_weights, (3,)))])
+    # One NaN and one +Inf pixel against positive weights: NaN/+Inf exactly where windows see them.
+    c.add("nan_inf", "nan_inf", [("x", c.arr(_nan_inf_rows, (1, 1, 5, 5))),
+                                 ("w", c.arr(_v_pos_unit, (2, 1, 2, 2))), ("b", c.arr(_v_pos_unit, (2,)))])
+
+
+#: Pool NaN/Inf input: NaN, +Inf, -Inf (and +Inf beside -Inf) in different windows.
+_POOL_SPECIAL = np.array([[math.nan, 1.0, 2.0, -1.0, 0.5, 1.5],
+                          [0.0, -2.0, math.inf, 1.0, -math.inf, 2.0],
+                          [1.0, 3.0, -1.0, -2.0, 0.25, -0.5],
+                          [2.0, -math.inf, 0.5, math.inf, -1.0, 1.0]]).reshape(1, 1, 4, 6)
+
+
+def _gen_pool(c: _Cases) -> None:
+    avg = c.op == "avg_pool2d"
+    cases: list[tuple[str, str, ValueFn, Shape, dict[str, Any]]] = [
+        ("k2", "basic", v_default, (2, 3, 4, 6), {"kernel": (2, 2)}),
+        ("k3_s1", "basic", v_default, (1, 2, 5, 5), {"kernel": (3, 3), "strides": (1, 1)}),
+        ("k3_s2", "basic", v_default, (1, 2, 7, 6), {"kernel": (3, 3), "strides": (2, 2)}),
+        ("k2x3_s1x2", "basic", v_default, (2, 1, 5, 7), {"kernel": (2, 3), "strides": (1, 2)}),
+        ("pad1_k3_s2", "basic", v_default, (1, 2, 6, 6), {"kernel": (3, 3), "strides": (2, 2),
+                                                          "pads": (1, 1, 1, 1)}),
+        ("asym_pads", "basic", v_default, (1, 2, 5, 4), {"kernel": (2, 3), "strides": (1, 1),
+                                                         "pads": (0, 1, 1, 2)}),
+        # Every value negative: padding must never win (max) / count (exclusive average).
+        ("negative_padded", "basic", _v_mag_pos(-3.0, -0.5), (1, 1, 4, 4),
+         {"kernel": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
+        ("size1_kernel", "size1", v_default, (1, 2, 3, 3), {"kernel": (1, 1)}),
+        ("size1_output", "size1", v_default, (1, 1, 3, 3), {"kernel": (3, 3)}),
+        ("large", "large", v_large, (1, 2, 4, 4), {"kernel": (2, 2)}),
+        ("nan_inf", "nan_inf", fixed(_POOL_SPECIAL), _POOL_SPECIAL.shape, {"kernel": (2, 2)}),
+    ]
+    for label, kind, vf, shape, attrs in cases:
+        padded = any(attrs.get("pads", (0,)))
+        variants = [("", {})]
+        if avg and padded:
+            variants = [("-include_pad", {"count_include_pad": True}),
+                        ("-exclude_pad", {"count_include_pad": False})]
+        for suffix, extra in variants:
+            c.add(label + suffix, kind, [("x", c.arr(vf, shape))], {**attrs, **extra})
+    if avg:  # the flag must not matter without padding
+        c.add("k2-exclude_pad", "basic", [("x", c.arr(v_default, (2, 3, 4, 6)))],
+              {"kernel": (2, 2), "count_include_pad": False})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_default, (1, 2, 4, 4), nc=True))],
+          {"kernel": (2, 2)})
+
+
+def _gen_embedding(c: _Cases) -> None:
+    """Cases per float *table* dtype; the ids are i32 or i64 (the schema's int dtypes name the ids)."""
+    if not c.dtype.is_float:
+        return
+    i64, i32 = DType.I64, DType.I32
+    for label, kind, st, ids, si, idt in [
+        ("basic", "basic", (10, 4), _rand_idx(0, 10), (5,), i64),
+        ("ids_2d", "basic", (10, 4), _rand_idx(0, 10), (2, 3), i64),
+        ("i32_ids", "basic", (10, 4), _rand_idx(0, 10, i32), (2, 3), i32),
+        ("dups", "basic", (6, 3), _idx([2, 2, 0, 2, 5]), (5,), i64),
+        ("negative_ids", "negative_index", (10, 4), _idx([-1, -10, 3, -4]), (4,), i64),
+        ("negative_i32_ids", "negative_index", (7, 2), _idx([[-7, 6], [0, -1]], i32), (2, 2), i32),
+        ("scalar_id", "scalar", (10, 4), _idx(3), (), i64),
+        ("size0_ids", "size0", (10, 4), _idx([], i64), (0,), i64),
+        ("size1_table", "size1", (1, 5), _idx([0, 0, -1]), (3,), i64),
+    ]:
+        c.add(label, kind, [("table", c.arr(v_default, st)), ("ids", c.arr(ids, si, idt))])
+    c.add("noncontiguous", "noncontiguous", [("table", c.arr(v_default, (6, 4), nc=True)),
+                                             ("ids", c.arr(_rand_idx(0, 6), (4,), i64, nc=True))])
+    c.add("nan_inf", "nan_inf", [("table", c.arr(v_special, (5, 2))),
+                                 ("ids", c.arr(_idx([0, 4, 2, 1]), (4,)))])
+    c.add("large", "large", [("table", c.arr(v_large, (5, 3))), ("ids", c.arr(_idx([4, 0, 3]), (3,)))])
+
+
+def _mask(values: Any, dt: DType) -> ValueFn:
+    return lambda rng, shape, _: np.asarray(values).astype(dt.np).reshape(shape)
+
+
+def _v_neg_inf_bias(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """An O(1) bias with -inf on about a third of the entries but never a whole row: masked keys."""
+    x = rng.uniform(-1.0, 1.0, shape)
+    hide = rng.random(shape) < 0.35
+    hide[..., 0] = False  # key 0 stays visible in every row
+    return _to(np.where(hide, -math.inf, x), dt)
+
+
+def _gen_attention(c: _Cases) -> None:
+    """Every mask kind, rank 3 (B, S, D) and rank 4 (B, H, S, D), Sq != Sk, explicit scales."""
+    dt = c.dtype
+    vf = v_default
+
+    def add(label: str, kind: str, sq: Shape, sk: Shape, attrs: dict[str, Any],
+            mask: tuple[ValueFn, Shape, DType] | None = None, qk: ValueFn = vf,
+            dv: int | None = None) -> None:
+        sv = (*sk[:-1], dv) if dv is not None else sk
+        ins = [("q", c.arr(qk, sq)), ("k", c.arr(qk, sk)), ("v", c.arr(vf, sv))]
+        if mask is not None:
+            ins.append(("mask", c.arr(mask[0], mask[1], mask[2])))
+        c.add(label, kind, ins, attrs)
+
+    r4q, r4k = (2, 2, 3, 4), (2, 2, 5, 4)  # Sq=3 != Sk=5
+    r3q, r3k = (2, 3, 4), (2, 5, 4)
+    sq4 = (2, 2, 4, 4)
+    none = {"mask": "none"}
+    add("none_rank4", "basic", r4q, r4k, none)
+    add("none_rank3", "basic", r3q, r3k, none)
+    add("none_self", "basic", sq4, sq4, none)
+    add("none_dv6", "basic", r3q, r3k, none, dv=6)  # v's head dim differs from q/k's
+    add("none_scale", "basic", r4q, r4k, {"mask": "none", "scale": 0.3})
+    add("none_long_k", "basic", (1, 2, 2, 8), (1, 2, 64, 8), none)
+    add("causal_rank4", "basic", sq4, sq4, {"mask": "causal"})
+    add("causal_rank3", "basic", (2, 5, 4), (2, 5, 4), {"mask": "causal"})
+    add("causal_sq_lt_sk", "basic", r4q, r4k, {"mask": "causal"})  # top-left aligned
+    add("causal_sq_gt_sk", "basic", (2, 5, 4), (2, 3, 4), {"mask": "causal"})
+    add("causal_scale", "basic", (1, 2, 4, 8), (1, 2, 4, 8), {"mask": "causal", "scale": 1.0})
+    add("sliding_window2_rank4", "basic", (2, 2, 5, 4), (2, 2, 5, 4), {"mask": "sliding_window", "window": 2})
+    add("sliding_window2_rank3", "basic", (2, 6, 4), (2, 6, 4), {"mask": "sliding_window", "window": 2})
+    add("sliding_window1", "basic", (1, 4, 4), (1, 4, 4), {"mask": "sliding_window", "window": 1})
+    add("sliding_window_wide", "basic", r4q, r4k, {"mask": "sliding_window", "window": 8})
+    bias = {"mask": "bias"}
+    add("bias_b1qk", "broadcast", r4q, r4k, bias, (vf, (2, 1, 3, 5), dt))  # (B, 1, Sq, Sk)
+    add("bias_qk_rank4", "broadcast", r4q, r4k, bias, (vf, (3, 5), dt))  # (Sq, Sk)
+    add("bias_qk_rank3", "broadcast", r3q, r3k, bias, (vf, (3, 5), dt))
+    add("bias_full_rank4", "basic", r4q, r4k, bias, (vf, (2, 2, 3, 5), dt))
+    add("bias_full_rank3", "basic", r3q, r3k, bias, (vf, (2, 3, 5), dt))
+    add("bias_scale", "broadcast", r4q, r4k, {"mask": "bias", "scale": 0.125}, (vf, (1, 1, 1, 5), dt))
+    pad = {"mask": "padding"}
+    keep = [[True, True, False, True, False], [False, False, False, False, False]]  # batch 1 fully masked
+    add("padding_bool_rank4", "basic", r4q, r4k, pad, (_mask(keep, DType.BOOL), (2, 5), DType.BOOL))
+    add("padding_bool_rank3", "basic", r3q, r3k, pad, (_mask(keep, DType.BOOL), (2, 5), DType.BOOL))
+    keep_int = [[1, 0, 1, 1, 1], [0, 0, 0, 0, 0]]
+    add("padding_i64_rank4", "basic", r4q, r4k, pad, (_mask(keep_int, DType.I64), (2, 5), DType.I64))
+    add("padding_i32_rank3", "basic", r3q, r3k, pad, (_mask(keep_int, DType.I32), (2, 5), DType.I32))
+    add("padding_float", "basic", r4q, r4k, pad, (_mask([[1, 1, 1, 0, 0], [0, 2, 0, 1, 0]], dt), (2, 5), dt))
+    add("padding_scale", "basic", sq4, (2, 2, 5, 4), {"mask": "padding", "scale": 0.5},
+        (_mask([[0, 1, 1, 1, 1], [1, 0, 0, 0, 0]], DType.I64), (2, 5), DType.I64))
+    add("size1", "size1", (1, 1, 1, 4), (1, 1, 1, 4), none)
+    add("size1_causal", "size1", (1, 1, 4), (1, 1, 4), {"mask": "causal"})
+    add("size1_head_dim", "size1", (2, 3, 1), (2, 5, 1), none)
+    add("size0_batch", "size0", (0, 2, 3, 4), (0, 2, 5, 4), none)
+    c.add("noncontiguous", "noncontiguous", [("q", c.arr(vf, (2, 3, 4), nc=True)),
+                                             ("k", c.arr(vf, (2, 5, 4), nc=True)),
+                                             ("v", c.arr(vf, (2, 5, 4), nc=True))], none)
+    # Scores of a few hundred: softmax must subtract the row max (exp(300) overflows f32).
+    add("large", "large", (1, 2, 3, 8), (1, 2, 5, 8), none, qk=_v_mag(5.0, 10.0))
+    add("large_causal", "large", (1, 2, 4, 8), (1, 2, 4, 8), {"mask": "causal"}, qk=_v_mag(5.0, 10.0))
+    add("nan_inf", "nan_inf", r4q, r4k, bias, (_v_neg_inf_bias, (2, 1, 3, 5), dt))
+    add("nan_inf_rank3", "nan_inf", r3q, r3k, bias, (_v_neg_inf_bias, (3, 5), dt))
+
+
 # -- fallback for ops without a dedicated generator (plugin ops) -----------------------------
 
 def _operand_names(schema: OpSchema) -> list[str]:
@@ -789,7 +1147,7 @@ def _gen_generic(c: _Cases, schema: OpSchema) -> None:
         c.add("generic", "basic", [(n, c.arr(vf, (2, 3))) for n in _operand_names(schema)])
 
 
-#: Dedicated generators of the core MIR ops.
+#: Dedicated generators of the core MIR and HIR ops.
 GENERATORS: dict[str, Callable[[_Cases], None]] = {
     "where": _gen_where, "cast": _gen_cast, "argmax": _gen_arg, "argmin": _gen_arg,
     "matmul": _gen_matmul, "conv2d": _gen_conv2d, "cumsum": _gen_cumsum, "reshape": _gen_reshape,
@@ -802,6 +1160,13 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
                                  "logical_not")},
     **{op: _gen_binary for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                   "logical_and", "logical_or", "logical_xor", *sorted(_COMPARE))},
+    # HIR ops
+    "attention": _gen_attention, "linear": _gen_linear, "conv2d_bias": _gen_conv2d_bias,
+    "batch_norm": _gen_batch_norm, "embedding": _gen_embedding,
+    **{op: _gen_activation for op in ("relu", "gelu", "silu")},
+    **{op: _gen_softmax for op in ("softmax", "log_softmax")},
+    **{op: _gen_layer_norm for op in ("layer_norm", "rms_norm")},
+    **{op: _gen_pool for op in ("max_pool2d", "avg_pool2d")},
 }
 
 
@@ -848,6 +1213,13 @@ def all_cases(schemas: Iterable[OpSchema | str] | None = None, dtypes: Iterable[
     return out
 
 
+def hir_cases(dtypes: Iterable[DType | str] | None = None, rng_seed: int = 0) -> list[OpCase]:
+    """Cases for every core HIR op (:data:`rlx_core.ir.hir.HIR_OPS`), like :func:`all_cases`."""
+    from .ir.hir import HIR_OPS
+
+    return all_cases(HIR_OPS, dtypes, rng_seed)
+
+
 def build_case_graph(case: OpCase) -> Graph:
     """A graph with the case's arrays as inputs (same names, dtypes, shapes) and one node."""
     from .ir.builder import GraphBuilder
@@ -872,7 +1244,8 @@ EXACT_OPS: frozenset[str] = frozenset({
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
     "logical_not", "logical_and", "logical_or", "logical_xor",
     "neg", "abs", "sign", "floor", "ceil", "round", "maximum", "minimum",
-    "reduce_max", "reduce_min", "argmax", "argmin"})
+    "reduce_max", "reduce_min", "argmax", "argmin",
+    "relu", "max_pool2d", "embedding"})  # HIR: max(x, 0), a window's max, a table row
 #: Ops computed by library functions that are accurate to a few ulps, not correctly rounded.
 LIBRARY_OPS: frozenset[str] = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "pow",
                                          "rsqrt"})
@@ -884,6 +1257,27 @@ ACCUMULATING_OPS: frozenset[str] = frozenset({"reduce_sum", "reduce_prod", "redu
 LIBRARY_ULPS = 8
 #: Ops whose complex form is still exact or correctly rounded per component.
 _COMPLEX_EXACT_ARITH = frozenset({"add", "sub", "cast", "reduce_sum", "cumsum", "scatter_add"})
+
+#: Inexact HIR ops: the storage roundings ``D`` on the longest chain of the core decomposition
+#: (each MIR step of it rounds its result to the op's dtype; see :func:`tolerance`). ``linear``:
+#: matmul, add. ``conv2d_bias``: conv2d, add. ``attention``: q*scale, q@k^T, +bias, -max, exp, sum,
+#: divide, @v. ``layer_norm``: mean, x-mean, square, mean, +eps, rsqrt, two products, +beta.
+#: ``rms_norm``: square, mean, +eps, rsqrt, two products. ``batch_norm``: +eps, rsqrt, *scale,
+#: x-mean, *inv, +bias. ``gelu`` (tanh form, the longer): x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh,
+#: +1, 0.5*x, product. ``silu``: sigmoid, product. ``softmax``: -max, exp, sum, divide.
+#: ``log_softmax``: -max, exp, sum, log, subtract. ``avg_pool2d``: the divide (its tap sum is below).
+HIR_ROUNDINGS: Mapping[str, int] = {
+    "linear": 2, "conv2d_bias": 2, "attention": 8, "layer_norm": 9, "rms_norm": 6, "batch_norm": 6,
+    "gelu": 9, "silu": 2, "softmax": 4, "log_softmax": 5, "avg_pool2d": 1}
+#: HIR ops that sum ``k`` terms per output in compute precision (f32 for half types).
+HIR_ACCUMULATING: frozenset[str] = frozenset({"linear", "conv2d_bias", "attention", "layer_norm",
+                                              "rms_norm", "softmax", "log_softmax"})
+#: HIR ops whose core decomposition sums ``k`` terms with one storage rounding per addition
+#: (``avg_pool2d`` adds its kernel taps pairwise as separate MIR ``add`` nodes).
+HIR_STORAGE_ACCUMULATING: frozenset[str] = frozenset({"avg_pool2d"})
+#: HIR ops that call library functions (exp, log, erf, tanh, sigmoid, rsqrt).
+HIR_LIBRARY: frozenset[str] = frozenset({"attention", "layer_norm", "rms_norm", "batch_norm", "gelu",
+                                         "silu", "softmax", "log_softmax"})
 
 
 def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
@@ -917,6 +1311,23 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
 
     This gives f16 ``(1.95e-3, 9.8e-4)``, bf16 ``(1.56e-2, 7.8e-3)``, f32 ``(3.6e-7, 1.2e-7)``
     (``1.2e-6`` relative for library functions), f64 ``(6.7e-16, 2.2e-16)`` for elementwise ops.
+
+    **HIR ops** (:data:`HIR_ROUNDINGS`) may run natively (one rounding) or through their core
+    decomposition, whose MIR steps each compute in f32 for half types but store their result in the
+    op's dtype. So a chain of ``D`` storage roundings is allowed, and because some steps amplify
+    earlier errors (``exp`` turns an absolute score error into a relative one, ``x - mean`` cancels),
+    ``scale`` is the op's *condition*: the magnitude the absolute error is proportional to, which
+    :func:`accumulation` computes from the inputs (for ``attention`` ``(1 + 2*max|scores|) * max|v|``,
+    for norms ``max(|x_hat| + |mean|/sigma) * |gamma| + |beta|``, ``1`` for softmax, ``max |x|`` for
+    gelu/silu; see there). With ``a = k*c`` for :data:`HIR_ACCUMULATING` ops (a reduction of ``k``
+    terms: dot products, norm statistics, softmax sums), ``a = k*e`` for
+    :data:`HIR_STORAGE_ACCUMULATING` ones and ``a = 0`` otherwise:
+
+      - ``rtol = 2e + L*c + D*e + a`` (``L`` as above; :data:`HIR_LIBRARY` ops use library functions)
+      - ``atol = (D*e + a) * scale``
+
+    For f32/f64 ``e == c``, so this is the same bound in compute precision. ``relu``,
+    ``max_pool2d`` and ``embedding`` are exact (:data:`EXACT_OPS`).
     """
     dt = DType.parse(dtype)
     sdt = DType.parse(src) if src is not None else dt
@@ -927,6 +1338,11 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
         return 0.0, 0.0
     e = EPS[dt]
     c = min(e, EPS[DType.F32])
+    if op in HIR_ROUNDINGS:
+        chain = HIR_ROUNDINGS[op] * e / 2  # D roundings of at most half an ulp each
+        lib = LIBRARY_ULPS if op in HIR_LIBRARY else 1
+        acc = k * e if op in HIR_STORAGE_ACCUMULATING else k * c if op in HIR_ACCUMULATING else 0.0
+        return 2 * e + lib * c + chain + acc, (chain + acc) * scale
     library = op in LIBRARY_OPS or (complex_op and op not in _COMPLEX_EXACT_ARITH)
     rtol = 2 * e + (LIBRARY_ULPS if library else 1) * c
     if op in ACCUMULATING_OPS:
@@ -949,7 +1365,16 @@ def compare(got: Any, want_ref: np.ndarray, dtype: DType | str, op: str, *, k: i
     complex); finite elements must satisfy :func:`tolerance`. ``k``, ``scale`` and ``src`` are
     passed to :func:`tolerance`.
     """
+    rtol, atol = tolerance(dtype, op, k=k, scale=scale, src=src)
+    return compare_values(got, want_ref, dtype, op, rtol=rtol, atol=atol)
+
+
+def compare_values(got: Any, want_ref: np.ndarray, dtype: DType | str, label: str, *, rtol: float,
+                   atol: float) -> str | None:
+    """:func:`compare` with explicit tolerances (graph tests compute their own); ``label`` starts
+    the message. Integer and bool results are compared exactly whatever the tolerances."""
     dt = DType.parse(dtype)
+    op = label
     if not isinstance(got, np.ndarray):
         return f"{op}: result is a {type(got).__name__}, expected a numpy ndarray"
     want = np.asarray(want_ref)
@@ -983,7 +1408,6 @@ def compare(got: Any, want_ref: np.ndarray, dtype: DType | str, op: str, *, k: i
             return (f"{op}[{dt}]: Inf mismatch{what} at {int(inf_bad.sum())} element(s), first "
                     f"{_fmt_index(i)}: got {g[i]}, expected {w[i]}")
     finite = np.isfinite(g) & np.isfinite(w)
-    rtol, atol = tolerance(dt, op, k=k, scale=scale, src=src)
     with np.errstate(all="ignore"):
         err = np.where(finite, np.abs(g - w), 0.0)
         bound = atol + rtol * np.abs(w)
@@ -1010,12 +1434,19 @@ def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
     operands keep their sign), which is exactly ``sum |terms|`` per output for sums, means, dot
     products, convolutions, cumulative and scatter sums (and ``prod |x|`` for products).
     Non-finite values are ignored: those outputs are compared exactly anyway.
+
+    HIR ops have their own rules (:data:`HIR_CONDITION`): ``k`` is the reduction length and
+    ``scale`` the magnitude their absolute error is proportional to (see :func:`tolerance`).
     """
-    if case.op not in ACCUMULATING_OPS:
+    if case.op not in ACCUMULATING_OPS and case.op not in HIR_CONDITION:
         return 1, 1.0
     from .ir.reference import to_reference
 
     graph = graph or build_case_graph(case)
+    if case.op in HIR_CONDITION:
+        ins = dict(case.inputs)
+        refs = [to_reference(ins[v.name], v.type.dtype) for v in graph.inputs]
+        return hir_condition(case.op, refs, graph.nodes[0].attrs)
     node = graph.nodes[0]
     ins = dict(case.inputs)
     shapes = {n: a.shape for n, a in case.inputs}
@@ -1050,6 +1481,129 @@ def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
     return max(k, 1), float(mag.max()) if mag.size else 0.0
 
 
+def _finite_max(x: Any, default: float = 0.0) -> float:
+    a = np.abs(np.asarray(x, np.float64))
+    a = a[np.isfinite(a)]
+    return float(a.max()) if a.size else default
+
+
+def _abs_finite(x: np.ndarray) -> np.ndarray:
+    """``|x|`` with non-finite entries zeroed (their outputs are compared exactly)."""
+    a = np.abs(np.asarray(x, np.float64))
+    return np.where(np.isfinite(a), a, 0.0)
+
+
+def _cond_linear(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    x, w, b = (_abs_finite(a) for a in xs)
+    return w.shape[1] + 1, _finite_max(np.matmul(x, w.T) + b)
+
+
+def _cond_conv2d_bias(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    x, w, b = (_abs_finite(a) for a in xs)
+    _, cg, kh, kw = w.shape
+    return cg * kh * kw + 1, _finite_max(REGISTRY.get("conv2d_bias").reference([x, w, b], attrs)[0])
+
+
+def _cond_attention(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """``(1 + 0.75 * max S) * max|v|`` with ``S = |q| @ |k|^T * |scale| + |bias|``.
+
+    Every rounding perturbs the output by at most half an ulp of ``max|v|`` (the weights sum to 1),
+    but three of attention's eight (``q*scale``, the scores, ``+bias``) perturb the *scores*, by up
+    to half an ulp of ``S`` each, and softmax turns an absolute score error into a relative weight
+    error, doubled by the max subtraction: ``2 * 3/8 = 0.75`` of the chain per unit of ``S``."""
+    from .ir.hir import _attention_scale
+
+    q, k, v = (_abs_finite(a) for a in xs[:3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * abs(_attention_scale(attrs, q.shape[-1]))
+    if attrs["mask"] == "bias":
+        s = s + _abs_finite(xs[3])
+    return q.shape[-1] + k.shape[-2], (1.0 + 0.75 * _finite_max(s)) * _finite_max(v)
+
+
+def _norm_stats(x: np.ndarray, attrs: Any) -> tuple[tuple[int, ...], int]:
+    axes = tuple(range(normalize_axis(int(attrs["axis"]), x.ndim), x.ndim))
+    return axes, math.prod(x.shape[a] for a in axes)
+
+
+def _cond_layer_norm(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """``|x_hat| * |gamma| + |beta|``, plus ``|mean| / sigma * |gamma|`` when the mean is a rounded sum
+    of several terms: its error shifts every centred value (the cancellation in ``x - mean``)."""
+    x, gamma, beta = (np.asarray(a, np.float64) for a in xs)
+    axes, n = _norm_stats(x, attrs)
+    if x.size == 0:
+        return max(n, 1), 1.0
+    with np.errstate(all="ignore"):
+        mean = x.mean(axis=axes, keepdims=True)
+        sigma = np.sqrt(x.var(axis=axes, keepdims=True) + float(attrs["eps"]))
+        xhat = np.abs(x - mean) / sigma + (np.abs(mean) / sigma if n > 1 else 0.0)
+        mag = xhat * _abs_finite(gamma) + _abs_finite(beta)
+    return max(n, 1), _finite_max(mag, 1.0)
+
+
+def _cond_rms_norm(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    x, gamma = (np.asarray(a, np.float64) for a in xs)
+    axes, n = _norm_stats(x, attrs)
+    if x.size == 0:
+        return max(n, 1), 1.0
+    with np.errstate(all="ignore"):
+        rms = np.sqrt((x * x).mean(axis=axes, keepdims=True) + float(attrs["eps"]))
+        mag = np.abs(x) / rms * _abs_finite(gamma)
+    return max(n, 1), _finite_max(mag, 1.0)
+
+
+def _cond_batch_norm(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """``(|x| + |mean|) * |inv| + |bias|``: the cancellation in ``x - mean`` and ``... + bias``."""
+    x, scale, bias, mean, var = (np.asarray(a, np.float64) for a in xs)
+    view = (1, -1) + (1,) * (x.ndim - 2)
+    with np.errstate(all="ignore"):
+        inv = np.abs(scale) / np.sqrt(var + float(attrs["eps"]))
+        mag = ((_abs_finite(x) + np.abs(mean).reshape(view)) * inv.reshape(view)
+               + np.abs(bias).reshape(view))
+    return 1, _finite_max(mag, 1.0)
+
+
+def _cond_softmax(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """Probabilities are at most 1, and an absolute error ``d`` in ``x - max`` changes a probability
+    ``p`` by ``p * d``, where ``p * |x - max| <= 1/e``: the scale is 1."""
+    x = xs[0]
+    return max(int(x.shape[normalize_axis(int(attrs["axis"]), x.ndim)]), 1), 1.0
+
+
+def _cond_log_softmax(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """``log(sum exp(x - max))`` lies in ``[0, log k]``; its error is absolute (the sum's relative
+    error); ``x - max`` is covered by rtol as ``|output| >= |x - max|``."""
+    k, _ = _cond_softmax(xs, attrs)
+    return k, 1.0 + math.log(k)
+
+
+def _cond_elementwise(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """gelu, silu: ``x * f(x)`` with ``f`` near 0 through cancellation (``1 + erf`` for x << 0):
+    the absolute error is proportional to ``|x|``."""
+    return 1, max(1.0, _finite_max(xs[0]))
+
+
+def _cond_avg_pool(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    kh, kw = attrs["kernel"]
+    return kh * kw, _finite_max(REGISTRY.get("avg_pool2d").reference([_abs_finite(xs[0])], attrs)[0])
+
+
+#: ``(k, scale)`` per inexact HIR op from its float64 inputs and attributes (see :func:`tolerance`).
+HIR_CONDITION: Mapping[str, Callable[[Sequence[np.ndarray], Any], tuple[int, float]]] = {
+    "linear": _cond_linear, "conv2d_bias": _cond_conv2d_bias, "attention": _cond_attention,
+    "layer_norm": _cond_layer_norm, "rms_norm": _cond_rms_norm, "batch_norm": _cond_batch_norm,
+    "softmax": _cond_softmax, "log_softmax": _cond_log_softmax, "gelu": _cond_elementwise,
+    "silu": _cond_elementwise, "avg_pool2d": _cond_avg_pool}
+
+
+def hir_condition(op: str, inputs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
+    """``(k, scale)`` of an inexact HIR op for :func:`tolerance`, from its (float64) inputs."""
+    fn = HIR_CONDITION.get(op)
+    if fn is None:
+        return 1, 1.0
+    with np.errstate(all="ignore"):
+        return fn(inputs, REGISTRY.get(op).check_attrs(attrs, f"hir_condition({op})"))
+
+
 def run_case(case: OpCase, session: Any) -> CaseResult:
     """Compile ``case`` on ``session``, run it, and compare every output with the reference.
 
@@ -1067,17 +1621,27 @@ def run_case(case: OpCase, session: Any) -> CaseResult:
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
             graph = build_case_graph(case)
-            exe = session.compile(graph)
-            if exe.report is not None:
-                path = ",".join(dict.fromkeys(e.path for e in exe.report.entries))
-            got = exe.run(case.feed())
         except Exception as e:
-            return result("error", f"{type(e).__name__}: {e}", path)
+            return result("error", f"building the case graph failed: {type(e).__name__}: {e}")
+        # The oracle runs first, on private copies: a backend that mutates its inputs can neither
+        # corrupt the reference nor go unnoticed (the feed is checked afterwards).
         try:
-            want = evaluate(graph, case.feed())
+            want = evaluate(graph, {k: np.array(v, copy=True) for k, v in case.feed().items()})
             k, scale = accumulation(case, graph)
         except Exception as e:
             return result("error", f"reference failed: {type(e).__name__}: {e}", path)
+        feed = case.feed()
+        before = {n: np.array(v, copy=True) for n, v in feed.items()}
+        try:
+            exe = session.compile(graph)
+            if exe.report is not None:
+                path = ",".join(dict.fromkeys(e.path for e in exe.report.entries))
+            got = exe.run(feed)
+        except Exception as e:
+            return result("error", f"{type(e).__name__}: {e}", path)
+        for n, v in feed.items():
+            if not np.array_equal(np.asarray(v), before[n], equal_nan=True):
+                return result("failed", f"the backend modified the caller's input {n!r}", path)
     src = DType.parse(case.inputs[0][1].dtype) if case.inputs else None
     problems = []
     for name in graph.outputs:
@@ -1092,6 +1656,8 @@ def run_case(case: OpCase, session: Any) -> CaseResult:
     return result("passed", "", path)
 
 
-__all__ = ["ACCUMULATING_OPS", "EPS", "EXACT_OPS", "GENERATORS", "KINDS", "LARGE", "LIBRARY_OPS",
+__all__ = ["ACCUMULATING_OPS", "EPS", "EXACT_OPS", "GENERATORS", "HIR_ACCUMULATING", "HIR_CONDITION",
+           "HIR_LIBRARY", "HIR_ROUNDINGS", "HIR_STORAGE_ACCUMULATING", "KINDS", "LARGE", "LIBRARY_OPS",
            "SPECIALS", "CaseResult", "OpCase", "accumulation", "all_cases", "build_case_graph",
-           "cases_for", "compare", "run_case", "tolerance"]
+           "cases_for", "compare", "compare_values", "hir_cases", "hir_condition", "run_case",
+           "tolerance"]

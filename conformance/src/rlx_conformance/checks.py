@@ -84,6 +84,46 @@ def _op_check(case: Any) -> Callable[[Context], Outcome]:
     return run
 
 
+def _twice_check(case: Any) -> Callable[[Context], Outcome]:
+    """The op applied twice to the same inputs: a kernel that writes into an input it does not own
+    (not planned in place) makes the second result wrong."""
+    def run(ctx: Context) -> Outcome:
+        from rlx_core.testing import accumulation, build_case_graph, compare
+
+        single = build_case_graph(case)
+        node = single.nodes[0]
+        g = GraphBuilder(f"{single.name}_twice")
+        ins = [g.input(v.name, v.type.dtype, v.type.shape) for v in single.inputs]
+        for p in single.params:
+            ins.append(g.param(p.name, single.weights[p.name]))
+        by = {t.name: t for t in ins}
+        args = [by[i] for i in node.inputs]
+        y1 = g.op(node.op, *args, **dict(node.attrs))
+        y2 = g.op(node.op, *args, **dict(node.attrs))
+        g.output(y1)
+        g.output(y2)
+        graph = g.build()
+        try:
+            exe = ctx.session.compile(graph)
+        except DispatchError as e:
+            return Outcome("skipped", f"not supported by this backend: {e.what.splitlines()[0]}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = evaluate(single, {k: np.array(v, copy=True) for k, v in case.feed().items()})
+            got = exe.run(case.feed())
+        k, scale = accumulation(case, single)
+        dt = single.types[single.outputs[0]].dtype
+        src = DType.parse(case.inputs[0][1].dtype) if case.inputs else None
+        for out in (y1.name, y2.name):
+            msg = compare(got[out], want[single.outputs[0]], dt, case.op, k=k, scale=scale, src=src)
+            if msg:
+                which = "second" if out == y2.name else "first"
+                return Outcome("failed", f"{which} of two identical {case.op} nodes is wrong (a kernel "
+                                         f"overwrote an input it does not own?): {msg}")
+        return Outcome("passed")
+    return run
+
+
 def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
     from rlx_core.testing import cases_for
 
@@ -93,8 +133,12 @@ def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
             continue
         for dt in schema.dtypes:
             for case in cases_for(schema, dt):
-                out.append(Check(f"op::{case.id}", "op", f"{schema.name}[{dt.value}]", _op_check(case),
-                                 op=schema.name, dtype=dt.value))
+                variant = f"{schema.name}[{dt.value}]"
+                out.append(Check(f"op::{case.id}", "op", variant, _op_check(case), op=schema.name,
+                                 dtype=dt.value))
+                if case.kind == "basic" and schema.num_outputs == 1 and schema.inputs:
+                    out.append(Check(f"op::{case.id}-twice", "op", variant, _twice_check(case),
+                                     op=schema.name, dtype=dt.value))
     return out
 
 

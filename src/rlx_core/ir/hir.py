@@ -303,14 +303,27 @@ def _ref_layer_norm(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     return [(x - mean) / np.sqrt(var + float(attrs["eps"])) * gamma + beta]  # type: ignore[arg-type]
 
 
+_HALF = (DType.F16, DType.BF16)
+
+
+def _up(g: GraphBuilder, *xs: Tensor) -> list[Tensor]:
+    """Half-precision operands in f32: squares and window sums overflow or lose bits in f16."""
+    return [g.op("cast", x, to=DType.F32) if x.dtype in _HALF else x for x in xs]
+
+
+def _down(g: GraphBuilder, y: Tensor, like: Tensor) -> Tensor:
+    return g.op("cast", y, to=like.dtype) if like.dtype != y.dtype else y
+
+
 def _dec_layer_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
     a = _attrs("layer_norm", attrs)
-    x, gamma, beta = ins
+    x0 = ins[0]
+    x, gamma, beta = _up(g, *ins)
     axes = _norm_axes("layer_norm", x.type, a["axis"])
     # Variance of centred values: E[x^2] - E[x]^2 cancels catastrophically in f16/f32.
     c = x - g.op("reduce_mean", x, axes=axes, keepdims=True)
     var = g.op("reduce_mean", c * c, axes=axes, keepdims=True)
-    return [c * g.op("rsqrt", var + g.const(a["eps"], x.dtype)) * gamma + beta]
+    return [_down(g, c * g.op("rsqrt", var + g.const(a["eps"], x.dtype)) * gamma + beta, x0)]
 
 
 _NORM_ATTRS = (AttrSpec("axis", "int", default=-1, doc="normalise axes axis..rank-1"),)
@@ -342,10 +355,11 @@ def _ref_rms_norm(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
 
 def _dec_rms_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
     a = _attrs("rms_norm", attrs)
-    x, gamma = ins
+    x0 = ins[0]
+    x, gamma = _up(g, *ins)
     axes = _norm_axes("rms_norm", x.type, a["axis"])
     ms = g.op("reduce_mean", x * x, axes=axes, keepdims=True)
-    return [x * g.op("rsqrt", ms + g.const(a["eps"], x.dtype)) * gamma]
+    return [_down(g, x * g.op("rsqrt", ms + g.const(a["eps"], x.dtype)) * gamma, x0)]
 
 
 _register(OpSchema(
@@ -656,17 +670,18 @@ def _dec_max_pool(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, An
 
 def _dec_avg_pool(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
     a = _attrs("avg_pool2d", attrs)
-    x = ins[0]
+    x0 = ins[0]
+    (x,) = _up(g, x0)  # the window sum accumulates in at least f32
     taps = _taps(g, x, "avg_pool2d", a, 0.0)
     y = taps[0]
     for t in taps[1:]:
         y = y + t
     kh, kw = a["kernel"]  # type: ignore[misc]
     if a["count_include_pad"] or not any(a["pads"]):  # type: ignore[arg-type]
-        return [y / g.const(kh * kw, x.dtype)]
+        return [_down(g, y / g.const(kh * kw, x.dtype), x0)]
     # Shapes are static, so the per-window count of real elements is a build-time constant.
     count = _windows(np.ones((1, 1, *x.shape[2:])), "avg_pool2d", a, 0.0).sum(axis=(-2, -1))
-    return [y / g.const(count, x.dtype)]
+    return [_down(g, y / g.const(count, x.dtype), x0)]
 
 
 def _flops_pool(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:

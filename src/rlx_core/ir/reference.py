@@ -36,6 +36,15 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], *, round_intermediates: bo
     for v in graph.inputs:
         if v.name not in inputs:
             raise InputError(f"missing input {v.name!r}", fix=f"pass {v.name}: {v.type}")
+    if graph.symbols:
+        # Bind symbols from the input shapes so every attribute (reshape targets ...) is concrete.
+        bindings: dict[str, int] = {}
+        for v in graph.inputs:
+            for d, n in zip(v.type.shape, np.shape(inputs[v.name])):
+                if isinstance(d, str):
+                    bindings.setdefault(d, int(n))
+        graph = graph.specialize(bindings)
+    for v in graph.inputs:
         env[v.name] = to_reference(inputs[v.name], v.type.dtype)
     for p in graph.params:
         env[p.name] = to_reference(graph.weights[p.name], p.type.dtype)

@@ -71,6 +71,11 @@ def factories() -> dict[str, Any]:
         out = {f"cpu.{op}": fn for op, fn in _factories().items()}
         out["cpu.div_int"] = k_int_div
         out["cpu.fused_elementwise"] = _fused_factory
+        from . import hir_kernels as hk
+
+        out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
+                    "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
+                    "cpu.attention": hk.k_attention})
         _FACTORIES = out
     return _FACTORIES
 
@@ -129,7 +134,24 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                                   out_dtypes=dts if op in ("gather", "scatter_add", "where") else None))
     claims.append(KernelClaim("fused_elementwise", "cpu.fused_elementwise", predicate=_fused_pred,
                               constraint="f32/f64/i32/i64/bool programs (Numba for large tensors)"))
+    # Model-level ops run natively (fewer passes than their decompositions) for f32/f64.
+    f = frozenset({DType.F32, DType.F64})
+    claims += [KernelClaim("linear", "cpu.linear", dtypes=f),
+               KernelClaim("softmax", "cpu.softmax", dtypes=f),
+               KernelClaim("log_softmax", "cpu.log_softmax", dtypes=f),
+               KernelClaim("layer_norm", "cpu.layer_norm", dtypes=f),
+               KernelClaim("attention", "cpu.attention", dtypes=f | {DType.BOOL, DType.I32, DType.I64},
+                           out_dtypes=f, predicate=_attention_pred,
+                           constraint="(B,H,S,D) with mask none/causal/padding/bias")]
     return claims
+
+
+def _attention_pred(v: Any) -> str | None:
+    from .hir_kernels import attention_supported
+
+    if not v.in_types[0].dtype.is_float:
+        return "queries must be f32/f64"
+    return attention_supported(v)
 
 
 def _fused_factory(ins: Any, outs: Any, attrs: Any) -> Any:
@@ -145,7 +167,8 @@ def _fused_pred(v: Any) -> str | None:
 
 
 def factories_ops() -> list[str]:
-    return [name[4:] for name in factories() if name not in ("cpu.div_int", "cpu.fused_elementwise")]
+    return [name[4:] for name in factories()
+            if name not in ("cpu.div_int", "cpu.fused_elementwise") and REGISTRY.get(name[4:]).level == "mir"]
 
 
 @hookimpl

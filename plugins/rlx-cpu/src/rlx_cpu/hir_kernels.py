@@ -1,0 +1,169 @@
+"""Native CPU kernels for model-level (HIR) ops: linear, softmax, log_softmax, layer_norm, attention.
+
+Claiming these natively (instead of their MIR decompositions) removes the materialised broadcasts
+and extra passes over memory: a row-wise op makes two passes in one Numba loop, a linear is one
+BLAS call with the bias added in place, attention is two batched GEMMs around an in-place masked
+softmax. Small tensors use NumPy (no JIT latency); large ones the Numba row kernels (cached).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir.types import Attrs, normalize_axis
+
+ROWS_NUMBA_MIN = 32768
+_NB: Any = None
+
+
+def _numba_kernels() -> Any:
+    global _NB
+    if _NB is None:
+        from . import _rows
+
+        _NB = _rows
+    return _NB
+
+
+def _as_rows(x: np.ndarray, axis: int) -> np.ndarray | None:
+    """A (rows, n) view when ``axis`` is the last axis, else None (the NumPy path handles it)."""
+    if axis != x.ndim - 1 or not x.flags.c_contiguous:
+        return None
+    n = x.shape[-1] if x.ndim else 1
+    return x.reshape(-1, n)
+
+
+def k_softmax(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs, log: bool = False) -> Any:
+    x, o = ins[0], outs[0]
+    ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    xr, orow = _as_rows(x, ax), _as_rows(o, ax)
+    if x.size >= ROWS_NUMBA_MIN and xr is not None and orow is not None:
+        nb = _numba_kernels()
+        fn = nb.log_softmax_rows if log else nb.softmax_rows
+        fn(xr, orow)
+        return lambda: fn(xr, orow)
+
+    def run() -> None:
+        m = np.max(x, axis=ax, keepdims=True)
+        np.subtract(x, m, out=o)
+        if log:
+            s = np.log(np.sum(np.exp(o), axis=ax, keepdims=True))
+            np.subtract(o, s, out=o)
+        else:
+            np.exp(o, out=o)
+            np.divide(o, np.sum(o, axis=ax, keepdims=True), out=o)
+    return run
+
+
+def k_log_softmax(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
+    return k_softmax(ins, outs, attrs, log=True)
+
+
+def k_layer_norm(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
+    x, gamma, beta = ins
+    o = outs[0]
+    ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    eps = float(attrs["eps"])  # type: ignore[arg-type]
+    n = int(np.prod(x.shape[ax:], dtype=np.int64))
+    if x.size >= ROWS_NUMBA_MIN and x.flags.c_contiguous and n > 0:
+        nb = _numba_kernels()
+        xr, orow = x.reshape(-1, n), o.reshape(-1, n)
+        g, b = gamma.reshape(n), beta.reshape(n)
+        nb.layer_norm_rows(xr, g, b, orow, eps)
+        return lambda: nb.layer_norm_rows(xr, g, b, orow, eps)
+    axes = tuple(range(ax, x.ndim))
+
+    def run() -> None:
+        mu = np.mean(x, axis=axes, keepdims=True)
+        np.subtract(x, mu, out=o)
+        var = np.mean(np.square(o), axis=axes, keepdims=True)
+        np.multiply(o, 1.0 / np.sqrt(var + eps), out=o)
+        np.multiply(o, gamma, out=o)
+        np.add(o, beta, out=o)
+    return run
+
+
+def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
+    x, w, b = ins
+    o = outs[0]
+    wt = w.T  # a transposed view: BLAS reads it without a copy
+
+    def run() -> None:
+        np.matmul(x, wt, out=o)
+        np.add(o, b, out=o)
+    return run
+
+
+def attention_supported(v: Any) -> str | None:
+    mask = v.attrs["mask"]
+    if mask not in ("none", "causal", "padding", "bias"):
+        return f"mask {mask!r} runs through the decomposition"
+    q, k, val = v.in_types[:3]
+    if q.rank != 4 or k.rank != 4 or val.rank != 4:
+        return "native attention takes (B, H, S, D) operands"
+    if mask == "padding" and (v.in_types[3].rank != 2 or not v.in_types[3].dtype.is_float
+                              and v.in_types[3].dtype.value not in ("bool", "i32", "i64")):
+        return "padding mask must be (B, Sk)"
+    if mask == "bias" and v.in_types[3].dtype != q.dtype:
+        return "bias mask must have the query dtype"
+    return None
+
+
+def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
+    from rlx_core.ir.hir import masked_score
+
+    q, k, v = ins[:3]
+    o = outs[0]
+    bsz, h, sq, d = q.shape
+    sk = k.shape[2]
+    mask = attrs["mask"]
+    scale = attrs["scale"]
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    dt = q.dtype
+    scores = np.empty((bsz, h, sq, sk), dt)
+    kt = k.swapaxes(-1, -2)
+    neg = float(masked_score(_dtype(dt)))
+    add: np.ndarray | None = None
+    keep: np.ndarray | None = None
+    if mask == "causal":
+        keep = np.tril(np.ones((sq, sk), bool))
+    elif mask == "bias":
+        add = ins[3]
+    elif mask == "padding":
+        pm = ins[3]
+        keep_src = pm
+    rows = scores.reshape(-1, sk)
+    use_nb = scores.size >= ROWS_NUMBA_MIN
+    nb = _numba_kernels() if use_nb else None
+    qs = np.empty_like(q)
+    sc = np.asarray(scale, dt)
+
+    def run() -> None:
+        # Scale q first (as the decomposition does) so f16-range scores cannot overflow.
+        np.multiply(q, sc, out=qs)
+        np.matmul(qs, kt, out=scores)
+        if keep is not None:
+            np.copyto(scores, neg, where=~keep)
+        elif add is not None:
+            np.add(scores, add, out=scores)
+        elif mask == "padding":
+            kp = (keep_src != 0).reshape(bsz, 1, 1, sk)
+            np.copyto(scores, neg, where=~kp)
+        if nb is not None:
+            nb.softmax_rows(rows, rows)
+        else:
+            np.subtract(scores, scores.max(axis=-1, keepdims=True), out=scores)
+            np.exp(scores, out=scores)
+            np.divide(scores, scores.sum(axis=-1, keepdims=True), out=scores)
+        np.matmul(scores, v, out=o)
+    return run
+
+
+def _dtype(npdt: np.dtype) -> Any:
+    from rlx_core.dtypes import DType
+
+    return DType.parse(npdt)

@@ -1,0 +1,1 @@
+"""A NumPy reference backend (as plugin source) and one-line planted bugs for the conformance tests."""
