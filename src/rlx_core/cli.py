@@ -254,10 +254,59 @@ def check_bindings(graph: Graph, bindings: Mapping[str, int]) -> None:
                                  f"{have}", param_hint="--bind")
 
 
-def load_model(path: str | os.PathLike[str]) -> Graph:
+#: Model file suffixes ``load_model`` translates from other formats (everything else is read as .rlx).
+MODEL_IMPORTERS: dict[str, str] = {".onnx": "rlx_core.frontends.onnx:load_onnx"}
+
+
+def load_model(path: str | os.PathLike[str], **options: Any) -> Graph:
+    """Read a model file: ``.onnx`` through the ONNX importer, anything else as an ``.rlx`` file.
+
+    ``options`` go to the importer (e.g. ``symbols={"batch": 2}`` for ONNX).
+    """
+    target = MODEL_IMPORTERS.get(Path(path).suffix.lower())
+    if target is not None:
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)(path, **options)
     from .ir.serialize import load
 
     return load(path)
+
+
+def load_command_model(path: str, bindings: Mapping[str, int],
+                       input_files: Mapping[str, str] | None = None) -> tuple[Graph, dict[str, int]]:
+    """Load a model for `rlx run`/`rlx explain`; returns the graph and the bindings still to apply.
+
+    An ONNX model whose shapes cannot stay symbolic (e.g. a reshape to ``batch*heads``) is imported
+    again with its dynamic dims fixed: from ``--bind`` and from the shapes of the ``--input`` arrays.
+    """
+    if Path(path).suffix.lower() != ".onnx":
+        return load_model(path), dict(bindings)
+    from .frontends.onnx import SymbolicShapeError, input_types
+
+    try:
+        return load_model(path), dict(bindings)
+    except SymbolicShapeError as e:
+        fixed = dict(bindings)
+        for name, t in input_types(path).items():
+            file = (input_files or {}).get(name)
+            if file is None:
+                continue
+            try:
+                import numpy as np
+
+                shape = np.load(file, mmap_mode="r", allow_pickle=False).shape
+            except Exception:  # reading the input properly later reports the problem
+                continue
+            if len(shape) == t.rank:
+                for d, n in zip(t.shape, shape):
+                    if isinstance(d, str):
+                        fixed.setdefault(d, int(n))
+        if not fixed:
+            raise
+        graph = load_model(path, symbols=fixed)
+        click.echo(f"note: {e.what}; imported with fixed sizes "
+                   f"{', '.join(f'{k}={v}' for k, v in sorted(fixed.items()))}", err=True)
+        return graph, {k: v for k, v in bindings.items() if k in graph.symbols}
 
 
 def hub_instance() -> Hub:
@@ -663,13 +712,15 @@ def _symbols_from_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict
               help="Save every output as DIR/NAME.npy.")
 def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: bool, seed: int,
         binds: tuple[str, ...], as_json: bool, output_dir: str | None) -> None:
-    """Run an .rlx model and print its outputs.
+    """Run an .rlx or .onnx model and print its outputs.
 
     Prints each output's shape, dtype, a preview and statistics (or JSON), and can save them.
+    An .onnx file is translated on load (dynamic dims become symbols such as batch).
 
     \b
     Examples:
       rlx run model.rlx --input x=x.npy
+      rlx run model.onnx --input input_ids=ids.npy --input attention_mask=mask.npy
       rlx run model.rlx --random --seed 1 --device cpu
       rlx run model.rlx --random --bind batch=8 --json
       rlx run model.rlx -i x=x.npy --output-dir out/
@@ -680,14 +731,13 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     from .runtime import Session
 
     files = parse_pairs(inputs, "--input", example="x=x.npy")
-    graph = load_model(model)
+    graph, bindings = load_command_model(model, parse_bindings(binds), files)
     want = {v.name: v.type for v in graph.inputs}
     unknown = sorted(set(files) - set(want))
     if unknown:
         raise click.BadParameter(f"model {graph.name!r} has no input {', '.join(map(repr, unknown))}; its "
                                  f"inputs: {', '.join(f'{n}: {t}' for n, t in want.items()) or 'none'}",
                                  param_hint="--input")
-    bindings = parse_bindings(binds)
     check_bindings(graph, bindings)
     feed = {n: _read_npy(n, p, want[n]) for n, p in files.items()}
     sources = {n: files[n] for n in feed}
@@ -781,29 +831,48 @@ def _check_multi_device(devices: Sequence[str]) -> None:
                "node on the first device that can run it.")
 @bind_option()
 @json_option()
-def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: bool) -> None:
+@click.option("--dot", "dot_path", metavar="FILE.dot", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, help="Also write the graph as Graphviz DOT (nodes coloured by dispatch path, "
+                                 "edges labelled with tensor types); '-' prints only the DOT.")
+def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: bool,
+            dot_path: str | None) -> None:
     """Show how a model would be dispatched (nothing runs).
 
     Per node: the path (native, common_ir, rewritten), kernels, device and estimated cost.
+    MODEL is an .rlx file or an .onnx file (translated on load).
 
     Nothing runs. Symbolic dimensions not given with --bind are planned with size 1.
 
     \b
     Examples:
       rlx explain model.rlx
-      rlx explain model.rlx --device cuda,cpu
+      rlx explain model.onnx --device cuda,cpu
       rlx explain model.rlx --bind batch=32 --json
+      rlx explain model.onnx --dot model.dot && dot -Tsvg model.dot -o model.svg
     """
     from .hub import split_devices
     from .runtime import Session
 
-    graph = load_model(model)
-    bindings = parse_bindings(binds)
+    graph, bindings = load_command_model(model, parse_bindings(binds))
     check_bindings(graph, bindings)
     defaulted = sorted(s for s in graph.symbols if s not in bindings)
     full = {s: bindings.get(s, 1) for s in sorted(graph.symbols)}
     _check_multi_device(split_devices(device))
     report: DispatchReport = Session(device).plan(graph, full or None)
+    if dot_path is not None:
+        from .frontends.dot import to_dot
+
+        text = to_dot(graph, report)
+        if dot_path == "-":
+            click.echo(text, nl=False)
+            return
+        try:
+            Path(dot_path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise RLXError(f"cannot write the DOT file: {e.strerror or e}", where=f"--dot {dot_path}",
+                           fix="choose a writable path") from None
+        click.echo(f"wrote the graph as Graphviz DOT to {dot_path} (render: dot -Tsvg {dot_path} -o "
+                   f"graph.svg)", err=True)
     if as_json:
         data = report.to_json()
         data["defaulted_symbols"] = defaulted

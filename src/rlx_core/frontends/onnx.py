@@ -1,0 +1,1912 @@
+"""Import ONNX models into RLX graphs: ``load_onnx("model.onnx") -> Graph``.
+
+Covers the operators PyTorch's exporters (the ``torch.export``-based one and the legacy TorchScript
+one) emit for MLPs, CNNs (ResNet family) and transformer encoders (BERT family), default-domain
+opsets 11 to 23 (tested: 13 to 21). :data:`SUPPORTED_OPS` lists them.
+
+Every ONNX value becomes one of three things while the nodes are translated in order:
+
+* a **constant** (initializers, ``Constant`` nodes, and every node whose inputs are all constant:
+  it is folded at import time with NumPy, through onnx's reference evaluator for the general case);
+* a **symbolic shape**: a small integer tensor whose entries may be products of symbols, which is
+  what ``Shape`` of a dynamic tensor gives. ``Shape -> Gather -> Concat -> Reshape`` chains are
+  evaluated symbolically here, so they become static or symbolic ``reshape``/``expand``/``iota``
+  attributes rather than run-time work;
+* a run-time RLX **tensor** produced by HIR/MIR ops. Obvious fused patterns map to HIR ops:
+  ``Gemm`` and ``MatMul`` + bias ``Add`` -> ``linear``, ``Conv`` -> ``conv2d_bias``,
+  ``LayerNormalization`` -> ``layer_norm``, ``BatchNormalization`` -> ``batch_norm``,
+  ``Gelu`` -> ``gelu``, ``Softmax`` -> ``softmax``, ``Gather`` of a weight table -> ``embedding``.
+
+Dynamic dims (``dim_param`` or unknown) become RLX symbols; ``symbols=`` renames or fixes them.
+An RLX dim is an int or a single symbol, so a value whose shape would be a product such as
+``batch*seq`` cannot be represented: that is reported with the fix (fix the symbol's size).
+
+Failures are :class:`~rlx_core.errors.RLXError` s with what/where/fix: an unsupported operator or
+attribute raises :class:`UnsupportedOnnxError` naming the op type, node name and opset; a malformed
+or truncated file raises :class:`~rlx_core.errors.SerializationError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import IRError, RLXError, SerializationError
+from ..ir.builder import GraphBuilder, Tensor
+from ..ir.graph import Graph
+from ..ir.types import Dim
+
+#: Default-domain opsets this importer accepts (the translation is tested for 13 to 21).
+MIN_OPSET, MAX_OPSET = 11, 23
+
+_INSTALL_FIX = "install the ONNX package: pip install onnx"
+
+
+class UnsupportedOnnxError(IRError):
+    """The ONNX model uses an operator, attribute or pattern the importer cannot translate."""
+
+
+class SymbolicShapeError(UnsupportedOnnxError):
+    """A shape depends on dynamic dims in a way RLX cannot express; fixing the symbols' sizes helps."""
+
+
+class _NotSymbolic(Exception):
+    """Internal: a symbolic evaluation is not possible; translate the node to run-time ops."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic integers: coef * s1 * s2 * ... (products of shape symbols)
+
+
+class SymInt:
+    """A dimension computed from shape symbols: ``coef * syms[0] * syms[1] * ...``."""
+
+    __slots__ = ("coef", "syms")
+
+    def __init__(self, coef: int, syms: Iterable[str]) -> None:
+        self.coef = int(coef)
+        self.syms = tuple(sorted(syms))
+
+    @staticmethod
+    def make(coef: int, syms: Iterable[str]) -> SymLike:
+        syms = tuple(syms)
+        return int(coef) if not syms or coef == 0 else SymInt(coef, syms)
+
+    def key(self) -> tuple[int, tuple[str, ...]]:
+        return self.coef, self.syms
+
+    def __repr__(self) -> str:
+        parts = ([str(self.coef)] if self.coef != 1 else []) + list(self.syms)
+        return "*".join(parts)
+
+
+SymLike = Union[int, SymInt]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _sym_of(d: Dim) -> SymLike:
+    return SymInt(1, (d,)) if isinstance(d, str) else int(d)
+
+
+def s_mul(a: Any, b: Any) -> SymLike:
+    if _is_int(a) and _is_int(b):
+        return int(a) * int(b)
+    if isinstance(a, SymInt) and _is_int(b):
+        return SymInt.make(a.coef * int(b), a.syms)
+    if _is_int(a) and isinstance(b, SymInt):
+        return SymInt.make(int(a) * b.coef, b.syms)
+    if isinstance(a, SymInt) and isinstance(b, SymInt):
+        return SymInt.make(a.coef * b.coef, a.syms + b.syms)
+    raise _NotSymbolic(f"{a!r} * {b!r}")
+
+
+def s_div(a: Any, b: Any) -> SymLike:
+    """Exact division of symbolic products; truncating (C-like) division of plain ints."""
+    if _is_int(a) and _is_int(b):
+        a, b = int(a), int(b)
+        if b == 0:
+            raise _NotSymbolic("division by zero")
+        q = abs(a) // abs(b)
+        return q if (a < 0) == (b < 0) else -q
+    ca, sa = (a.coef, list(a.syms)) if isinstance(a, SymInt) else (int(a), [])
+    if isinstance(b, SymInt):
+        cb, sb = b.coef, list(b.syms)
+    elif _is_int(b):
+        cb, sb = int(b), []
+    else:
+        raise _NotSymbolic(f"{a!r} / {b!r}")
+    for s in sb:
+        if s not in sa:
+            raise _NotSymbolic(f"{a!r} / {b!r}")
+        sa.remove(s)
+    if cb == 0 or ca % cb:
+        raise _NotSymbolic(f"{a!r} / {b!r}")
+    return SymInt.make(ca // cb, sa)
+
+
+def s_add(a: Any, b: Any) -> SymLike:
+    if _is_int(a) and _is_int(b):
+        return int(a) + int(b)
+    if _is_int(b) and b == 0:
+        return a
+    if _is_int(a) and a == 0:
+        return b
+    raise _NotSymbolic(f"{a!r} + {b!r}")
+
+
+def s_sub(a: Any, b: Any) -> SymLike:
+    if _is_int(a) and _is_int(b):
+        return int(a) - int(b)
+    if _is_int(b) and b == 0:
+        return a
+    if isinstance(a, SymInt) and isinstance(b, SymInt) and a.key() == b.key():
+        return 0
+    raise _NotSymbolic(f"{a!r} - {b!r}")
+
+
+def s_eq(a: Any, b: Any) -> bool:
+    """Equality when it is decidable (dims are >= 0, so a symbol never equals a negative int)."""
+    if _is_int(a) and _is_int(b):
+        return int(a) == int(b)
+    if isinstance(a, SymInt) and isinstance(b, SymInt) and a.key() == b.key():
+        return True
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, SymInt) and _is_int(y) and int(y) < 0:
+            return False
+    raise _NotSymbolic(f"{a!r} == {b!r}")
+
+
+def s_prod(xs: Iterable[Any]) -> SymLike:
+    out: SymLike = 1
+    for x in xs:
+        out = s_mul(out, x)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Import-time values
+
+
+class _Const:
+    """A value known at import time (an initializer, a Constant node, a folded node)."""
+
+    __slots__ = ("array", "name", "tensors")
+
+    def __init__(self, array: Any, name: str | None = None) -> None:
+        self.array = np.asarray(array)
+        self.name = name
+        self.tensors: dict[Any, Tensor] = {}
+
+
+class _Sym:
+    """A small integer tensor whose entries are ints or :class:`SymInt` (a symbolic shape)."""
+
+    __slots__ = ("arr", "dtype", "tensor")
+
+    def __init__(self, arr: np.ndarray, dtype: DType) -> None:
+        self.arr = arr
+        self.dtype = dtype
+        self.tensor: Tensor | None = None
+
+
+Value = Union[Tensor, _Const, _Sym]
+
+_ONNX_TO_DTYPE = {1: DType.F32, 2: DType.U8, 3: DType.I8, 5: DType.I16, 6: DType.I32, 7: DType.I64,
+                  9: DType.BOOL, 10: DType.F16, 11: DType.F64, 14: DType.C64, 16: DType.BF16}
+
+
+def _onnx_type_name(code: int) -> str:
+    try:
+        import onnx
+
+        return str(onnx.TensorProto.DataType.Name(code))
+    except (ImportError, ValueError):
+        return str(code)
+
+
+def _has_sym(arr: np.ndarray) -> bool:
+    return arr.dtype == object and any(isinstance(x, SymInt) for x in arr.flat)
+
+
+def _to_obj(a: np.ndarray) -> np.ndarray:
+    out = np.empty(a.shape, dtype=object)
+    for idx in np.ndindex(a.shape):
+        out[idx] = int(a[idx])
+    return out
+
+
+def _finish(arr: np.ndarray, dtype: DType) -> Value:
+    """An evaluated shape computation: symbolic if any entry still holds a symbol, else constant."""
+    arr = np.asarray(arr)
+    if _has_sym(arr):
+        return _Sym(arr, dtype)
+    if arr.dtype == object:
+        flat = [x for x in arr.flat]
+        return _Const(np.asarray(flat, dtype=dtype.np).reshape(arr.shape))
+    return _Const(arr.astype(dtype.np, copy=False))
+
+
+def _elementwise(fn: Callable[..., Any], *arrs: np.ndarray) -> np.ndarray:
+    b = np.broadcast_arrays(*arrs)
+    out = np.empty(b[0].shape, dtype=object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = fn(*(a[idx] for a in b))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validating the file
+
+
+def _require_onnx() -> Any:
+    try:
+        import onnx
+    except ImportError as e:
+        raise SerializationError(f"reading ONNX models needs the onnx package ({e})",
+                                 where="rlx_core.frontends.onnx", fix=_INSTALL_FIX) from None
+    return onnx
+
+
+def read_model(model: Any) -> tuple[Any, str]:
+    """Parse ``model`` (a path, bytes or an ``onnx.ModelProto``) and load its external data.
+
+    Returns ``(ModelProto, source)``. Every problem with the file is a SerializationError.
+    """
+    onnx = _require_onnx()
+    if isinstance(model, onnx.ModelProto):
+        proto, source = model, f"ONNX model {model.graph.name or '(unnamed)'!r}"
+        _check_model(proto, source)
+        return proto, source
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data, source, base = bytes(model), "ONNX model bytes", None
+    elif isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        source = f"file {os.fspath(model)}"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise SerializationError("the ONNX file does not exist", where=source,
+                                     fix="check the path") from None
+        except OSError as e:
+            raise SerializationError(f"cannot read the ONNX file: {e.strerror or e}", where=source,
+                                     fix="check the path and its permissions") from None
+        base = path.parent
+    else:
+        raise SerializationError(f"load_onnx() needs a path, bytes or onnx.ModelProto, got "
+                                 f"{type(model).__name__}", where="load_onnx",
+                                 fix="pass the path of a .onnx file")
+    if not data:
+        raise SerializationError("the ONNX file is empty", where=source,
+                                 fix="export the model again (torch.onnx.export(...))")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError and friends: never leak them raw
+        raise SerializationError(f"the file is not a valid ONNX protobuf, or it is truncated "
+                                 f"({type(e).__name__}: {e})", where=source,
+                                 fix="export or download the model again; a .onnx file must be "
+                                     "copied completely (check its size)") from None
+    _check_model(proto, source)
+    if base is not None:
+        from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+        if any(uses_external_data(t) for t in proto.graph.initializer):
+            try:
+                load_external_data_for_model(proto, os.fspath(base))
+            except Exception as e:
+                raise SerializationError(f"cannot read the model's external weight data "
+                                         f"({type(e).__name__}: {e})", where=source,
+                                         fix="keep the .onnx file next to its external data file "
+                                             "(e.g. model.onnx.data) with the same names") from None
+    return proto, source
+
+
+def _check_model(proto: Any, source: str) -> None:
+    g = proto.graph
+    if proto.ir_version <= 0 or not proto.opset_import:
+        raise SerializationError("the file is truncated, or it is not an ONNX model (it has no IR "
+                                 "version or opset import)", where=source,
+                                 fix="pass an ONNX model file (.onnx), e.g. one written by "
+                                     "torch.onnx.export")
+    if not g.output:
+        raise SerializationError("the ONNX graph has no outputs: the file is truncated or malformed",
+                                 where=source, fix="export or download the model again")
+
+
+def _default_opset(proto: Any, source: str) -> int:
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            v = int(o.version)
+            if not MIN_OPSET <= v <= MAX_OPSET:
+                raise UnsupportedOnnxError(
+                    f"ONNX default-domain opset {v} is not supported (this importer reads opsets "
+                    f"{MIN_OPSET} to {MAX_OPSET})", where=source,
+                    fix="re-export with a supported opset, e.g. torch.onnx.export(..., opset_version=17), "
+                        "or convert it: onnx.version_converter.convert_version(model, 17)")
+            return v
+    raise SerializationError("the model imports no default-domain (ai.onnx) opset", where=source,
+                             fix="export the model again with a standard exporter")
+
+
+# ---------------------------------------------------------------------------------------------
+# The public entry point
+
+
+def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None = None,
+              input_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+              symbols: Mapping[str, int | str] | None = None,
+              batch_symbol: str | None = "batch", fuse: bool = True) -> Graph:
+    """Translate an ONNX model into an RLX :class:`~rlx_core.ir.graph.Graph`.
+
+    ``model`` is a path, the file's bytes or an ``onnx.ModelProto``. Initializers become
+    parameters (named as in the file); dynamic dims become symbols.
+
+    * ``symbols``: per ONNX ``dim_param``, a new symbol name (``{"s0": "batch"}``) or a fixed size
+      (``{"batch": 1}``), applied to every input that uses it;
+    * ``input_shapes``: override an input's shape (ints, symbol names, or None to keep the file's
+      dim), e.g. ``{"x": ("batch", 3, 224, 224)}``;
+    * ``batch_symbol``: the symbol for a dynamic axis 0 that has no name in the file (others get
+      ``<input>_dim<axis>``); None names it like the others;
+    * ``fuse``: map ``MatMul`` + bias ``Add`` to the HIR ``linear`` op (the numbers are the same).
+
+    Raises :class:`~rlx_core.errors.SerializationError` for malformed or truncated files and
+    :class:`UnsupportedOnnxError` for operators, attributes or shapes it cannot translate.
+    """
+    proto, source = read_model(model)
+    opset = _default_opset(proto, source)
+    if proto.functions:
+        try:
+            import onnx.inliner
+
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as e:
+            raise UnsupportedOnnxError(f"cannot inline the model's local functions ({e})", where=source,
+                                       fix="export without functions (torch.onnx.export(..., "
+                                           "export_modules_as_functions=False))") from None
+    if name is None:
+        if isinstance(model, (str, os.PathLike)):
+            name = Path(model).stem
+        else:
+            name = proto.graph.name or "onnx_model"
+    imp = _Importer(proto, opset, source, name=name, input_shapes=input_shapes or {},
+                    symbols=symbols or {}, batch_symbol=batch_symbol, fuse=fuse)
+    return imp.run()
+
+
+def input_types(model: str | os.PathLike[str] | bytes | Any, *,
+                input_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+                symbols: Mapping[str, int | str] | None = None,
+                batch_symbol: str | None = "batch") -> dict[str, Any]:
+    """The RLX :class:`~rlx_core.ir.types.TensorType` of each graph input, named as :func:`load_onnx`
+    names them (``dim_param`` symbols, ``batch``...), without translating the nodes."""
+    proto, source = read_model(model)
+    opset = _default_opset(proto, source)
+    imp = _Importer(proto, opset, source, name="inputs", input_shapes=input_shapes or {},
+                    symbols=symbols or {}, batch_symbol=batch_symbol, fuse=False)
+    return imp.input_types()
+
+
+# ---------------------------------------------------------------------------------------------
+# The importer
+
+
+_SYMBOL_RE = re.compile(r"\W")
+_SCHEMA_ATTRS: dict[tuple[str, int], frozenset[str]] = {}
+
+#: Ops that must never be folded even with constant inputs (their result is not a function of them).
+_NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                      "Multinomial", "Bernoulli", "If", "Loop", "Scan"})
+
+#: Ops evaluated on constant/symbolic integer tensors directly (shape arithmetic).
+_SHAPE_OPS = frozenset({"Identity", "Cast", "Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Reshape",
+                        "Flatten", "Concat", "Slice", "Transpose", "Expand", "Mul", "Div", "Add", "Sub",
+                        "Equal", "Where", "Abs", "Max", "Min", "Neg"})
+
+
+class _Importer:
+    def __init__(self, proto: Any, opset: int, source: str, *, name: str,
+                 input_shapes: Mapping[str, Sequence[int | str | None]], symbols: Mapping[str, int | str],
+                 batch_symbol: str | None, fuse: bool) -> None:
+        self.proto = proto
+        self.opset = opset
+        self.source = source
+        self.g = GraphBuilder(name)
+        self.env: dict[str, Value] = {}
+        self.input_shapes = dict(input_shapes)
+        self.symbols = dict(symbols)
+        self.batch_symbol = batch_symbol
+        self.fuse = fuse
+        self.skip: set[tuple[str, ...]] = set()
+        self.node: Any = None
+        self.node_where = source
+        self.consumers: dict[str, list[Any]] = {}
+        self.graph_outputs: set[str] = set()
+        self.depth = 0
+
+    # -- errors --------------------------------------------------------------------------------
+    def unsupported(self, what: str, fix: str) -> UnsupportedOnnxError:
+        return UnsupportedOnnxError(what, where=self.node_where, fix=fix)
+
+    def has_symbols(self) -> bool:
+        return any(isinstance(d, str) for v in self.g._inputs for d in v.type.shape)
+
+    def symbolic(self, what: str, syms: Iterable[str] = ()) -> SymbolicShapeError:
+        """An error that giving the dynamic dims fixed sizes at import resolves."""
+        names = sorted(set(syms)) or sorted({d for v in self.g._inputs for d in v.type.shape
+                                             if isinstance(d, str)}) or ["batch"]
+        py = ", ".join(f"{s!r}: 2" for s in names)
+        cli = " ".join(f"--bind {s}=2" for s in names)
+        return SymbolicShapeError(what, where=self.node_where,
+                                  fix=f"give the dynamic dims fixed sizes when importing: "
+                                      f"load_onnx(path, symbols={{{py}}}) (rlx CLI: {cli}, or the sizes "
+                                      f"of the --input arrays are used), or re-export with static shapes")
+
+    def _unrepresentable(self, d: Any, what: str) -> SymbolicShapeError:
+        syms = sorted(set(d.syms)) if isinstance(d, SymInt) else []
+        return self.symbolic(f"{what} would be {d!r}; an RLX dimension is an int or one symbol, not an "
+                             f"expression", syms)
+
+    # -- the driver ----------------------------------------------------------------------------
+    def input_types(self) -> dict[str, Any]:
+        """The graph inputs' RLX types (without translating any node)."""
+        graph = self.proto.graph
+        inits = {t.name for t in graph.initializer}
+        return {vi.name: self._graph_input(vi).type for vi in graph.input if vi.name not in inits}
+
+    def run(self) -> Graph:
+        graph = self.proto.graph
+        inits = {t.name for t in graph.initializer}
+        for t in graph.initializer:
+            self.env[t.name] = _Const(self._tensor_array(t), t.name)
+        for vi in graph.input:
+            if vi.name in inits:
+                continue  # an initializer listed as an input (old exporters): a constant
+            self.env[vi.name] = self._graph_input(vi)
+        unknown = sorted(set(self.input_shapes) - {vi.name for vi in graph.input})
+        if unknown:
+            raise IRError(f"input_shapes names {', '.join(map(repr, unknown))}, which the model does not "
+                          f"have", where=self.source,
+                          fix=f"the model's inputs: {', '.join(vi.name for vi in graph.input) or 'none'}")
+        self.graph_outputs = {o.name for o in graph.output}
+        for node in graph.node:
+            for i in node.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(node)
+        self._run_nodes(graph.node)
+        for o in graph.output:
+            v = self.env.get(o.name)
+            if v is None:
+                raise SerializationError(f"graph output {o.name!r} is never computed: the file is "
+                                         f"truncated or malformed", where=self.source,
+                                         fix="export or download the model again")
+            self.node_where = f"{self.source}, graph output {o.name!r}"
+            self.g.prefix = ""
+            t = self.t(v)
+            self.g.output(t, o.name)
+        try:
+            return self.g.build()
+        except RLXError as e:
+            raise _with_where(e, self.source) from None
+
+    def _run_nodes(self, nodes: Sequence[Any]) -> None:
+        for idx, node in enumerate(nodes):
+            if tuple(node.output) in self.skip:
+                continue
+            self.node = node
+            label = node.name or f"{node.op_type}_{idx}"
+            self.node_where = (f"ONNX node {label!r} (#{idx}, op {node.op_type}, opset {self.opset}) in "
+                               f"{self.source}")
+            self.g.prefix = f"{label}/"
+            ins: list[Value | None] = []
+            for i in node.input:
+                if not i:
+                    ins.append(None)
+                    continue
+                v = self.env.get(i)
+                if v is None:
+                    raise SerializationError(f"value {i!r} is used before it is defined: the graph is "
+                                             f"malformed, truncated or not topologically sorted",
+                                             where=self.node_where, fix="export or download the model again")
+                ins.append(v)
+            attrs = self._attrs(node)
+            self._check_attrs(node, attrs)
+            try:
+                outs = self._convert(node, ins, attrs)
+            except _NotSymbolic as e:  # pragma: no cover - handlers turn these into errors
+                raise self.symbolic(f"cannot evaluate {node.op_type} on symbolic shapes ({e})") from None
+            except RLXError as e:
+                hint = any(w in e.what or w in (e.fix or "") for w in ("symbol", "specialize", "static"))
+                if isinstance(e, IRError) and not isinstance(e, UnsupportedOnnxError) and hint \
+                        and self.has_symbols():
+                    # The core cannot express this with symbolic dims; fixed sizes make it static.
+                    raise self.symbolic(e.what + (f" ({e.where})" if e.where else "")) from None
+                raise _with_where(e, self.node_where) from None
+            except Exception as e:
+                raise IRError(f"translating ONNX {node.op_type} raised {type(e).__name__}: {e}",
+                              where=self.node_where,
+                              fix="this is a bug in the RLX ONNX importer, or the node is malformed; "
+                                  "check the node with onnx.checker.check_model and report it") from e
+            wanted = [o for o in node.output]
+            for k, oname in enumerate(wanted):
+                if not oname:
+                    continue
+                if k >= len(outs) or outs[k] is None:
+                    raise self.unsupported(f"output {k} ({oname!r}) of {node.op_type} is not supported",
+                                           fix="only the main output(s) of this operator can be used; "
+                                               "re-export without using the optional output")
+                self.env[oname] = outs[k]
+
+    def _convert(self, node: Any, ins: list[Value | None], attrs: dict[str, Any]) -> list[Value | None]:
+        op = node.op_type
+        if node.domain not in ("", "ai.onnx"):
+            fn = _CUSTOM.get((node.domain, op))
+            if fn is not None:
+                return list(fn(self, node, ins, attrs))
+            raise self.unsupported(
+                f"ONNX operator {op!r} from domain {node.domain!r} is not supported",
+                fix="export with standard ONNX operators only (no contrib/custom ops, e.g. without "
+                    "onnxruntime's transformer optimizer), or add a converter with "
+                    f"rlx_core.frontends.onnx.register_handler({op!r}, fn, domain={node.domain!r})")
+        if op in ("Identity", "Dropout"):
+            return list(_HANDLERS[op](self, node, ins, attrs))  # pass values through, constants included
+        present = [v for v in ins if v is not None]
+        if present and op not in _NO_FOLD and not any(isinstance(v, Tensor) for v in present):
+            small_ints = all(isinstance(v, _Sym) or (v.array.dtype.kind in "iub" and v.array.size <= 4096)
+                             for v in present)
+            if op in _SHAPE_OPS and (small_ints or op in ("Shape", "Size")):
+                try:
+                    return self._shape_eval(node, ins, attrs)
+                except _NotSymbolic:
+                    pass
+            if all(isinstance(v, _Const) for v in present) and op not in _CUSTOM_DEFAULT:
+                folded = self._fold(node, ins)
+                if folded is not None:
+                    return folded
+        fn = _CUSTOM.get(("", op)) or _HANDLERS.get(op)
+        if fn is None:
+            raise self.unsupported(
+                f"ONNX operator {op!r} is not supported by the RLX ONNX importer",
+                fix="rewrite that part of the model with supported operators before export "
+                    "(see rlx_core.frontends.onnx.SUPPORTED_OPS), fold it away (e.g. with "
+                    "onnxruntime offline optimization or onnx-simplifier), or add a converter with "
+                    f"rlx_core.frontends.onnx.register_handler({op!r}, fn)")
+        return list(fn(self, node, ins, attrs))
+
+    # -- attributes and inputs -----------------------------------------------------------------
+    def _attrs(self, node: Any) -> dict[str, Any]:
+        from onnx import helper
+
+        out: dict[str, Any] = {}
+        for a in node.attribute:
+            if a.ref_attr_name:
+                raise self.unsupported(f"attribute {a.name!r} refers to a function attribute",
+                                       fix="inline the model's functions first (onnx.inliner)")
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode("utf-8", "replace")
+            out[a.name] = v
+        return out
+
+    def _check_attrs(self, node: Any, attrs: Mapping[str, Any]) -> None:
+        """Attributes must exist in the operator's schema for this opset (e.g. no ``axes`` attribute
+        on ReduceMean-18, where axes became an input)."""
+        if node.domain not in ("", "ai.onnx") or not attrs:
+            return
+        key = (node.op_type, self.opset)
+        known = _SCHEMA_ATTRS.get(key)
+        if known is None:
+            import onnx.defs
+
+            try:
+                known = frozenset(onnx.defs.get_schema(node.op_type, self.opset, "").attributes)
+            except Exception:
+                known = frozenset()  # unknown operator: its translation (or the error) comes later
+            _SCHEMA_ATTRS[key] = known
+        unknown = sorted(a for a in attrs if known and a not in known)
+        if unknown:
+            raise self.unsupported(
+                f"attribute(s) {', '.join(map(repr, unknown))} are not defined for {node.op_type} in opset "
+                f"{self.opset} (it has {', '.join(sorted(known))})",
+                fix="the model is malformed or was written for another opset (e.g. axes moved from an "
+                    "attribute to an input); check it with onnx.checker.check_model")
+
+    def _tensor_array(self, t: Any) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if t.data_type not in _ONNX_TO_DTYPE:
+            raise UnsupportedOnnxError(f"tensor {t.name!r} has ONNX type {_onnx_type_name(t.data_type)}, "
+                                       f"which RLX does not have", where=self.node_where,
+                                       fix=f"RLX dtypes: {', '.join(d.value for d in DType)}; cast in the "
+                                           f"model before exporting")
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as e:
+            raise SerializationError(f"tensor {t.name!r} cannot be decoded ({type(e).__name__}: {e}); the "
+                                     f"file is truncated or malformed", where=self.node_where,
+                                     fix="export or download the model again") from None
+        dt = _ONNX_TO_DTYPE[t.data_type]
+        if arr.dtype != dt.np:
+            arr = arr.astype(dt.np)
+        return arr
+
+    def _graph_input(self, vi: Any) -> Tensor:
+        where = f"{self.source}, graph input {vi.name!r}"
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOnnxError(f"graph input {vi.name!r} is not a tensor", where=where,
+                                       fix="RLX graphs take tensors only (no sequences, maps or optionals)")
+        tt = vi.type.tensor_type
+        dt = _ONNX_TO_DTYPE.get(tt.elem_type)
+        if dt is None:
+            raise UnsupportedOnnxError(f"graph input {vi.name!r} has ONNX type "
+                                       f"{_onnx_type_name(tt.elem_type)}, which RLX does not have",
+                                       where=where, fix=f"RLX dtypes: {', '.join(d.value for d in DType)}")
+        override = self.input_shapes.get(vi.name)
+        if not tt.HasField("shape") and override is None:
+            raise UnsupportedOnnxError(f"graph input {vi.name!r} has no shape in the file", where=where,
+                                       fix=f"pass it: load_onnx(path, input_shapes={{{vi.name!r}: (...)}})")
+        file_dims: list[Any] = []
+        for axis, d in enumerate(tt.shape.dim if tt.HasField("shape") else ()):
+            if d.HasField("dim_value"):
+                file_dims.append(int(d.dim_value))
+            elif d.dim_param:
+                file_dims.append(self._symbol(d.dim_param))
+            elif axis == 0 and self.batch_symbol:
+                file_dims.append(self.batch_symbol)
+            else:
+                file_dims.append(self._sanitize(f"{vi.name}_dim{axis}"))
+        dims = file_dims
+        if override is not None:
+            override = list(override)
+            if file_dims and len(override) != len(file_dims):
+                raise IRError(f"input_shapes gives {vi.name!r} rank {len(override)}, the model declares "
+                              f"rank {len(file_dims)}", where=where, fix="give one entry per axis")
+            dims = [file_dims[i] if d is None else (self.symbols.get(d, d) if isinstance(d, str) else int(d))
+                    for i, d in enumerate(override)]
+        return self.g.input(vi.name, dt, tuple(dims))
+
+    def _sanitize(self, s: str) -> str:
+        s = _SYMBOL_RE.sub("_", s) or "dim"
+        return f"d_{s}" if s[0].isdigit() else s
+
+    def _symbol(self, param: str) -> Dim:
+        mapped = self.symbols.get(param, param)
+        if isinstance(mapped, str):
+            return self._sanitize(mapped)
+        return int(mapped)
+
+    # -- values --------------------------------------------------------------------------------
+    def t(self, v: Value | None, dtype: DType | None = None) -> Tensor:
+        """The value as a run-time tensor (constants become parameters; symbols are computed)."""
+        if v is None:
+            raise self.unsupported("a required input is missing", fix="check the node's inputs")
+        if isinstance(v, Tensor):
+            return v
+        if isinstance(v, _Sym):
+            if v.tensor is None:
+                v.tensor = self._materialize_sym(v)
+            t = v.tensor
+            return t if dtype is None or t.dtype == dtype else self.g.op("cast", t, to=dtype)
+        arr = v.array
+        if dtype is not None and DType.parse(arr.dtype) != dtype:
+            arr = arr.astype(dtype.np)
+        key = str(arr.dtype)
+        hit = v.tensors.get(key)
+        if hit is not None:
+            return hit
+        t = self.param(arr, v.name if arr is v.array else None)
+        v.tensors[key] = t
+        return t
+
+    def param(self, arr: np.ndarray, name: str | None = None) -> Tensor:
+        try:
+            dt = DType.parse(arr.dtype)
+        except RLXError:
+            raise self.unsupported(f"a constant has dtype {arr.dtype}, which RLX does not have",
+                                   fix=f"RLX dtypes: {', '.join(d.value for d in DType)}") from None
+        if name is None or arr.size <= 16:
+            return self.g.const(arr, dt)
+        prefix, self.g.prefix = self.g.prefix, ""
+        try:
+            if name in self.g._types:
+                name = self.g.fresh(name)
+            return self.g.param(name, np.ascontiguousarray(arr), dt)
+        finally:
+            self.g.prefix = prefix
+
+    def _materialize_sym(self, v: _Sym) -> Tensor:
+        """Compute a symbolic shape at run time: ``s`` is ``reduce_sum(expand(1, (s,)))``."""
+        g = self.g
+        one = g.const(1, DType.I64)
+        elems = []
+        for x in v.arr.flat:
+            if isinstance(x, SymInt):
+                acc = g.const(x.coef, DType.I64)
+                for s in x.syms:
+                    n = g.op("reduce_sum", g.op("expand", g.op("reshape", one, shape=(1,)), shape=(s,)),
+                             axes=(0,), keepdims=False)
+                    acc = acc * n
+                elems.append(acc)
+            else:
+                elems.append(g.const(int(x), DType.I64))
+        if v.arr.ndim == 0:
+            out = elems[0]
+        else:
+            out = g.op("concat", *[g.op("reshape", e, shape=(1,)) for e in elems], axis=0)
+            out = g.op("reshape", out, shape=v.arr.shape)
+        return out if v.dtype is DType.I64 else g.op("cast", out, to=v.dtype)
+
+    def sdims(self, x: Tensor) -> list[SymLike]:
+        return [_sym_of(d) for d in x.shape]
+
+    def dims(self, v: Value | None, what: str) -> list[SymLike]:
+        """A 1-D shape-like input known at import time (ints or symbolic dims)."""
+        if v is None:
+            raise self.unsupported(f"{what} is missing", fix="pass it as a constant")
+        if isinstance(v, Tensor):
+            msg = f"{what} is computed at run time from tensor data, so the result's shape is data-dependent"
+            if self.has_symbols():
+                raise self.symbolic(msg)
+            raise self.unsupported(msg, fix="export with static shapes for this part (no data-dependent "
+                                            "shapes such as NonZero)")
+        arr = v.arr if isinstance(v, _Sym) else v.array
+        return [x if isinstance(x, SymInt) else int(x) for x in np.asarray(arr).reshape(-1)]
+
+    def ints(self, v: Value | None, what: str) -> list[int] | None:
+        """A constant int list (None when the optional input is absent)."""
+        if v is None:
+            return None
+        ds = self.dims(v, what)
+        if any(isinstance(d, SymInt) for d in ds):
+            raise self.symbolic(f"{what} depends on a symbolic dim ({ds})")
+        return [int(d) for d in ds]
+
+    def scalar(self, v: Value | None, what: str) -> Any:
+        if v is None:
+            return None
+        if not isinstance(v, _Const):
+            raise self.unsupported(f"{what} must be a constant",
+                                   fix="export with this value fixed (a constant)")
+        return v.array.reshape(-1)[0].item() if v.array.size else None
+
+    def to_dim(self, d: SymLike, what: str) -> Dim:
+        if isinstance(d, SymInt):
+            if d.coef == 1 and len(d.syms) == 1:
+                return d.syms[0]
+            raise self._unrepresentable(d, what)
+        if d < 0:
+            raise self.unsupported(f"{what} has the negative size {d}", fix="check the model's shapes")
+        return int(d)
+
+    def shape_of(self, dims: Sequence[SymLike], what: str) -> tuple[Dim, ...]:
+        return tuple(self.to_dim(d, what) for d in dims)
+
+    def axes_arg(self, ins: Sequence[Value | None], attrs: Mapping[str, Any], index: int,
+                 since: int) -> list[int] | None:
+        """Axes given as an attribute before opset ``since`` and as input ``index`` from it on."""
+        if self.opset >= since:
+            v = ins[index] if len(ins) > index else None
+            return self.ints(v, "axes")
+        a = attrs.get("axes")
+        return None if a is None else [int(x) for x in a]
+
+    def pair(self, a: Value | None, b: Value | None) -> tuple[Tensor, Tensor]:
+        """Two operands as tensors; a constant takes the other operand's dtype."""
+        if isinstance(a, Tensor) and not isinstance(b, Tensor):
+            return a, self.t(b, a.dtype)
+        if isinstance(b, Tensor) and not isinstance(a, Tensor):
+            return self.t(a, b.dtype), b
+        return self.t(a), self.t(b)
+
+    def reshape(self, x: Tensor, dims: Sequence[SymLike], what: str = "the reshaped shape") -> Tensor:
+        shape = self.shape_of(dims, what)
+        if shape == x.shape:
+            return x
+        return self.g.op("reshape", x, shape=shape)
+
+    # -- folding -------------------------------------------------------------------------------
+    def _fold(self, node: Any, ins: list[Value | None]) -> list[Value] | None:
+        """Evaluate a node with constant inputs with onnx's NumPy reference evaluator."""
+        from onnx import helper
+        from onnx.reference import ReferenceEvaluator
+
+        names = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
+        feeds = {nm: v.array for nm, v in zip(names, ins) if nm and isinstance(v, _Const)}
+        outs = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
+        copy = helper.make_node(node.op_type, names, outs, domain=node.domain)
+        copy.attribute.extend(node.attribute)
+        try:
+            vis = [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                   for nm, a in feeds.items()]
+            ovis = [helper.make_tensor_value_info(o, 0, None) for o in outs if o]
+            model = helper.make_model(helper.make_graph([copy], "fold", vis, ovis),
+                                      opset_imports=[helper.make_opsetid("", self.opset)])
+            res = ReferenceEvaluator(model).run(None, feeds)
+        except Exception:
+            return None  # not foldable here: the handler translates it (or says it is unsupported)
+        it = iter(res)
+        out: list[Value] = []
+        for o in outs:
+            if not o:
+                out.append(None)  # type: ignore[arg-type]
+                continue
+            arr = np.asarray(next(it))
+            try:
+                DType.parse(arr.dtype)
+            except RLXError:
+                return None
+            out.append(_Const(arr))
+        return out
+
+    def _shape_eval(self, node: Any, ins: list[Value | None], attrs: Mapping[str, Any]) -> list[Value]:
+        """Evaluate shape arithmetic on constants and symbolic shapes (raises _NotSymbolic)."""
+        op = node.op_type
+
+        def arr(v: Value | None) -> np.ndarray | None:
+            if v is None:
+                return None
+            if isinstance(v, _Sym):
+                return v.arr
+            a = v.array
+            return _to_obj(a) if a.dtype.kind in "iu" else a
+
+        def dtype_of(v: Value | None) -> DType:
+            if isinstance(v, _Sym):
+                return v.dtype
+            return DType.parse(v.array.dtype)  # type: ignore[union-attr]
+
+        def numeric(v: Value | None, what: str) -> list[int] | None:
+            if v is None:
+                return None
+            if isinstance(v, _Sym):
+                raise _NotSymbolic(what)
+            return [int(x) for x in v.array.reshape(-1)]
+
+        x = ins[0]
+        if op in ("Shape", "Size"):
+            raw = x.arr if isinstance(x, _Sym) else x.array  # type: ignore[union-attr]
+            if op == "Size":
+                return [_Const(np.asarray(raw.size, np.int64))]
+            start, end = attrs.get("start", 0), attrs.get("end")
+            return [_Const(np.asarray(list(raw.shape)[slice(start, end)], np.int64))]
+        a = arr(x)
+        if a is None:
+            raise _NotSymbolic("missing input")
+        dt = dtype_of(x)
+        if op in ("Identity",):
+            return [_finish(a, dt)]
+        if op == "Cast":
+            to = _ONNX_TO_DTYPE.get(int(attrs["to"]))
+            if to is None:
+                raise _NotSymbolic("cast type")
+            if _has_sym(a) and not to.is_int:
+                raise _NotSymbolic("cast of a symbol to a non-integer")
+            if not _has_sym(a):
+                return [_Const(np.asarray(x.array).astype(to.np))]  # type: ignore[union-attr]
+            return [_Sym(a, to)]
+        if op == "Gather":
+            idx = numeric(ins[1], "indices")
+            assert idx is not None
+            ind = np.asarray(idx, np.int64).reshape(ins[1].array.shape)  # type: ignore[union-attr]
+            return [_finish(np.take(a, ind, axis=int(attrs.get("axis", 0))), dt)]
+        if op == "Unsqueeze":
+            axes = self.axes_arg(ins, attrs, 1, 13)
+            if axes is None:
+                raise _NotSymbolic("axes")
+            r = a.ndim + len(axes)
+            shape = list(a.shape)
+            for ax in sorted(ax % r for ax in axes):
+                shape.insert(ax, 1)
+            return [_finish(a.reshape(shape), dt)]
+        if op == "Squeeze":
+            axes = self.axes_arg(ins, attrs, 1, 13)
+            if axes is None:
+                shape = [d for d in a.shape if d != 1]
+            else:
+                norm = {ax % max(a.ndim, 1) for ax in axes}
+                shape = [d for i, d in enumerate(a.shape) if i not in norm]
+            return [_finish(a.reshape(shape), dt)]
+        if op == "Reshape":
+            target = numeric(ins[1], "shape")
+            assert target is not None
+            allowzero = int(attrs.get("allowzero", 0))
+            tgt = [a.shape[i] if (t == 0 and not allowzero) else t for i, t in enumerate(target)]
+            return [_finish(a.reshape(tgt), dt)]
+        if op == "Flatten":
+            ax = int(attrs.get("axis", 1)) % (a.ndim + 1) if a.ndim else 0
+            outer = math.prod(a.shape[:ax])
+            return [_finish(a.reshape(outer, -1) if a.size else a.reshape(outer, 0), dt)]
+        if op == "Concat":
+            parts = [arr(v) for v in ins if v is not None]
+            dts = {dtype_of(v) for v in ins if v is not None}
+            cat = np.concatenate(parts, axis=int(attrs["axis"]))
+            return [_finish(cat, dts.pop() if len(dts) == 1 else dt)]
+        if op == "Slice":
+            if self.opset < 10:
+                raise _NotSymbolic("old slice")
+            starts, ends = numeric(ins[1], "starts"), numeric(ins[2], "ends")
+            axes = numeric(ins[3] if len(ins) > 3 else None, "axes") or list(range(len(starts or [])))
+            steps = numeric(ins[4] if len(ins) > 4 else None, "steps") or [1] * len(axes)
+            idx: list[Any] = [slice(None)] * a.ndim
+            for s, e, ax, st in zip(starts or [], ends or [], axes, steps):
+                idx[ax % a.ndim] = slice(s, e, st)
+            return [_finish(a[tuple(idx)], dt)]
+        if op == "Transpose":
+            perm = attrs.get("perm")
+            return [_finish(np.transpose(a, perm), dt)]
+        if op == "Expand":
+            shape = numeric(ins[1], "shape")
+            assert shape is not None
+            out_shape = np.broadcast_shapes(a.shape, tuple(shape))
+            return [_finish(np.broadcast_to(a, out_shape).copy(), dt)]
+        if op in ("Mul", "Div", "Add", "Sub", "Max", "Min", "Equal"):
+            if dt.is_float or any(v is not None and dtype_of(v).is_float for v in ins):
+                raise _NotSymbolic("float arithmetic")
+            arrays = [arr(v) for v in ins if v is not None]
+            if op == "Equal":
+                return [_Const(_elementwise(s_eq, *arrays).astype(bool))]
+            if op in ("Max", "Min"):
+                pick = max if op == "Max" else min
+
+                def mm(*xs: Any) -> Any:
+                    if any(isinstance(v, SymInt) for v in xs):
+                        raise _NotSymbolic("max/min of symbols")
+                    return pick(int(v) for v in xs)
+                return [_finish(_elementwise(mm, *arrays), dt)]
+            fn = {"Mul": s_mul, "Div": s_div, "Add": s_add, "Sub": s_sub}[op]
+            return [_finish(_elementwise(fn, *arrays), dt)]
+        if op == "Neg":
+            if _has_sym(a):
+                raise _NotSymbolic("negative symbol")
+            return [_Const(-x.array)]  # type: ignore[union-attr]
+        if op == "Abs":
+            return [_finish(_elementwise(lambda v: v if isinstance(v, SymInt) else abs(int(v)), a), dt)]
+        if op == "Where":
+            c = ins[0]
+            if not isinstance(c, _Const):
+                raise _NotSymbolic("symbolic condition")
+            xa, xb = arr(ins[1]), arr(ins[2])
+            return [_finish(np.where(c.array.astype(bool), xa, xb), dtype_of(ins[1]))]
+        raise _NotSymbolic(op)
+
+
+def _with_where(e: RLXError, where: str) -> RLXError:
+    """The same error with the ONNX node prepended to its location."""
+    full = where if not e.where or where in e.where else f"{where}; {e.where}"
+    try:
+        return type(e)(e.what, where=full, fix=e.fix)
+    except TypeError:
+        return IRError(e.what, where=full, fix=e.fix)
+
+
+# ---------------------------------------------------------------------------------------------
+# Handlers: (importer, node, inputs, attributes) -> outputs
+
+Handler = Callable[[_Importer, Any, list, dict], Sequence[Any]]
+_HANDLERS: dict[str, Handler] = {}
+_CUSTOM: dict[tuple[str, str], Handler] = {}
+_CUSTOM_DEFAULT: set[str] = set()
+
+
+def register_handler(op_type: str, fn: Handler, *, domain: str = "") -> None:
+    """Add or replace the translation of one ONNX operator.
+
+    ``fn(importer, node, inputs, attrs)`` returns one value per node output; ``importer.t(v)`` turns
+    an input into an RLX tensor and ``importer.g`` is the :class:`GraphBuilder`.
+    """
+    _CUSTOM[(domain, op_type)] = fn
+    if domain == "":
+        _CUSTOM_DEFAULT.add(op_type)
+
+
+def _handler(*names: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for n in names:
+            _HANDLERS[n] = fn
+        return fn
+    return deco
+
+
+def _register_simple() -> None:
+    unary = {"Neg": "neg", "Abs": "abs", "Sqrt": "sqrt", "Exp": "exp", "Log": "log", "Erf": "erf",
+             "Tanh": "tanh", "Sigmoid": "sigmoid", "Reciprocal": "reciprocal", "Floor": "floor",
+             "Ceil": "ceil", "Round": "round", "Sin": "sin", "Cos": "cos", "Sign": "sign",
+             "Not": "logical_not"}
+    for onnx_op, rlx_op in unary.items():
+        _HANDLERS[onnx_op] = (lambda r: lambda imp, node, ins, attrs: [imp.g.op(r, imp.t(ins[0]))])(rlx_op)
+    binary = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "equal", "Less": "less",
+              "LessOrEqual": "less_equal", "Greater": "greater", "GreaterOrEqual": "greater_equal",
+              "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
+    for onnx_op, rlx_op in binary.items():
+        _HANDLERS[onnx_op] = (lambda r: lambda imp, node, ins, attrs: [imp.g.op(r, *imp.pair(ins[0], ins[1]))]
+                              )(rlx_op)
+
+
+_register_simple()
+
+
+def _c(imp: _Importer, value: float, like: Tensor) -> Tensor:
+    return imp.g.const(value, like.dtype)
+
+
+@_handler("Constant")
+def _constant(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    if "value" in attrs:
+        return [_Const(imp._tensor_array(attrs["value"]))]
+    for key, dt in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                    ("value_ints", np.int64)):
+        if key in attrs:
+            return [_Const(np.asarray(attrs[key], dt))]
+    raise imp.unsupported(f"Constant with attribute(s) {sorted(attrs)} is not supported",
+                          fix="use a dense tensor value (not sparse or string)")
+
+
+@_handler("Identity")
+def _identity(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    return [ins[0]]
+
+
+@_handler("Dropout")
+def _dropout(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    training = ins[2] if len(ins) > 2 else None
+    if training is not None and (not isinstance(training, _Const) or bool(training.array.reshape(-1)[0])):
+        raise imp.unsupported("Dropout in training mode is not supported",
+                              fix="export the model in eval mode (model.eval())")
+    if not isinstance(ins[0], Tensor) and not (len(node.output) > 1 and node.output[1]):
+        return [ins[0]]
+    x = imp.t(ins[0])
+    outs: list[Any] = [x]
+    if len(node.output) > 1 and node.output[1]:
+        outs.append(imp.g.op("expand", imp.g.const(True, DType.BOOL), shape=x.shape))
+    return outs
+
+
+@_handler("Cast")
+def _cast(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    to = _ONNX_TO_DTYPE.get(int(attrs["to"]))
+    if to is None:
+        raise imp.unsupported(f"Cast to ONNX type {_onnx_type_name(int(attrs['to']))} is not supported",
+                              fix=f"RLX dtypes: {', '.join(d.value for d in DType)}")
+    x = imp.t(ins[0])
+    return [x if x.dtype == to else imp.g.op("cast", x, to=to)]
+
+
+@_handler("CastLike")
+def _cast_like(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    target = ins[1]
+    to = target.dtype if isinstance(target, (Tensor, _Sym)) else DType.parse(target.array.dtype)
+    x = imp.t(ins[0])
+    return [x if x.dtype == to else imp.g.op("cast", x, to=to)]
+
+
+@_handler("Pow")
+def _pow(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    e = ins[1]
+    if isinstance(e, _Const) and e.array.size == 1 and e.array.ndim <= x.rank:
+        v = float(e.array.reshape(-1)[0])
+        if v == 1.0:
+            return [x]
+        if v == 2.0:
+            return [x * x]
+        if v == 0.5:
+            return [imp.g.op("sqrt", x)]
+    return [imp.g.op("pow", x, imp.t(e, x.dtype))]
+
+
+@_handler("Relu")
+def _relu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    return [imp.g.op("relu", x) if x.dtype.is_float else imp.g.op("maximum", x, imp.g.const(0, x.dtype))]
+
+
+@_handler("LeakyRelu")
+def _leaky_relu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    alpha = float(attrs.get("alpha", 0.01))
+    return [imp.g.op("where", imp.g.op("less", x, _c(imp, 0, x)), x * _c(imp, alpha, x), x)]
+
+
+@_handler("PRelu")
+def _prelu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x, slope = imp.pair(ins[0], ins[1])
+    return [imp.g.op("where", imp.g.op("less", x, _c(imp, 0, x)), x * slope, x)]
+
+
+@_handler("Elu")
+def _elu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    alpha = float(attrs.get("alpha", 1.0))
+    neg = (imp.g.op("exp", x) - _c(imp, 1.0, x)) * _c(imp, alpha, x)
+    return [imp.g.op("where", imp.g.op("less", x, _c(imp, 0, x)), neg, x)]
+
+
+@_handler("Selu")
+def _selu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    alpha = float(attrs.get("alpha", 1.67326319217681884765625))
+    gamma = float(attrs.get("gamma", 1.05070102214813232421875))
+    neg = (imp.g.op("exp", x) - _c(imp, 1.0, x)) * _c(imp, alpha, x)
+    return [imp.g.op("where", imp.g.op("less_equal", x, _c(imp, 0, x)), neg, x) * _c(imp, gamma, x)]
+
+
+def _hard_sigmoid(imp: _Importer, x: Tensor, alpha: float, beta: float) -> Tensor:
+    y = x * _c(imp, alpha, x) + _c(imp, beta, x)
+    return imp.g.op("minimum", imp.g.op("maximum", y, _c(imp, 0.0, x)), _c(imp, 1.0, x))
+
+
+@_handler("HardSigmoid")
+def _hardsigmoid(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    return [_hard_sigmoid(imp, x, float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5)))]
+
+
+@_handler("HardSwish")
+def _hardswish(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    return [x * _hard_sigmoid(imp, x, 1.0 / 6.0, 0.5)]
+
+
+def _softplus_t(imp: _Importer, x: Tensor) -> Tensor:
+    # max(x, 0) + log(1 + exp(-|x|)): never overflows.
+    g = imp.g
+    return g.op("maximum", x, _c(imp, 0.0, x)) + g.op(
+        "log", _c(imp, 1.0, x) + g.op("exp", g.op("neg", g.op("abs", x))))
+
+
+@_handler("Softplus")
+def _softplus(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    return [_softplus_t(imp, imp.t(ins[0]))]
+
+
+@_handler("Softsign")
+def _softsign(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    return [x / (_c(imp, 1.0, x) + imp.g.op("abs", x))]
+
+
+@_handler("Mish")
+def _mish(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    return [x * imp.g.op("tanh", _softplus_t(imp, x))]
+
+
+@_handler("Gelu")
+def _gelu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    approx = str(attrs.get("approximate", "none"))
+    if approx not in ("none", "tanh"):
+        raise imp.unsupported(f"Gelu approximate={approx!r} is not supported", fix="use 'none' or 'tanh'")
+    return [imp.g.op("gelu", imp.t(ins[0]), approximate=approx)]
+
+
+@_handler("IsNaN")
+def _isnan(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    return [imp.g.op("not_equal", x, x)]
+
+
+def _variadic(rlx_op: str) -> Handler:
+    def h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+        vals = [v for v in ins if v is not None]
+        like = next((v for v in vals if isinstance(v, Tensor)), None)
+        ts = [imp.t(v, like.dtype if like is not None else None) for v in vals]
+        y = ts[0]
+        for t in ts[1:]:
+            y = imp.g.op(rlx_op, y, t)
+        if node.op_type == "Mean":
+            y = y / _c(imp, len(ts), y)
+        return [y]
+    return h
+
+
+_HANDLERS["Max"] = _variadic("maximum")
+_HANDLERS["Min"] = _variadic("minimum")
+_HANDLERS["Sum"] = _variadic("add")
+_HANDLERS["Mean"] = _variadic("add")
+
+
+@_handler("Clip")
+def _clip(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    if imp.opset < 11:
+        lo, hi = attrs.get("min"), attrs.get("max")
+        lo_t = None if lo is None else _c(imp, lo, x)
+        hi_t = None if hi is None else _c(imp, hi, x)
+    else:
+        lo_t = imp.t(ins[1], x.dtype) if len(ins) > 1 and ins[1] is not None else None
+        hi_t = imp.t(ins[2], x.dtype) if len(ins) > 2 and ins[2] is not None else None
+    if lo_t is not None:
+        x = imp.g.op("maximum", x, lo_t)
+    if hi_t is not None:
+        x = imp.g.op("minimum", x, hi_t)
+    return [x]
+
+
+@_handler("Where")
+def _where(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    cond = imp.t(ins[0])
+    if cond.dtype is not DType.BOOL:
+        cond = imp.g.op("cast", cond, to=DType.BOOL)
+    a, b = imp.pair(ins[1], ins[2])
+    return [imp.g.op("where", cond, a, b)]
+
+
+# -- matmul, gemm, linear --------------------------------------------------------------------
+
+def _weight_t(imp: _Importer, c: _Const, transpose: bool, scale: float = 1.0) -> Tensor:
+    """A constant matrix as a (out, in) parameter for ``linear`` (cached per transform)."""
+    key = ("linear_w", transpose, scale)
+    hit = c.tensors.get(key)  # type: ignore[arg-type]
+    if hit is not None:
+        return hit
+    arr = c.array.T if transpose else c.array
+    if scale != 1.0:
+        arr = arr * np.asarray(scale, arr.dtype)
+    name = c.name if c.name and not transpose and scale == 1.0 else (f"{c.name}.T" if c.name else None)
+    t = imp.param(np.ascontiguousarray(arr), name)
+    c.tensors[key] = t  # type: ignore[index]
+    return t
+
+
+def _bias_vector(c: _Const, n: int) -> np.ndarray | None:
+    """A constant that broadcasts like a per-output-feature bias of length n, as shape (n,)."""
+    a = c.array
+    if a.size == n and (a.ndim == 1 or all(d == 1 for d in a.shape[:-1])):
+        return a.reshape(n)
+    if a.size == 1:
+        return np.full((n,), a.reshape(-1)[0], a.dtype)
+    return None
+
+
+def _linear_bias_consumer(imp: _Importer, node: Any, x: Tensor, n: int) -> tuple[Any, Tensor] | None:
+    """The single ``Add`` consuming a MatMul output with a constant per-feature bias, if any."""
+    out = node.output[0]
+    users = imp.consumers.get(out, [])
+    if imp.depth or not imp.fuse or len(users) != 1 or out in imp.graph_outputs:
+        return None
+    add = users[0]
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+        return None
+    other = add.input[1] if add.input[0] == out else add.input[0]
+    if other == out:
+        return None
+    c = imp.env.get(other)
+    if not isinstance(c, _Const) or DType.parse(c.array.dtype) != x.dtype:
+        return None
+    if c.array.ndim > max(x.rank, 1):
+        return None
+    if c.array.shape == (n,):
+        return add, imp.t(c)
+    b = _bias_vector(c, n)
+    return None if b is None else (add, imp.param(np.ascontiguousarray(b), None))
+
+
+@_handler("MatMul")
+def _matmul(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    a, b = ins
+    if isinstance(a, Tensor) and isinstance(b, _Const) and b.array.ndim == 2 and a.dtype.is_float \
+            and DType.parse(b.array.dtype) == a.dtype and a.shape[-1] == b.array.shape[0]:
+        fused = _linear_bias_consumer(imp, node, a, b.array.shape[1])
+        if fused is not None:
+            add, bias = fused
+            y = imp.g.op("linear", a, _weight_t(imp, b, True), bias)
+            imp.env[add.output[0]] = y
+            imp.skip.add(tuple(add.output))
+            return [y]
+    ta, tb = imp.pair(a, b)
+    return [imp.g.op("matmul", ta, tb)]
+
+
+@_handler("Gemm")
+def _gemm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+    a = imp.t(ins[0])
+    if a.rank != 2:
+        raise imp.unsupported(f"Gemm input A has rank {a.rank}", fix="Gemm takes 2-D A and B")
+    if trans_a:
+        a = g.op("transpose", a, perm=(1, 0))
+    b, c = ins[1], ins[2] if len(ins) > 2 else None
+    if isinstance(b, _Const) and b.array.ndim == 2 and a.dtype.is_float:
+        w = _weight_t(imp, b, not trans_b, alpha)
+        n = w.shape[0]
+        bias = None
+        if c is None:
+            bias = np.zeros((n,), a.dtype.np)
+        elif isinstance(c, _Const):
+            bias = _bias_vector(c, n)
+            if bias is not None and beta != 1.0:
+                bias = bias * np.asarray(beta, bias.dtype)
+        if bias is not None:
+            return [g.op("linear", a, w, imp.param(np.ascontiguousarray(bias.astype(a.dtype.np)),
+                                                   c.name if isinstance(c, _Const) and beta == 1.0
+                                                   and c.array.shape == (n,) else None))]
+    tb = imp.t(b, a.dtype)
+    if trans_b:
+        tb = g.op("transpose", tb, perm=(1, 0))
+    y = g.op("matmul", a, tb)
+    if alpha != 1.0:
+        y = y * _c(imp, alpha, y)
+    if c is not None:
+        tc = imp.t(c, y.dtype)
+        if beta != 1.0:
+            tc = tc * _c(imp, beta, tc)
+        y = y + tc
+    return [y]
+
+
+# -- convolution, normalisation, pooling -----------------------------------------------------
+
+def _spatial(imp: _Importer, attrs: Mapping[str, Any], in_hw: Sequence[Dim], kernel: Sequence[int],
+             nd: int, what: str) -> tuple[list[int], list[int], list[int]]:
+    """strides, dilations and pads (begins then ends) with auto_pad resolved."""
+    strides = [int(s) for s in attrs.get("strides", [1] * nd)]
+    dil = [int(d) for d in attrs.get("dilations", [1] * nd)]
+    pads = [int(p) for p in attrs.get("pads", [0] * (2 * nd))]
+    auto = str(attrs.get("auto_pad", "NOTSET"))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * nd)
+        for i in range(nd):
+            size = in_hw[i]
+            if not isinstance(size, int):
+                raise imp.symbolic(f"{what} auto_pad={auto} needs static spatial dims")
+            out = -(-size // strides[i])
+            total = max((out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - size, 0)
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + nd] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    elif auto == "VALID":
+        pads = [0] * (2 * nd)
+    elif auto != "NOTSET":
+        raise imp.unsupported(f"{what} auto_pad={auto!r} is not supported",
+                              fix="use NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    if len(strides) != nd or len(dil) != nd or len(pads) != 2 * nd:
+        raise imp.unsupported(f"{what} has {nd} spatial dims but strides {strides}, dilations {dil}, pads "
+                              f"{pads}", fix="the model is malformed; export it again")
+    return strides, dil, pads
+
+
+@_handler("Conv")
+def _conv(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    x = imp.t(ins[0])
+    w_val = ins[1]
+    w_shape = tuple(w_val.array.shape) if isinstance(w_val, _Const) else imp.t(w_val).shape
+    nd = x.rank - 2
+    if nd not in (1, 2) or len(w_shape) != x.rank:
+        raise imp.unsupported(f"Conv with {nd} spatial dims (input {x.shape}) is not supported",
+                              fix="RLX has 1-D and 2-D convolutions (NCL / NCHW)")
+    kernel = [int(k) for k in attrs.get("kernel_shape", w_shape[2:])]
+    strides, dil, pads = _spatial(imp, attrs, x.shape[2:], kernel, nd, "Conv")
+    group = int(attrs.get("group", 1))
+    w = imp.t(w_val, x.dtype)
+    if nd == 1:
+        x = g.op("reshape", x, shape=(x.shape[0], x.shape[1], 1, x.shape[2]))
+        w = g.op("reshape", w, shape=(w.shape[0], w.shape[1], 1, w.shape[2]))
+        strides, dil, pads = [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]]
+    kw = dict(strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=group)
+    b = ins[2] if len(ins) > 2 else None
+    if b is not None and x.dtype.is_float:
+        y = g.op("conv2d_bias", x, w, imp.t(b, x.dtype), **kw)
+    else:
+        y = g.op("conv2d", x, w, **kw)
+        if b is not None:
+            y = y + g.op("reshape", imp.t(b, x.dtype), shape=(w.shape[0], 1, 1))
+    if nd == 1:
+        y = g.op("reshape", y, shape=(y.shape[0], y.shape[1], y.shape[3]))
+    return [y]
+
+
+@_handler("BatchNormalization")
+def _batch_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    if int(attrs.get("training_mode", 0)):
+        raise imp.unsupported("BatchNormalization with training_mode=1 is not supported",
+                              fix="export the model in eval mode (model.eval())")
+    x = imp.t(ins[0])
+    params = [imp.t(v, x.dtype) for v in ins[1:5]]
+    return [imp.g.op("batch_norm", x, *params, eps=float(attrs.get("epsilon", 1e-5)))]
+
+
+@_handler("LayerNormalization")
+def _layer_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    x = imp.t(ins[0])
+    axis = int(attrs.get("axis", -1)) % max(x.rank, 1)
+    norm_shape = x.shape[axis:]
+
+    def affine(v: Value | None, fill: float) -> Tensor:
+        if v is None:
+            if not all(isinstance(d, int) for d in norm_shape):
+                raise imp.symbolic("LayerNormalization over symbolic dims without a bias")
+            return imp.param(np.full(norm_shape, fill, x.dtype.np), None)
+        if isinstance(v, _Const) and tuple(v.array.shape) != norm_shape and \
+                all(isinstance(d, int) for d in norm_shape):
+            return imp.param(np.ascontiguousarray(np.broadcast_to(v.array.astype(x.dtype.np), norm_shape)),
+                             None)
+        t = imp.t(v, x.dtype)
+        return t if t.shape == norm_shape else g.op("expand", t, shape=norm_shape)
+
+    y = g.op("layer_norm", x, affine(ins[1], 1.0), affine(ins[2] if len(ins) > 2 else None, 0.0),
+             axis=axis, eps=float(attrs.get("epsilon", 1e-5)))
+    return [y]
+
+
+def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
+    g = imp.g
+    x = imp.t(ins[0])
+    nd = x.rank - 2
+    if nd not in (1, 2):
+        raise imp.unsupported(f"{node.op_type} with {nd} spatial dims (input {x.shape}) is not supported",
+                              fix="RLX pools 1-D and 2-D inputs (NCL / NCHW)")
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    strides, dil, pads = _spatial(imp, attrs, x.shape[2:], kernel, nd, node.op_type)
+    if any(d != 1 for d in dil):
+        raise imp.unsupported(f"{node.op_type} with dilations {dil} is not supported",
+                              fix="use dilation 1 for pooling")
+    include_pad = bool(int(attrs.get("count_include_pad", 0)))
+    if int(attrs.get("ceil_mode", 0)):
+        for i in range(nd):
+            size = x.shape[2 + i]
+            if not isinstance(size, int):
+                raise imp.symbolic(f"{node.op_type} ceil_mode needs static spatial dims")
+            span = size + pads[i] + pads[i + nd] - kernel[i]
+            out = -(-span // strides[i]) + 1
+            if (out - 1) * strides[i] >= size + pads[i]:
+                out -= 1  # the last window must start inside the input or the begin padding
+            extra = (out - 1) * strides[i] + kernel[i] - (size + pads[i] + pads[i + nd])
+            if extra > 0:
+                if kind == "avg" and include_pad:
+                    raise imp.unsupported("AveragePool with ceil_mode=1 and count_include_pad=1 whose last "
+                                          "window passes the padding is not supported",
+                                          fix="export with ceil_mode=False, or pad the input explicitly")
+                pads[i + nd] += extra
+    if nd == 1:
+        x = g.op("reshape", x, shape=(x.shape[0], x.shape[1], 1, x.shape[2]))
+        kernel, strides, pads = [1, kernel[0]], [1, strides[0]], [0, pads[0], 0, pads[1]]
+    kw: dict[str, Any] = dict(kernel=tuple(kernel), strides=tuple(strides), pads=tuple(pads))
+    if kind == "max":
+        y = g.op("max_pool2d", x, **kw)
+    else:
+        y = g.op("avg_pool2d", x, count_include_pad=include_pad, **kw)
+    if nd == 1:
+        y = g.op("reshape", y, shape=(y.shape[0], y.shape[1], y.shape[3]))
+    return [y]
+
+
+@_handler("MaxPool")
+def _max_pool(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    if int(attrs.get("storage_order", 0)):
+        raise imp.unsupported("MaxPool storage_order=1 is not supported",
+                              fix="use the default row-major order")
+    return _pool(imp, node, ins, attrs, "max")
+
+
+@_handler("AveragePool")
+def _avg_pool(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    return _pool(imp, node, ins, attrs, "avg")
+
+
+@_handler("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    op = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
+    return [imp.g.op(op, x, axes=tuple(range(2, x.rank)), keepdims=True)]
+
+
+# -- activations with an axis ----------------------------------------------------------------
+
+def _softmax_like(rlx_op: str) -> Handler:
+    def h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+        g = imp.g
+        x = imp.t(ins[0])
+        if imp.opset >= 13:
+            return [g.op(rlx_op, x, axis=int(attrs.get("axis", -1)))]
+        axis = int(attrs.get("axis", 1)) % max(x.rank, 1)
+        if axis == x.rank - 1:
+            return [g.op(rlx_op, x, axis=-1)]
+        # Before opset 13 the input is coerced to 2-D: (prod(d[:axis]), prod(d[axis:])).
+        d = imp.sdims(x)
+        flat = imp.reshape(x, [s_prod(d[:axis]), s_prod(d[axis:])], f"{node.op_type} coerced to 2-D")
+        return [g.op("reshape", g.op(rlx_op, flat, axis=-1), shape=x.shape)]
+    return h
+
+
+_HANDLERS["Softmax"] = _softmax_like("softmax")
+_HANDLERS["LogSoftmax"] = _softmax_like("log_softmax")
+
+
+# -- reductions ------------------------------------------------------------------------------
+
+def _reduce(kind: str) -> Handler:
+    def h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+        g = imp.g
+        x = imp.t(ins[0])
+        since = 13 if node.op_type == "ReduceSum" else 18
+        axes = imp.axes_arg(ins, attrs, 1, since)
+        keep = bool(int(attrs.get("keepdims", 1)))
+        if not axes:
+            if int(attrs.get("noop_with_empty_axes", 0)):
+                return [x]
+            axes = list(range(x.rank))
+        ax = tuple(sorted({a % max(x.rank, 1) for a in axes}))
+        if kind in ("mean", "sum", "max", "min", "prod"):
+            return [g.op(f"reduce_{kind}", x, axes=ax, keepdims=keep)]
+        if kind == "sumsquare":
+            return [g.op("reduce_sum", x * x, axes=ax, keepdims=keep)]
+        if kind == "l1":
+            return [g.op("reduce_sum", g.op("abs", x), axes=ax, keepdims=keep)]
+        if kind == "l2":
+            return [g.op("sqrt", g.op("reduce_sum", x * x, axes=ax, keepdims=keep))]
+        if kind == "logsum":
+            return [g.op("log", g.op("reduce_sum", x, axes=ax, keepdims=keep))]
+        m = g.op("reduce_max", x, axes=ax, keepdims=True)  # logsumexp, stable
+        s = g.op("log", g.op("reduce_sum", g.op("exp", x - m), axes=ax, keepdims=True)) + m
+        return [s if keep else imp.reshape(s, [d for i, d in enumerate(imp.sdims(s)) if i not in ax])]
+    return h
+
+
+for _name, _kind in (("ReduceMean", "mean"), ("ReduceSum", "sum"), ("ReduceMax", "max"), ("ReduceMin", "min"),
+                     ("ReduceProd", "prod"), ("ReduceSumSquare", "sumsquare"), ("ReduceL1", "l1"),
+                     ("ReduceL2", "l2"), ("ReduceLogSum", "logsum"), ("ReduceLogSumExp", "logsumexp")):
+    _HANDLERS[_name] = _reduce(_kind)
+
+
+@_handler("ArgMax", "ArgMin")
+def _arg(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    if int(attrs.get("select_last_index", 0)):
+        raise imp.unsupported(f"{node.op_type} select_last_index=1 is not supported",
+                              fix="use the default (first index)")
+    x = imp.t(ins[0])
+    return [imp.g.op(node.op_type.lower(), x, axis=int(attrs.get("axis", 0)),
+                     keepdims=bool(int(attrs.get("keepdims", 1))))]
+
+
+@_handler("CumSum")
+def _cumsum(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    axis = imp.ints(ins[1], "CumSum axis")
+    return [imp.g.op("cumsum", x, axis=axis[0] if axis else 0, exclusive=bool(int(attrs.get("exclusive", 0))),
+                     reverse=bool(int(attrs.get("reverse", 0))))]
+
+
+# -- shapes and data movement ----------------------------------------------------------------
+
+@_handler("Shape")
+def _shape(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = ins[0]
+    if isinstance(x, Tensor):
+        dims = imp.sdims(x)
+    else:
+        dims = list(np.shape(x.arr if isinstance(x, _Sym) else x.array))
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    sel = dims[slice(start, None if end is None else int(end))]
+    arr = np.empty((len(sel),), dtype=object)
+    for i, d in enumerate(sel):
+        arr[i] = d
+    return [_finish(arr, DType.I64)]
+
+
+@_handler("Size")
+def _size(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    arr = np.empty((), dtype=object)
+    arr[()] = s_prod(imp.sdims(x))
+    return [_finish(arr, DType.I64)]
+
+
+@_handler("Reshape")
+def _reshape(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    target = imp.dims(ins[1], "the Reshape target shape")
+    allowzero = int(attrs.get("allowzero", 0))
+    src = imp.sdims(x)
+    out: list[SymLike] = []
+    for i, d in enumerate(target):
+        if isinstance(d, int) and d == 0 and not allowzero:
+            if i >= len(src):
+                raise imp.unsupported(f"Reshape target {target} copies axis {i} of a rank-{len(src)} input",
+                                      fix="the model is malformed")
+            out.append(src[i])
+        else:
+            out.append(d)
+    minus = [i for i, d in enumerate(out) if isinstance(d, int) and d == -1]
+    if len(minus) > 1:
+        raise imp.unsupported(f"Reshape target {target} has more than one -1", fix="the model is malformed")
+    if minus:
+        known = s_prod(d for i, d in enumerate(out) if i != minus[0])
+        try:
+            out[minus[0]] = s_div(s_prod(src), known)
+        except _NotSymbolic:
+            raise imp.symbolic(f"Reshape cannot infer the -1 in {target} from the input shape {x.shape}"
+                               ) from None
+    return [imp.reshape(x, out, "the Reshape result")]
+
+
+@_handler("Flatten")
+def _flatten(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    axis = int(attrs.get("axis", 1))
+    axis = axis + x.rank if axis < 0 else axis
+    d = imp.sdims(x)
+    return [imp.reshape(x, [s_prod(d[:axis]), s_prod(d[axis:])], "the Flatten result")]
+
+
+@_handler("Unsqueeze")
+def _unsqueeze(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    axes = imp.axes_arg(ins, attrs, 1, 13)
+    if axes is None:
+        raise imp.unsupported("Unsqueeze without axes", fix="the model is malformed")
+    r = x.rank + len(axes)
+    dims = imp.sdims(x)
+    for ax in sorted(a % r for a in axes):
+        dims.insert(ax, 1)
+    return [imp.reshape(x, dims)]
+
+
+@_handler("Squeeze")
+def _squeeze(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    axes = imp.axes_arg(ins, attrs, 1, 13)
+    if axes is None:
+        keep = [d for d in x.shape if d != 1]
+    else:
+        norm = {a % max(x.rank, 1) for a in axes}
+        for a in norm:
+            if isinstance(x.shape[a], str):
+                raise imp.symbolic(f"Squeeze of the symbolic axis {a} ({x.shape[a]!r}) of {x.shape}",
+                                   [str(x.shape[a])])
+            if x.shape[a] != 1:
+                raise imp.unsupported(f"Squeeze of axis {a} of size {x.shape[a]} (input {x.shape})",
+                                      fix="only axes of size 1 can be squeezed; the model is malformed")
+        keep = [d for i, d in enumerate(x.shape) if i not in norm]
+    return [imp.reshape(x, [_sym_of(d) for d in keep])]
+
+
+@_handler("Transpose")
+def _transpose(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    perm = attrs.get("perm")
+    perm = tuple(range(x.rank - 1, -1, -1)) if perm is None else tuple(int(p) for p in perm)
+    if perm == tuple(range(x.rank)):
+        return [x]
+    return [imp.g.op("transpose", x, perm=perm)]
+
+
+@_handler("Concat")
+def _concat(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    vals = [v for v in ins if v is not None]
+    like = next((v for v in vals if isinstance(v, Tensor)), None)
+    ts = [imp.t(v, like.dtype if like is not None else None) for v in vals]
+    axis = int(attrs["axis"]) % max(ts[0].rank, 1)
+    nonempty = [t for t in ts if t.shape[axis] != 0]
+    ts = nonempty or ts[:1]
+    if len(ts) == 1:
+        return [ts[0]]
+    return [imp.g.op("concat", *ts, axis=axis)]
+
+
+@_handler("Split")
+def _split(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    axis = int(attrs.get("axis", 0)) % max(x.rank, 1)
+    n_out = len(node.output)
+    if imp.opset >= 13:
+        sizes = imp.ints(ins[1] if len(ins) > 1 else None, "Split sizes")
+    else:
+        sizes = [int(s) for s in attrs["split"]] if "split" in attrs else None
+    total = x.shape[axis]
+    if sizes is None:
+        if n_out == 1:
+            return [x]
+        if not isinstance(total, int):
+            raise imp.symbolic(f"Split of the symbolic axis {total!r}", [str(total)])
+        n = int(attrs.get("num_outputs", n_out))
+        chunk = -(-total // n)
+        sizes = [min(chunk, total - i * chunk) for i in range(n)]
+    if not isinstance(total, int):
+        raise imp.symbolic(f"Split of the symbolic axis {total!r}", [str(total)])
+    outs, start = [], 0
+    for s in sizes:
+        outs.append(imp.g.op("slice", x, starts=(start,), stops=(start + s,), axes=(axis,)))
+        start += s
+    return outs
+
+
+_INT_BIG = 2**62
+
+
+def _clamp(v: Any) -> int:
+    return max(min(int(v), _INT_BIG), -_INT_BIG)
+
+
+@_handler("Slice")
+def _slice(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    x = imp.t(ins[0])
+    if imp.opset < 10:  # pragma: no cover - below MIN_OPSET
+        raise imp.unsupported("Slice before opset 10", fix="re-export with a newer opset")
+    starts = imp.dims(ins[1], "Slice starts")
+    ends = imp.dims(ins[2], "Slice ends")
+    axes = imp.ints(ins[3] if len(ins) > 3 else None, "Slice axes") or list(range(len(starts)))
+    steps = imp.ints(ins[4] if len(ins) > 4 else None, "Slice steps") or [1] * len(axes)
+    st_l, sp_l, ax_l, step_l = [], [], [], []
+    y = x
+    for s, e, ax, step in zip(starts, ends, axes, steps):
+        ax %= max(x.rank, 1)
+        d = x.shape[ax]
+        if isinstance(s, SymInt) or isinstance(e, SymInt) or isinstance(d, str):
+            dim = _sym_of(d)
+            s_full = isinstance(s, int) and (s == 0 or s <= -_INT_BIG) and step == 1
+            e_full = (isinstance(e, int) and e >= _INT_BIG) or (
+                isinstance(e, SymInt) and isinstance(dim, SymInt) and e.key() == dim.key())
+            if s_full and e_full:
+                continue  # the whole axis
+            if isinstance(s, int) and s >= 0 and step == 1 and isinstance(e, SymInt) and isinstance(d, int):
+                # x[s:e] with a symbolic e on a static axis: gather the rows s, s+1, ... (e - s of them)
+                if s != 0:
+                    raise imp.symbolic(f"Slice [{s}:{e!r}] has a symbolic length")
+                n = imp.to_dim(e, "the Slice length")
+                idx = g.op("iota", shape=(n,), axis=0, dtype=DType.I64)
+                y = g.op("gather", y, idx, axis=ax)
+                continue
+            raise imp.symbolic(f"Slice [{s!r}:{e!r}:{step}] of axis {ax} (size {d!r}) has a symbolic "
+                               f"result size")
+        st_l.append(_clamp(s))
+        sp_l.append(_clamp(e))
+        ax_l.append(ax)
+        step_l.append(int(step))
+    if st_l:
+        y = g.op("slice", y, starts=tuple(st_l), stops=tuple(sp_l), axes=tuple(ax_l), steps=tuple(step_l))
+    return [y]
+
+
+@_handler("Gather")
+def _gather(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    data, idx = ins
+    axis = int(attrs.get("axis", 0))
+    ids = imp.t(idx)
+    if ids.dtype not in (DType.I32, DType.I64):
+        ids = g.op("cast", ids, to=DType.I64)
+    table = isinstance(data, _Const) and data.array.ndim == 2 and data.array.dtype.kind == "f"
+    if table and axis in (0, -2) and not isinstance(idx, _Const):
+        return [g.op("embedding", imp.t(data), ids)]
+    return [g.op("gather", imp.t(data), ids, axis=axis)]
+
+
+def _broadcast_dims(imp: _Importer, a: Sequence[SymLike], b: Sequence[SymLike], what: str) -> list[SymLike]:
+    r = max(len(a), len(b))
+    a = [1] * (r - len(a)) + list(a)
+    b = [1] * (r - len(b)) + list(b)
+    out: list[SymLike] = []
+    for x, y in zip(a, b):
+        if isinstance(y, int) and y == 1:
+            out.append(x)
+        elif isinstance(x, int) and x == 1:
+            out.append(y)
+        else:
+            try:
+                same = s_eq(x, y)
+            except _NotSymbolic:
+                same = False
+            if not same:
+                raise imp.symbolic(f"{what}: dims {x!r} and {y!r} do not broadcast (or cannot be proven to)")
+            out.append(x)
+    return out
+
+
+@_handler("Expand")
+def _expand(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    target = imp.dims(ins[1], "the Expand shape")
+    out = _broadcast_dims(imp, imp.sdims(x), target, "Expand")
+    shape = imp.shape_of(out, "the Expand result")
+    return [x if shape == x.shape else imp.g.op("expand", x, shape=shape)]
+
+
+@_handler("ConstantOfShape")
+def _constant_of_shape(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    value = imp._tensor_array(attrs["value"]) if "value" in attrs else np.zeros((1,), np.float32)
+    dims = imp.dims(ins[0], "the ConstantOfShape shape")
+    shape = imp.shape_of(dims, "the ConstantOfShape result")
+    scalar = imp.g.const(value.reshape(()), DType.parse(value.dtype))
+    return [imp.g.op("expand", scalar, shape=shape)]
+
+
+@_handler("Range")
+def _range(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    start, limit, delta = ins
+    if not isinstance(start, _Const) or not isinstance(delta, _Const):
+        raise imp.unsupported("Range with a run-time start or delta", fix="make start and delta constants")
+    dt = DType.parse(start.array.dtype)
+    s0, d0 = start.array.reshape(-1)[0].item(), delta.array.reshape(-1)[0].item()
+    lim = imp.dims(limit, "the Range limit")
+    if len(lim) != 1 or s0 != 0 or d0 != 1:
+        raise imp.symbolic(f"Range({s0}, {lim}, {d0}) has a symbolic length (only Range(0, n, 1) can)")
+    n = imp.to_dim(lim[0], "the Range length")
+    return [imp.g.op("iota", shape=(n,), axis=0, dtype=dt)]
+
+
+@_handler("Tile")
+def _tile(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    reps = imp.ints(ins[1], "Tile repeats") or []
+    for ax, r in enumerate(reps):
+        if r != 1:
+            if not isinstance(x.shape[ax], int):
+                raise imp.symbolic(f"Tile of the symbolic axis {x.shape[ax]!r}", [str(x.shape[ax])])
+            x = imp.g.op("concat", *([x] * r), axis=ax) if r > 0 else imp.g.op(
+                "slice", x, starts=(0,), stops=(0,), axes=(ax,))
+    return [x]
+
+
+@_handler("Pad")
+def _pad(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    mode = str(attrs.get("mode", "constant"))
+    if mode != "constant":
+        raise imp.unsupported(f"Pad mode={mode!r} is not supported", fix="use constant padding")
+    if imp.opset >= 11:
+        pads = imp.ints(ins[1], "Pad pads")
+        value = imp.scalar(ins[2] if len(ins) > 2 else None, "the Pad value") or 0.0
+        axes = imp.ints(ins[3] if len(ins) > 3 else None, "Pad axes")
+    else:  # pragma: no cover - below MIN_OPSET
+        pads, value, axes = list(attrs["pads"]), float(attrs.get("value", 0.0)), None
+    assert pads is not None
+    r = x.rank
+    if axes is not None:
+        full = [0] * (2 * r)
+        k = len(axes)
+        for i, ax in enumerate(axes):
+            full[ax % r], full[ax % r + r] = pads[i], pads[i + k]
+        pads = full
+    if any(p < 0 for p in pads):
+        raise imp.unsupported(f"Pad with negative pads {pads} (cropping) is not supported",
+                              fix="crop with Slice instead")
+    if not any(pads):
+        return [x]
+    return [imp.g.op("pad", x, pads=tuple(pads), value=float(value))]
+
+
+@_handler("If")
+def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    cond = ins[0]
+    if not isinstance(cond, _Const):
+        msg = "If with a condition computed at run time (data-dependent control flow)"
+        if imp.has_symbols():
+            raise imp.symbolic(msg)
+        raise imp.unsupported(msg, fix="export without data-dependent branches (torch.cond)")
+    branch = attrs["then_branch" if bool(cond.array.reshape(-1)[0]) else "else_branch"]
+    saved = (imp.node, imp.node_where)
+    for t in branch.initializer:
+        imp.env[t.name] = _Const(imp._tensor_array(t), t.name)
+    imp.depth += 1
+    try:
+        imp._run_nodes(branch.node)
+    finally:
+        imp.depth -= 1
+        imp.node, imp.node_where = saved
+    return [imp.env[o.name] for o in branch.output]
+
+
+#: The ONNX operators (default domain) this importer translates.
+SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
+
+
+def supported_ops() -> list[str]:
+    """Supported default-domain operators, including ones added with :func:`register_handler`."""
+    return sorted(set(_HANDLERS) | _CUSTOM_DEFAULT)
+
+
+__all__ = ["MAX_OPSET", "MIN_OPSET", "SUPPORTED_OPS", "SymInt", "SymbolicShapeError", "UnsupportedOnnxError",
+           "input_types", "load_onnx", "read_model", "register_handler", "supported_ops"]
