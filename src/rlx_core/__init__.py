@@ -27,6 +27,13 @@ _LAZY = {
     "hub": "rlx_core.hub",
     "load": "rlx_core.ir.serialize",
     "save": "rlx_core.ir.serialize",
+    "grad": "rlx_core.autodiff",
+    "value_and_grad": "rlx_core.autodiff",
+    "vjp": "rlx_core.autodiff",
+    "jvp": "rlx_core.autodiff",
+    "hvp": "rlx_core.autodiff",
+    "vmap": "rlx_core.autodiff",
+    "load_onnx": "rlx_core.frontends.onnx",
 }
 
 

@@ -40,6 +40,10 @@ def supported(in_dtypes: Sequence[DType], out_dtype: DType, program: str) -> str
     for name, _, _ in ops:
         if name == "div" and not all(d.is_float for d in in_dtypes if d is not DType.BOOL):
             return "integer division is not fused (C and Python round differently)"
+    try:  # every intermediate must be renderable too (a cast to f16 inside the chain is not)
+        render_program(program, [f"x{k}" for k in range(len(in_dtypes))], in_dtypes, "numba")
+    except Exception as e:
+        return f"not renderable: {e}"
     return None
 
 

@@ -105,8 +105,8 @@ def attention_supported(v: Any) -> str | None:
     q, k, val = v.in_types[:3]
     if q.rank != 4 or k.rank != 4 or val.rank != 4:
         return "native attention takes (B, H, S, D) operands"
-    if mask == "padding" and (v.in_types[3].rank != 2 or not v.in_types[3].dtype.is_float
-                              and v.in_types[3].dtype.value not in ("bool", "i32", "i64")):
+    if mask == "padding" and (v.in_types[3].rank != 2 or (not v.in_types[3].dtype.is_float
+                              and v.in_types[3].dtype.value not in ("bool", "i32", "i64"))):
         return "padding mask must be (B, Sk)"
     if mask == "bias" and v.in_types[3].dtype != q.dtype:
         return "bias mask must have the query dtype"

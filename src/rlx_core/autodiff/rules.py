@@ -1,0 +1,659 @@
+"""Reverse (vjp) and forward (jvp) rules for every MIR op.
+
+Each rule builds MIR nodes only, so gradients run on any backend and can be differentiated again.
+Conventions follow PyTorch where a choice exists: ``maximum``/``minimum`` split the gradient
+equally on ties, ``reduce_max``/``reduce_min`` share it among all maximal elements, ``abs`` has
+zero slope at 0, ``pow`` has no exponent gradient where the base is 0 and the exponent >= 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..dtypes import DType
+from ..errors import ShapeError
+from ..ir.builder import GraphBuilder, Tensor
+from ..ir.types import Attrs, broadcast_shapes, normalize_axis
+from ._util import (
+    BIG,
+    dilate,
+    expand_to,
+    is_static,
+    keep_shape,
+    or_zeros,
+    red_axes,
+    reshape,
+    restore_reduced,
+    reverse_axes,
+    sum_to,
+    swap_last,
+    take_window,
+    window,
+    zeros,
+    zeros_like,
+)
+from ._util import count as _count
+from .registry import register_jvp, register_vjp
+
+Cts = Sequence["Tensor | None"]
+Ts = Sequence[Tensor]
+B = GraphBuilder
+
+
+def _c(b: GraphBuilder, value: float, like: Tensor) -> Tensor:
+    return b.const(value, like.dtype)
+
+
+def _fl(t: Tensor) -> bool:
+    return t.dtype.is_float
+
+
+def _fit(b: GraphBuilder, t: Tensor | None, out: Tensor) -> Tensor | None:
+    """A tangent broadcast to the output's shape (elementwise ops with broadcasting)."""
+    return None if t is None else expand_to(b, t, out.shape)
+
+
+def zero_rules(op: str) -> None:
+    """No gradient and no tangent: comparisons, logical ops, rounding, arg-reductions, iota."""
+    register_vjp(op, lambda b, ins, outs, cts, attrs: [None] * len(ins))
+    register_jvp(op, lambda b, ins, outs, ts, attrs: [None] * len(outs))
+
+
+for _op in ("sign", "floor", "ceil", "round", "logical_not", "logical_and", "logical_or", "logical_xor",
+            "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin",
+            "iota"):
+    zero_rules(_op)
+
+
+# -- elementwise unary: vjp(g) = g * f'(x) and jvp(t) = t * f'(x) share one "apply" --------------
+
+def _unary(op: str, apply: Any) -> None:
+    def vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+        g = cts[0]
+        if g is None or not _fl(ins[0]):
+            return [None]
+        return [apply(b, g, ins[0], outs[0])]
+
+    def jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+        t = ts[0]
+        if t is None or not _fl(ins[0]):
+            return [None]
+        return [apply(b, t, ins[0], outs[0])]
+
+    register_vjp(op, vjp)
+    register_jvp(op, jvp)
+
+
+_unary("neg", lambda b, v, x, y: b.op("neg", v))
+_unary("abs", lambda b, v, x, y: v * b.op("sign", x))
+_unary("exp", lambda b, v, x, y: v * y)
+_unary("log", lambda b, v, x, y: v / x)
+_unary("sqrt", lambda b, v, x, y: (v * _c(b, 0.5, v)) / y)
+_unary("rsqrt", lambda b, v, x, y: v * (y * y * y * _c(b, -0.5, v)))
+_unary("reciprocal", lambda b, v, x, y: b.op("neg", v * (y * y)))
+_unary("sin", lambda b, v, x, y: v * b.op("cos", x))
+_unary("cos", lambda b, v, x, y: b.op("neg", v * b.op("sin", x)))
+_unary("tanh", lambda b, v, x, y: v * (_c(b, 1.0, v) - y * y))
+_unary("sigmoid", lambda b, v, x, y: v * (y * (_c(b, 1.0, v) - y)))
+_unary("erf", lambda b, v, x, y: v * (_c(b, 2.0 / math.sqrt(math.pi), v) * b.op("exp", b.op("neg", x * x))))
+
+
+# -- elementwise binary (with broadcasting) ------------------------------------------------------
+
+def _binary(op: str, vjp_fn: Any, jvp_fn: Any) -> None:
+    def vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+        g = cts[0]
+        if g is None or not _fl(outs[0]):
+            return [None, None]
+        a, c = ins
+        ga, gc = vjp_fn(b, g, a, c, outs[0])
+        return [None if ga is None else sum_to(b, ga, a.shape),
+                None if gc is None else sum_to(b, gc, c.shape)]
+
+    def jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+        if not _fl(outs[0]) or (ts[0] is None and ts[1] is None):
+            return [None]
+        return [_fit(b, jvp_fn(b, ts[0], ts[1], ins[0], ins[1], outs[0]), outs[0])]
+
+    register_vjp(op, vjp)
+    register_jvp(op, jvp)
+
+
+def _add_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+    if ta is None:
+        return tc
+    return ta if tc is None else ta + tc
+
+
+def _sub_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+    if ta is None:
+        return b.op("neg", tc)
+    return ta if tc is None else ta - tc
+
+
+def _mul_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+    parts = ([ta * c] if ta is not None else []) + ([a * tc] if tc is not None else [])
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def _div_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+    if tc is None:
+        return ta / c
+    num = b.op("neg", y * tc) if ta is None else ta - y * tc
+    return num / c
+
+
+def _pow_da(b: GraphBuilder, a: Tensor, c: Tensor) -> Tensor:
+    """d(a**c)/da = c * a**(c-1), and 0 where c == 0 (as torch, so 0**0 does not give 0*inf)."""
+    d = c * b.op("pow", a, c - _c(b, 1.0, c))
+    return b.op("where", b.op("equal", c, _c(b, 0.0, c)), _c(b, 0.0, c), d)
+
+
+def _pow_dc(b: GraphBuilder, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+    """d(a**c)/dc = a**c * log(a), and 0 where a == 0 and c >= 0 (as torch)."""
+    d = y * b.op("log", a)
+    z = _c(b, 0.0, a)
+    mask = b.op("logical_and", b.op("equal", a, z), b.op("greater_equal", c, z))
+    return b.op("where", mask, z, d)
+
+
+def _pow_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+    parts = ([ta * _pow_da(b, a, c)] if ta is not None else []) + \
+            ([tc * _pow_dc(b, a, c, y)] if tc is not None else [])
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def _minmax(greater: str) -> tuple[Any, Any]:
+    """maximum (greater='greater') / minimum ('less'): the winner gets g, ties split it in half."""
+    def vjp(b: GraphBuilder, g: Tensor, a: Tensor, c: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        z = _c(b, 0.0, g)
+        half = g * _c(b, 0.5, g)
+        tie = b.op("where", b.op("equal", a, c), half, z)
+        return (b.op("where", b.op(greater, a, c), g, tie), b.op("where", b.op(greater, c, a), g, tie))
+
+    def jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
+        ta = ta if ta is not None else zeros_like(b, a)
+        tc = tc if tc is not None else zeros_like(b, c)
+        tie = (ta + tc) * _c(b, 0.5, y)
+        return b.op("where", b.op(greater, a, c), ta,
+                    b.op("where", b.op(greater, c, a), tc, tie))
+
+    return vjp, jvp
+
+
+_binary("add", lambda b, g, a, c, y: (g, g), _add_jvp)
+_binary("sub", lambda b, g, a, c, y: (g, b.op("neg", g)), _sub_jvp)
+_binary("mul", lambda b, g, a, c, y: (g * c, g * a), _mul_jvp)
+_binary("div", lambda b, g, a, c, y: (g / c, b.op("neg", g * y / c)), _div_jvp)
+_binary("pow", lambda b, g, a, c, y: (g * _pow_da(b, a, c), g * _pow_dc(b, a, c, y)), _pow_jvp)
+_binary("maximum", _minmax("greater")[0], _minmax("greater")[1])
+_binary("minimum", _minmax("less")[0], _minmax("less")[1])
+
+
+@register_vjp("where")
+def _where_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    cond, a, c = ins
+    if g is None or not _fl(outs[0]):
+        return [None, None, None]
+    z = _c(b, 0.0, g)
+    return [None, sum_to(b, b.op("where", cond, g, z), a.shape),
+            sum_to(b, b.op("where", cond, z, g), c.shape)]
+
+
+@register_jvp("where")
+def _where_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    _, ta, tc = ts
+    if not _fl(outs[0]) or (ta is None and tc is None):
+        return [None]
+    z = _c(b, 0.0, outs[0])
+    return [_fit(b, b.op("where", ins[0], ta if ta is not None else z, tc if tc is not None else z), outs[0])]
+
+
+@register_vjp("cast")
+def _cast_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    if g is None or not (_fl(ins[0]) and _fl(outs[0])):
+        return [None]
+    return [g if g.dtype == ins[0].dtype else b.op("cast", g, to=ins[0].dtype)]
+
+
+@register_jvp("cast")
+def _cast_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    t = ts[0]
+    if t is None or not (_fl(ins[0]) and _fl(outs[0])):
+        return [None]
+    return [t if t.dtype == outs[0].dtype else b.op("cast", t, to=outs[0].dtype)]
+
+
+# -- ops that are linear in their (single) differentiable input: jvp applies the op itself -------
+
+def _jvp_same(op: str, **override: Any) -> None:
+    def jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+        t = ts[0]
+        if t is None or not _fl(outs[0]):
+            return [None]
+        return [b.op(op, t, **{**dict(attrs), **override})]
+
+    register_jvp(op, jvp)
+
+
+for _op in ("reshape", "transpose", "expand", "slice", "reduce_sum", "reduce_mean", "cumsum"):
+    _jvp_same(_op)
+_jvp_same("pad", value=0.0)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+@register_vjp("reduce_sum")
+def _sum_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    x, g = ins[0], cts[0]
+    if g is None or not _fl(x):
+        return [None]
+    return [restore_reduced(b, g, x, red_axes(attrs, x.rank), bool(attrs["keepdims"]))]
+
+
+@register_vjp("reduce_mean")
+def _mean_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    x, g = ins[0], cts[0]
+    if g is None or not _fl(x):
+        return [None]
+    axes = red_axes(attrs, x.rank)
+    g = g / _count(b, x.shape, axes, x.dtype)
+    return [restore_reduced(b, g, x, axes, bool(attrs["keepdims"]))]
+
+
+def _extreme_share(b: GraphBuilder, x: Tensor, y: Tensor, attrs: Attrs) -> Tensor:
+    """mask / count: 1/k on each of the k elements equal to the max (min), 0 elsewhere."""
+    axes = red_axes(attrs, x.rank)
+    yk = restore_reduced(b, y, x, axes, bool(attrs["keepdims"]), expand=False)
+    mask = b.op("cast", b.op("equal", x, yk), to=x.dtype)
+    return mask / b.op("reduce_sum", mask, axes=axes, keepdims=True)
+
+
+def _extreme_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    x, g = ins[0], cts[0]
+    if g is None or not _fl(x):
+        return [None]
+    axes = red_axes(attrs, x.rank)
+    gk = restore_reduced(b, g, x, axes, bool(attrs["keepdims"]), expand=False)
+    return [_extreme_share(b, x, outs[0], attrs) * gk]
+
+
+def _extreme_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    x, t = ins[0], ts[0]
+    if t is None or not _fl(x):
+        return [None]
+    share = _extreme_share(b, x, outs[0], attrs)
+    return [b.op("reduce_sum", t * share, axes=red_axes(attrs, x.rank), keepdims=bool(attrs["keepdims"]))]
+
+
+for _op in ("reduce_max", "reduce_min"):
+    register_vjp(_op, _extreme_vjp)
+    register_jvp(_op, _extreme_jvp)
+
+
+def _prod_partials(b: GraphBuilder, x: Tensor, axes: Sequence[int]) -> Tensor:
+    """d prod / d x_i = the product of the other elements, exact when some x are 0."""
+    z = _c(b, 0.0, x)
+    one = _c(b, 1.0, x)
+    is0 = b.op("equal", x, z)
+    nz = b.op("where", is0, one, x)
+    p = b.op("reduce_prod", nz, axes=tuple(axes), keepdims=True)
+    zc = b.op("reduce_sum", b.op("cast", is0, to=x.dtype), axes=tuple(axes), keepdims=True)
+    at_zero = b.op("where", b.op("equal", zc, one), p, z)
+    elsewhere = b.op("where", b.op("equal", zc, z), p / nz, z)
+    return b.op("where", is0, at_zero, elsewhere)
+
+
+@register_vjp("reduce_prod")
+def _prod_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    x, g = ins[0], cts[0]
+    if g is None or not _fl(x):
+        return [None]
+    axes = red_axes(attrs, x.rank)
+    gk = restore_reduced(b, g, x, axes, bool(attrs["keepdims"]), expand=False)
+    return [gk * _prod_partials(b, x, axes)]
+
+
+@register_jvp("reduce_prod")
+def _prod_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    x, t = ins[0], ts[0]
+    if t is None or not _fl(x):
+        return [None]
+    axes = red_axes(attrs, x.rank)
+    return [b.op("reduce_sum", t * _prod_partials(b, x, axes), axes=axes, keepdims=bool(attrs["keepdims"]))]
+
+
+@register_vjp("cumsum")
+def _cumsum_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    if g is None or not _fl(ins[0]):
+        return [None]
+    return [b.op("cumsum", g, axis=attrs["axis"], exclusive=attrs["exclusive"], reverse=not attrs["reverse"])]
+
+
+# -- matmul --------------------------------------------------------------------------------------
+
+@register_vjp("matmul")
+def _matmul_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    a, c = ins
+    if g is None or not _fl(outs[0]):
+        return [None, None]
+    k = a.shape[-1]
+    a2 = a if a.rank >= 2 else reshape(b, a, (1, k))
+    c2 = c if c.rank >= 2 else reshape(b, c, (k, 1))
+    out2 = broadcast_shapes(a2.shape[:-2], c2.shape[:-2]) + (a2.shape[-2], c2.shape[-1])
+    g2 = reshape(b, g, out2)
+    da = reshape(b, sum_to(b, b.op("matmul", g2, swap_last(b, c2)), a2.shape), a.shape)
+    if c2.rank == 2 and a2.rank > 2 and is_static(a2.shape) and is_static(g2.shape):
+        # (.., m, k)^T @ (.., m, n) summed over the batch is one GEMM over the flattened rows.
+        af = reshape(b, a2, (-1, a2.shape[-1]))
+        gf = reshape(b, g2, (-1, g2.shape[-1]))
+        dc = b.op("matmul", swap_last(b, af), gf)
+    else:
+        dc = sum_to(b, b.op("matmul", swap_last(b, a2), g2), c2.shape)
+    return [da, reshape(b, dc, c.shape)]
+
+
+@register_jvp("matmul")
+def _matmul_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    ta, tc = ts
+    a, c = ins
+    if not _fl(outs[0]) or (ta is None and tc is None):
+        return [None]
+    parts = ([b.op("matmul", ta, c)] if ta is not None else []) + \
+            ([b.op("matmul", a, tc)] if tc is not None else [])
+    return [parts[0] if len(parts) == 1 else parts[0] + parts[1]]
+
+
+# -- movement ------------------------------------------------------------------------------------
+
+@register_vjp("reshape")
+def _reshape_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    return [None if g is None or not _fl(ins[0]) else reshape(b, g, ins[0].shape)]
+
+
+@register_vjp("transpose")
+def _transpose_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    if g is None or not _fl(ins[0]):
+        return [None]
+    r = ins[0].rank
+    perm = attrs["perm"]
+    perm = tuple(reversed(range(r))) if perm is None else tuple(normalize_axis(p, r) for p in perm)  # type: ignore[union-attr]
+    inv = [0] * r
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return [b.op("transpose", g, perm=tuple(inv))]
+
+
+@register_vjp("expand")
+def _expand_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    return [None if g is None or not _fl(ins[0]) else sum_to(b, g, ins[0].shape)]
+
+
+def slice_params(attrs: Attrs, rank: int) -> list[tuple[int, int, int, int]]:
+    starts, stops = attrs["starts"], attrs["stops"]
+    n = len(starts)  # type: ignore[arg-type]
+    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(n))
+    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * n
+    return [(normalize_axis(ax, rank), st, sp, step)
+            for st, sp, ax, step in zip(starts, stops, axes, steps)]  # type: ignore[call-overload]
+
+
+def slice_transpose(b: GraphBuilder, g: Tensor, x: Tensor, attrs: Attrs) -> Tensor:
+    """Scatter a slice's cotangent back into zeros of ``x``'s shape (any steps, negative too)."""
+    out = g
+    for ax, st, sp, step in slice_params(attrs, x.rank):
+        n = x.shape[ax]
+        if not isinstance(n, int):
+            continue  # only the full slice of a symbolic dim is legal
+        r = range(*slice(st, sp, step).indices(n))
+        if len(r) == 0:
+            return zeros_like(b, x)
+        if step < 0:
+            out = reverse_axes(b, out, [ax])
+            first, step = r[-1], -step
+        else:
+            first = r[0]
+        out = dilate(b, out, ax, step)
+        out = take_window(b, out, ax, -first, n)
+    return out
+
+
+@register_vjp("slice")
+def _slice_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    return [None if g is None or not _fl(ins[0]) else slice_transpose(b, g, ins[0], attrs)]
+
+
+@register_vjp("concat")
+def _concat_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    if g is None or not _fl(outs[0]):
+        return [None] * len(ins)
+    if len(ins) == 1:
+        return [g]
+    ax = normalize_axis(attrs["axis"], g.rank)  # type: ignore[arg-type]
+    res: list[Tensor | None] = []
+    off = 0
+    for x in ins:
+        n = x.shape[ax]
+        res.append(b.op("slice", g, starts=(off,), stops=(off + n,), axes=(ax,)))  # type: ignore[operator]
+        off += n  # type: ignore[operator]
+    return res
+
+
+@register_jvp("concat")
+def _concat_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    if not _fl(outs[0]) or all(t is None for t in ts):
+        return [None]
+    return [b.op("concat", *[or_zeros(b, t, x) for t, x in zip(ts, ins)], axis=attrs["axis"])]
+
+
+@register_vjp("pad")
+def _pad_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g, x = cts[0], ins[0]
+    if g is None or not _fl(x):
+        return [None]
+    pads = attrs["pads"]
+    r = x.rank
+    axes = [i for i in range(r) if pads[i] or pads[i + r]]  # type: ignore[index]
+    if not axes:
+        return [g]
+    return [b.op("slice", g, starts=tuple(pads[i] for i in axes),  # type: ignore[index]
+                 stops=tuple(pads[i] + x.shape[i] for i in axes), axes=tuple(axes))]  # type: ignore[index, operator]
+
+
+# -- gather / scatter_add ------------------------------------------------------------------------
+
+def gather_transpose(b: GraphBuilder, g: Tensor, x: Tensor | Any, idx: Tensor, axis: int) -> Tensor:
+    """The cotangent of ``gather(x, idx, axis)`` w.r.t. ``x``: repeated indices add up."""
+    xs = tuple(x.shape)
+    rank = len(xs)
+    ax = normalize_axis(axis, rank)
+    z = zeros(b, xs, g.dtype)
+    if idx.rank == 0:
+        g1 = reshape(b, g, xs[:ax] + (1,) + xs[ax + 1:])
+        i1 = expand_to(b, reshape(b, idx, (1,) * rank), g1.shape)
+        return b.op("scatter_add", z, i1, g1, axis=ax)
+    if idx.rank > 1 and is_static(idx.shape):
+        m = math.prod(idx.shape)  # type: ignore[arg-type]
+        g = reshape(b, g, xs[:ax] + (m,) + xs[ax + 1:])
+        idx = reshape(b, idx, (m,))
+    view = (1,) * ax + idx.shape + (1,) * (rank - ax - 1)
+    i1 = expand_to(b, reshape(b, idx, view), g.shape)
+    if idx.rank == 1:
+        return b.op("scatter_add", z, i1, g, axis=ax)
+    # Symbolic index dims cannot be flattened: scatter into a buffer that keeps the leading index
+    # axes (scatter_add needs indices of the data's rank), then sum those axes away.
+    lead = idx.shape[:-1]
+    buf = zeros(b, xs[:ax] + lead + (xs[ax],) + xs[ax + 1:], g.dtype)
+    buf = b.op("scatter_add", buf, i1, g, axis=ax + idx.rank - 1)
+    return b.op("reduce_sum", buf, axes=tuple(range(ax, ax + idx.rank - 1)), keepdims=False)
+
+
+def take_along_axis(b: GraphBuilder, g: Tensor, idx: Tensor, axis: int) -> Tensor:
+    """``out[i] = g[i with i[axis] replaced by idx[i]]`` (the transpose of scatter_add)."""
+    r = g.rank
+    ax = normalize_axis(axis, r)
+    s, ishape = g.shape, idx.shape
+    n = s[ax]
+    if not isinstance(n, int):
+        raise ShapeError(f"the gradient of scatter_add along symbolic dim {n!r} is not supported",
+                         fix="specialize the graph (bind the symbol) before differentiating")
+    pos = idx if idx.dtype is DType.I64 else b.op("cast", idx, to=DType.I64)
+    zero = b.const(0, DType.I64)
+    pos = b.op("where", b.op("less", pos, zero), pos + b.const(n, DType.I64), pos)
+    if is_static(s) and is_static(ishape):
+        strides = [math.prod(s[j + 1:]) for j in range(r)]  # type: ignore[arg-type]
+        lin = pos * b.const(strides[ax], DType.I64) if strides[ax] != 1 else pos
+        for j in range(r):
+            if j != ax and ishape[j] != 1:
+                io = b.op("iota", shape=ishape, axis=j, dtype=DType.I64)
+                lin = lin + (io * b.const(strides[j], DType.I64) if strides[j] != 1 else io)
+        flat = reshape(b, g, (math.prod(s),))  # type: ignore[arg-type]
+        return b.op("gather", flat, lin, axis=0)
+    # Symbolic: a one-hot mask along a new axis next to `axis`, multiplied and summed.
+    for j in range(r):
+        if j != ax and ishape[j] != s[j]:
+            if not isinstance(ishape[j], int):
+                raise ShapeError("scatter_add indices smaller than the data on a symbolic axis",
+                                 fix="specialize the graph before differentiating")
+            g = b.op("slice", g, starts=(0,), stops=(ishape[j],), axes=(j,))
+    pe = reshape(b, pos, ishape[:ax + 1] + (1,) + ishape[ax + 1:])
+    io = b.op("iota", shape=(1,) * (ax + 1) + (n,) + (1,) * (r - ax - 1), axis=ax + 1, dtype=DType.I64)
+    mask = b.op("cast", b.op("equal", pe, io), to=g.dtype)
+    ge = reshape(b, g, g.shape[:ax] + (1,) + g.shape[ax:])
+    return b.op("reduce_sum", mask * ge, axes=(ax + 1,), keepdims=False)
+
+
+@register_vjp("gather")
+def _gather_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    if g is None or not _fl(ins[0]):
+        return [None, None]
+    return [gather_transpose(b, g, ins[0], ins[1], attrs["axis"]), None]  # type: ignore[arg-type]
+
+
+@register_jvp("gather")
+def _gather_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    t = ts[0]
+    if t is None or not _fl(outs[0]):
+        return [None]
+    return [b.op("gather", t, ins[1], axis=attrs["axis"])]
+
+
+@register_vjp("scatter_add")
+def _scatter_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    if g is None or not _fl(outs[0]):
+        return [None, None, None]
+    return [g, None, take_along_axis(b, g, ins[1], attrs["axis"])]  # type: ignore[arg-type]
+
+
+@register_jvp("scatter_add")
+def _scatter_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    tx, _, tu = ts
+    if not _fl(outs[0]) or (tx is None and tu is None):
+        return [None]
+    if tu is None:
+        return [tx]
+    return [b.op("scatter_add", or_zeros(b, tx, ins[0]), ins[1], tu, axis=attrs["axis"])]
+
+
+# -- conv2d --------------------------------------------------------------------------------------
+
+def conv_attrs(attrs: Any) -> tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int], int]:
+    return (tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]),  # type: ignore[return-value]
+            int(attrs["groups"]))
+
+
+def conv_input_grad(b: GraphBuilder, g: Tensor, w: Tensor, x_shape: Sequence[Any], attrs: Any) -> Tensor:
+    """d conv2d / d x: a stride-1 convolution of the zero-interleaved cotangent with the flipped,
+    in/out-swapped weights; padding and the rows the forward stride skipped become windows."""
+    (sh, sw), (pt, pl, _, _), (dh, dw), groups = conv_attrs(attrs)
+    _, _, h, wd = x_shape
+    o, cg, kh, kw = w.shape
+    gd = g
+    pads = []
+    for axis, n, k, s, d, p0 in ((2, h, kh, sh, dh, pt), (3, wd, kw, sw, dw, pl)):
+        gd = dilate(b, gd, axis, s)
+        length = n + d * (k - 1)
+        plan = window(gd, axis, p0 - d * (k - 1), length)
+        if plan is None:
+            return zeros(b, x_shape, g.dtype)
+        lo, hi, before, after = plan
+        if lo > 0 or hi < gd.shape[axis]:
+            gd = b.op("slice", gd, starts=(lo,), stops=(hi,), axes=(axis,))
+        pads.append((before, after))
+    og = o // groups
+    if groups == 1:
+        wt = b.op("transpose", w, perm=(1, 0, 2, 3))
+    else:
+        wt = reshape(b, w, (groups, og, cg, kh, kw))
+        wt = reshape(b, b.op("transpose", wt, perm=(0, 2, 1, 3, 4)), (groups * cg, og, kh, kw))
+    wt = reverse_axes(b, wt, [2, 3])
+    return b.op("conv2d", gd, wt, strides=(1, 1), pads=(pads[0][0], pads[1][0], pads[0][1], pads[1][1]),
+                dilations=(dh, dw), groups=groups)
+
+
+def conv_weight_grad(b: GraphBuilder, x: Tensor, g: Tensor, w_shape: Sequence[Any], attrs: Any) -> Tensor:
+    """d conv2d / d w: the batch becomes the contracted channel axis, the forward stride becomes
+    the dilation and the forward dilation the stride."""
+    (sh, sw), pads, (dh, dw), groups = conv_attrs(attrs)
+    o, cg, kh, kw = w_shape
+    n, c, h, wd = x.shape
+    og = o // groups
+
+    def one(xs: Tensor, gs: Tensor, grp: int) -> Tensor:
+        r = b.op("conv2d", xs, b.op("transpose", gs, perm=(1, 0, 2, 3)), strides=(dh, dw), pads=pads,
+                 dilations=(sh, sw), groups=grp)
+        return b.op("transpose", r, perm=(1, 0, 2, 3))
+
+    if groups == 1:
+        res = one(b.op("transpose", x, perm=(1, 0, 2, 3)), g, 1)
+    elif isinstance(n, int):
+        xt = reshape(b, x, (n, groups, cg, h, wd))
+        xt = reshape(b, b.op("transpose", xt, perm=(2, 1, 0, 3, 4)), (cg, groups * n, h, wd))
+        res = one(xt, g, groups)
+    else:  # a symbolic batch cannot be folded into channels: one convolution per group
+        parts = []
+        for gi in range(groups):
+            xs = b.op("slice", x, starts=(gi * cg,), stops=((gi + 1) * cg,), axes=(1,))
+            gs = b.op("slice", g, starts=(gi * og,), stops=((gi + 1) * og,), axes=(1,))
+            parts.append(one(b.op("transpose", xs, perm=(1, 0, 2, 3)), gs, 1))
+        res = b.op("concat", *parts, axis=0)
+    if res.shape[2] != kh or res.shape[3] != kw:
+        res = b.op("slice", res, starts=(0, 0), stops=(kh, kw), axes=(2, 3))
+    return res
+
+
+@register_vjp("conv2d")
+def _conv_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
+    g = cts[0]
+    x, w = ins
+    if g is None or not _fl(outs[0]):
+        return [None, None]
+    return [conv_input_grad(b, g, w, x.shape, attrs), conv_weight_grad(b, x, g, w.shape, attrs)]
+
+
+@register_jvp("conv2d")
+def _conv_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
+    tx, tw = ts
+    x, w = ins
+    if not _fl(outs[0]) or (tx is None and tw is None):
+        return [None]
+    parts = ([b.op("conv2d", tx, w, **dict(attrs))] if tx is not None else []) + \
+            ([b.op("conv2d", x, tw, **dict(attrs))] if tw is not None else [])
+    return [parts[0] if len(parts) == 1 else parts[0] + parts[1]]
+
+
+__all__ = ["BIG", "conv_attrs", "conv_input_grad", "conv_weight_grad", "gather_transpose", "keep_shape",
+           "slice_params", "slice_transpose", "take_along_axis", "zero_rules"]
