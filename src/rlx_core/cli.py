@@ -47,6 +47,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("rlx_conformance.cli:conformance", "Certify a backend with the conformance suite."),
     "new-backend": ("rlx_core.scaffold:new_backend", "Create a new backend plugin package."),
     "embed": ("rlx_core.models.minilm:embed_command", "Embed sentences with all-MiniLM-L6-v2."),
+    "bench": ("rlx_core.bench:bench_command", "Benchmark RLX against ONNX Runtime and PyTorch."),
 }
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

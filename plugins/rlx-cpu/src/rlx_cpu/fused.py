@@ -27,7 +27,9 @@ from rlx_core.ir.schema import REGISTRY
 from rlx_core.ir.types import Attrs
 
 NUMBA_MIN = int(os.environ.get("RLX_CPU_NUMBA_MIN", "32768"))
-PARALLEL_MIN = 65536
+#: Parallel loops only for large tensors: next to BLAS, an OpenMP pool costs more than it gives.
+PARALLEL_MIN = 1 << 21
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 CODEGEN_DTYPES = frozenset({DType.F32, DType.F64, DType.BOOL, DType.I32, DType.I64})
 _LOCK = threading.Lock()
 

@@ -17,6 +17,8 @@ import numpy as np
 from rlx_core.ir.types import Attrs, normalize_axis
 
 ROWS_NUMBA_MIN = 32768
+#: Above this many elements the row kernels run on every core (below, BLAS owns the cores).
+ROWS_PARALLEL_MIN = 1 << 21
 _NB: Any = None
 
 
@@ -44,6 +46,8 @@ def k_softmax(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attr
     if x.size >= ROWS_NUMBA_MIN and xr is not None and orow is not None:
         nb = _numba_kernels()
         fn = nb.log_softmax_rows if log else nb.softmax_rows
+        if x.size >= ROWS_PARALLEL_MIN:
+            fn = nb.log_softmax_rows_par if log else nb.softmax_rows_par
         fn(xr, orow)
         return lambda: fn(xr, orow)
 
@@ -73,8 +77,9 @@ def k_layer_norm(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
         nb = _numba_kernels()
         xr, orow = x.reshape(-1, n), o.reshape(-1, n)
         g, b = gamma.reshape(n), beta.reshape(n)
-        nb.layer_norm_rows(xr, g, b, orow, eps)
-        return lambda: nb.layer_norm_rows(xr, g, b, orow, eps)
+        fn = nb.layer_norm_rows_par if x.size >= ROWS_PARALLEL_MIN else nb.layer_norm_rows
+        fn(xr, g, b, orow, eps)
+        return lambda: fn(xr, g, b, orow, eps)
     axes = tuple(range(ax, x.ndim))
 
     def run() -> None:
@@ -139,6 +144,7 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     rows = scores.reshape(-1, sk)
     use_nb = scores.size >= ROWS_NUMBA_MIN
     nb = _numba_kernels() if use_nb else None
+    smax = None if nb is None else (nb.softmax_rows_par if scores.size >= ROWS_PARALLEL_MIN else nb.softmax_rows)
     qs = np.empty_like(q)
     sc = np.asarray(scale, dt)
 
@@ -153,8 +159,8 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
         elif mask == "padding":
             kp = (keep_src != 0).reshape(bsz, 1, 1, sk)
             np.copyto(scores, neg, where=~kp)
-        if nb is not None:
-            nb.softmax_rows(rows, rows)
+        if smax is not None:
+            smax(rows, rows)
         else:
             np.subtract(scores, scores.max(axis=-1, keepdims=True), out=scores)
             np.exp(scores, out=scores)
