@@ -144,7 +144,9 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     rows = scores.reshape(-1, sk)
     use_nb = scores.size >= ROWS_NUMBA_MIN
     nb = _numba_kernels() if use_nb else None
-    smax = None if nb is None else (nb.softmax_rows_par if scores.size >= ROWS_PARALLEL_MIN else nb.softmax_rows)
+    smax = None
+    if nb is not None:
+        smax = nb.softmax_rows_par if scores.size >= ROWS_PARALLEL_MIN else nb.softmax_rows
     qs = np.empty_like(q)
     sc = np.asarray(scale, dt)
 
