@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlx_core.codegen import render_program
+from rlx_core.codegen.render import NUMBA_PRELUDE
 from rlx_core.dtypes import DType
 from rlx_core.fusion import decode
 from rlx_core.ir.schema import REGISTRY
@@ -90,6 +91,7 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
     body = "\n".join("            " + ln for ln in lines)
     src = [
         "import math", "import numpy as np", "from numba import njit, prange", "",
+        NUMBA_PRELUDE,
         "",
         "@njit(cache=True, nogil=True, fastmath=False)",
         f"def {name}_serial(o, {args}):",

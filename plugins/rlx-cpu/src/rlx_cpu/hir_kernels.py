@@ -42,14 +42,7 @@ def _as_rows(x: np.ndarray, axis: int) -> np.ndarray | None:
 def k_softmax(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs, log: bool = False) -> Any:
     x, o = ins[0], outs[0]
     ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
-    xr, orow = _as_rows(x, ax), _as_rows(o, ax)
-    if x.size >= ROWS_NUMBA_MIN and xr is not None and orow is not None:
-        nb = _numba_kernels()
-        fn = nb.log_softmax_rows if log else nb.softmax_rows
-        if x.size >= ROWS_PARALLEL_MIN:
-            fn = nb.log_softmax_rows_par if log else nb.softmax_rows_par
-        fn(xr, orow)
-        return lambda: fn(xr, orow)
+    # NumPy's SIMD exp beats a scalar Numba loop ~2.5x here; the four passes stay in cache.
 
     def run() -> None:
         m = np.max(x, axis=ax, keepdims=True)
@@ -141,12 +134,6 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     elif mask == "padding":
         pm = ins[3]
         keep_src = pm
-    rows = scores.reshape(-1, sk)
-    use_nb = scores.size >= ROWS_NUMBA_MIN
-    nb = _numba_kernels() if use_nb else None
-    smax = None
-    if nb is not None:
-        smax = nb.softmax_rows_par if scores.size >= ROWS_PARALLEL_MIN else nb.softmax_rows
     qs = np.empty_like(q)
     sc = np.asarray(scale, dt)
 
@@ -161,12 +148,9 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
         elif mask == "padding":
             kp = (keep_src != 0).reshape(bsz, 1, 1, sk)
             np.copyto(scores, neg, where=~kp)
-        if smax is not None:
-            smax(rows, rows)
-        else:
-            np.subtract(scores, scores.max(axis=-1, keepdims=True), out=scores)
-            np.exp(scores, out=scores)
-            np.divide(scores, scores.sum(axis=-1, keepdims=True), out=scores)
+        np.subtract(scores, scores.max(axis=-1, keepdims=True), out=scores)
+        np.exp(scores, out=scores)
+        np.divide(scores, scores.sum(axis=-1, keepdims=True), out=scores)
         np.matmul(scores, v, out=o)
     return run
 
