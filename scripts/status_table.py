@@ -25,7 +25,7 @@ def summarise(path: Path) -> str:
     lines = [f"### `{d['backend']}` — {d['verdict']}", "",
              f"Certificate: `{path.as_posix()}` ({d['date']}, {d['plugin']['distribution']} "
              f"{d['plugin']['version']}, device {d['device']['name']}).", "",
-             "| path | op-variants (op × dtype) |", "|---|---|"]
+             "| path | op-variants (op x dtype) |", "|---|---|"]
     for k, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {k} | {n} |")
     groups: dict[str, list[str]] = defaultdict(list)
