@@ -112,6 +112,85 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
     return "\n".join(src)
 
 
+CHUNK = 512
+#: Transcendental ops evaluated by the vectorisable chunk helpers of :mod:`rlx_cpu.vecmath`.
+VEC32 = {"exp": "vexp32", "erf": "verf32", "tanh": "vtanh32", "sigmoid": "vsigmoid32"}
+
+
+def _temp_dtypes(program: str, dtypes: Sequence[DType]) -> list[DType]:
+    from rlx_core.ir.types import TensorType
+
+    ops, _ = decode(program)
+    env = {f"i{k}": d for k, d in enumerate(dtypes)}
+    out = []
+    for j, (name, args, attrs) in enumerate(ops):
+        schema = REGISTRY.get(name)
+        dt = schema.infer([TensorType(env[a], ()) for a in args], schema.check_attrs(attrs, "fused"))[0].dtype
+        env[f"t{j}"] = dt
+        out.append(dt)
+    return out
+
+
+def chunkable(program: str, dtypes: Sequence[DType]) -> bool:
+    """Worth the chunked form: some transcendental op on float32 (the scalar form calls libm)."""
+    ops, _ = decode(program)
+    temps = _temp_dtypes(program, dtypes)
+    env = {f"i{k}": d for k, d in enumerate(dtypes)}
+    env.update({f"t{j}": d for j, d in enumerate(temps)})
+    return any(name in VEC32 and env[args[0]] is DType.F32 for name, args, _ in ops)
+
+
+def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: str) -> str:
+    """Each op of the program as one loop over an L1-sized chunk; exp/erf/tanh/sigmoid on f32 go
+    through the vectorisable helpers, everything else through the shared renderer."""
+    from rlx_core.codegen.render import DIALECTS, render_op
+
+    d = DIALECTS["numba"]
+    ops, out = decode(program)
+    temps = _temp_dtypes(program, dtypes)
+    env_dt = {f"i{k}": dt for k, dt in enumerate(dtypes)}
+    env_dt.update({f"t{j}": dt for j, dt in enumerate(temps)})
+    load = {"full": "x{k}[r, c0 + i]", "scalar": "x{k}[0, 0]", "row": "x{k}[0, c0 + i]", "col": "x{k}[r, 0]"}
+
+    def ref(a: str) -> str:
+        if a.startswith("i"):
+            k = int(a[1:])
+            return load[lays[k]].format(k=k)
+        return f"b{a[1:]}[i]"
+
+    args = ", ".join(f"x{k}" for k in range(len(lays)))
+    head = [f"        b{j} = np.empty({CHUNK}, {d.ctype(dt)})" for j, dt in enumerate(temps)]
+    head += [f"        ib = np.empty({CHUNK}, np.int32)", f"        s1 = np.empty({CHUNK}, np.float32)",
+             f"        s2 = np.empty({CHUNK}, np.float32)", f"        sa = np.empty({CHUNK}, np.float32)"]
+    body: list[str] = []
+    for j, (op, a_args, attrs) in enumerate(ops):
+        if op in VEC32 and env_dt[a_args[0]] is DType.F32:
+            a = a_args[0]
+            if a.startswith("i"):
+                body += ["            for i in range(m):", f"                sa[i] = {ref(a)}"]
+                src = "sa"
+            else:
+                src = f"b{a[1:]}"
+            body.append(f"            {VEC32[op]}({src}[:m], b{j}[:m], ib[:m], s1[:m], s2[:m])")
+            continue
+        expr = render_op(d, op, [ref(a) for a in a_args], [env_dt[a] for a in a_args], temps[j], attrs)
+        body += ["            for i in range(m):", f"                b{j}[i] = {expr}"]
+    res = ref(out) if out.startswith("i") else f"b{out[1:]}[i]"
+    body += ["            for i in range(m):", f"                o[r, c0 + i] = {res}"]
+
+    def kernel(par: bool) -> list[str]:
+        loop = "prange" if par else "range"
+        return [f"@njit(cache=True, nogil=True, parallel={par}, fastmath={{'contract'}})",
+                f"def {name}_{'parallel' if par else 'serial'}(o, {args}):",
+                f"    for r in {loop}(o.shape[0]):", *head,
+                f"        for c0 in range(0, o.shape[1], {CHUNK}):",
+                f"            m = min({CHUNK}, o.shape[1] - c0)", *body, "", ""]
+
+    return "\n".join(["import math", "import numpy as np", "from numba import njit, prange",
+                      "from rlx_cpu.vecmath import vexp32, verf32, vtanh32, vsigmoid32", NUMBA_PRELUDE, "",
+                      *kernel(False), *kernel(True)])
+
+
 def _module_dir() -> Path:
     from rlx_core.cache import default_cache_dir
 
@@ -130,7 +209,7 @@ def compiled_kernel(program: str, dtypes: Sequence[DType], lays: Sequence[str]) 
         if mod is None:
             name = f"rlx_fused_{key}"
             path = _module_dir() / f"{name}.py"
-            src = _source(program, dtypes, lays, "k")
+            src = (_source_chunked if chunkable(program, dtypes) else _source)(program, dtypes, lays, "k")
             if not path.exists() or path.read_text() != src:
                 tmp = path.with_suffix(f".tmp{os.getpid()}")
                 tmp.write_text(src)
