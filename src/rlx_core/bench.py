@@ -277,8 +277,19 @@ def worker(runtime: str, model: str, batch: int, seq: int, min_reps: int, min_ti
     out["p50_s"] = statistics.median(times)
     out["p90_s"] = sorted(times)[int(0.9 * (len(times) - 1))]
     out["reps"] = len(times)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = _peak_rss_mb()
     return out
+
+
+def _peak_rss_mb() -> float:
+    """This process's own high-water mark (VmHWM): ru_maxrss survives exec from a forking parent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def gemm_roofline(n: int = 1024) -> float:
