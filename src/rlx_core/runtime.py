@@ -121,6 +121,28 @@ class Session:
         program = lower(legal, self.device)
         return self.report_for(legal, program, b, cached)
 
+    def check(self, graph: Graph, bindings: Mapping[str, int] | None = None) -> DispatchReport:
+        """Resolve every node's dispatch path without emitting or lowering anything; raises
+        :class:`DispatchError` listing every illegal node. Cheap: plans are memoised per variant."""
+        from .dispatch import Illegal, variant_of
+
+        b = {**self._hints(graph), **(bindings or {})}
+        g = graph.specialize(b) if graph.symbols else graph
+        backend, device = self.devices[0]
+        disp = self.dispatcher(backend, device)
+        entries, illegal = [], []
+        for node in g.nodes:
+            v = variant_of(g, node)
+            p = disp.plan(v)
+            if isinstance(p, Plan):
+                entries.append(_entry(node.name, p, device.name))
+            else:
+                illegal.append(Illegal(node.name, v, backend.name, p))
+        if illegal:
+            legalize(g, disp)  # raises the full DispatchError with every illegal node
+        return DispatchReport(g.name, backend.name, backend.info.version, device.name, entries, [],
+                              None, None, b)
+
     def _hints(self, graph: Graph) -> dict[str, int]:
         return {s: self.shape_hints.get(s, 1) for s in sorted(graph.symbols)}
 
@@ -133,8 +155,9 @@ class Session:
             return MultiDeviceExecutable(self, graph)
         exe = Executable(self, graph)
         if graph.symbols:
-            # Fail early: dispatch the graph with the shape hints even though it runs later.
-            exe.report = self.plan(graph)
+            # Fail early: resolve every node (with the shape hints) even though lowering, memory
+            # planning and the backend's compile wait for the first run's real shapes.
+            exe.report = self.check(graph)
         else:
             exe._specialise({})
         if _env_flag("RLX_DISPATCH_REPORT") and exe.report is not None:

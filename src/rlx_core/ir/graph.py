@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,6 +15,39 @@ from ..dtypes import DType
 from ..errors import IRError, RLXError
 from .schema import REGISTRY, OpSchema
 from .types import Attrs, TensorType
+
+
+#: id(array) -> (weak reference, digest); arrays are unhashable, so no WeakKeyDictionary.
+_DIGESTS: dict[int, tuple[Any, bytes]] = {}
+
+
+def _frozen(w: Any) -> bool:
+    """True when no view of ``w`` can be written (so its digest can be remembered)."""
+    while w is not None:
+        if getattr(w, "flags", None) is None or w.flags.writeable:
+            return False
+        w = getattr(w, "base", None)
+        if w is not None and not hasattr(w, "flags"):  # mmap / bytes at the bottom of the chain
+            return True
+    return True
+
+
+def weight_digest(w: Any) -> bytes:
+    """sha256 of a weight's bytes; remembered per array when nothing can write to it (memory-mapped
+    model files), so specialising a 90 MB model per input shape does not rehash it each time."""
+    import numpy as np
+
+    entry = _DIGESTS.get(id(w))
+    if entry is not None and entry[0]() is w:
+        return entry[1]
+    d = hashlib.sha256(np.ascontiguousarray(w).reshape(-1).view(np.uint8).data).digest()
+    if _frozen(w):
+        try:
+            key = id(w)
+            _DIGESTS[key] = (weakref.ref(w, lambda _r, key=key: _DIGESTS.pop(key, None)), d)
+        except TypeError:
+            pass
+    return d
 
 
 @dataclass(frozen=True)
@@ -230,9 +264,8 @@ class Graph:
 
         h = hashlib.sha256(json.dumps(self.structure(), sort_keys=True).encode())
         for p in self.params:
-            w = self.weights[p.name]
             h.update(p.name.encode())
-            h.update(np.ascontiguousarray(w).reshape(-1).view(np.uint8).tobytes())
+            h.update(weight_digest(self.weights[p.name]))
         return h.hexdigest()
 
     def __str__(self) -> str:

@@ -1,0 +1,2 @@
+"""Quantization (placeholder while developing)."""
+from . import ops as ops  # noqa: F401
