@@ -16,7 +16,6 @@ from ..errors import IRError, RLXError
 from .schema import REGISTRY, OpSchema
 from .types import Attrs, TensorType
 
-
 #: id(array) -> (weak reference, digest); arrays are unhashable, so no WeakKeyDictionary.
 _DIGESTS: dict[int, tuple[Any, bytes]] = {}
 
@@ -260,7 +259,6 @@ class Graph:
     @cached_property
     def fingerprint(self) -> str:
         """sha256 of structure and weight bytes: the compile-cache key."""
-        import numpy as np
 
         h = hashlib.sha256(json.dumps(self.structure(), sort_keys=True).encode())
         for p in self.params:
