@@ -1,2 +1,0 @@
-"""Quantization (placeholder while developing)."""
-from . import ops as ops  # noqa: F401
