@@ -36,11 +36,11 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.txt)
 
-log "installing rlx-core, rlx-cpu and rlx-conformance (editable)"
-"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance
+log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
+"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu)
+CI_PLUGINS=(cpu wasm)
 
 certify() {
   local dir="$1" failed=0
