@@ -37,7 +37,7 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.txt)
 
 log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
-"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm
+"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
 CI_PLUGINS=(cpu wasm)

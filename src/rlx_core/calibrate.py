@@ -74,7 +74,9 @@ def calibrate(backend_name: str, *, quick: bool = False, progress: Callable[[str
     from .ir.builder import GraphBuilder
     from .runtime import Session
 
-    sess = session_factory(backend_name) if session_factory else Session(backend_name, use_cache=False)
+    # No fusion: the launch-overhead chain must stay 256 kernels, not become one fused kernel.
+    sess = session_factory(backend_name) if session_factory else Session(backend_name, use_cache=False,
+                                                                         fusion=False)
     device = sess.device
     min_time = 0.05 if quick else 0.3
     rng = np.random.default_rng(0)

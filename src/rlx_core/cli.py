@@ -490,7 +490,8 @@ def _check_backend(h: Hub, name: str) -> dict[str, Any]:
     failed = [d for d in checked if d["check"]["status"] != "PASS"]
     if not checked:
         why = "; ".join(f"{d['name']}: {d['reason']}" for d in rec["devices"]) or "it reports no devices"
-        rec.update(kind="no available device", reason=f"no available device ({why})")
+        # Installed for hardware this machine lacks is not a broken plugin: SKIP, with the reason.
+        rec.update(status="SKIP", kind="no available device", reason=f"no available device ({why})")
     elif failed:
         first = failed[0]["check"]
         rec.update(kind=first["error"]["kind"], reason=f"{failed[0]['name']}: {first['reason']}",

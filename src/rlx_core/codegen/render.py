@@ -63,7 +63,8 @@ _CTYPES = {DType.F32: "float", DType.F64: "double", DType.I32: "int", DType.I64:
 
 DIALECTS: dict[str, Dialect] = {
     "c": Dialect("c", _CTYPES, _c_math(True), literal=_c_lit),
-    "cuda": Dialect("cuda", {**_CTYPES, DType.F16: "half", DType.I64: "long long"}, _c_math(True),
+    "cuda": Dialect("cuda", {**_CTYPES, DType.F16: "half", DType.BF16: "__nv_bfloat16",
+                             DType.I64: "long long"}, _c_math(True),
                     literal=_c_lit),
     "opencl": Dialect("opencl", {**_CTYPES, DType.I64: "long", DType.F16: "half"}, _c_math(False),
                       literal=_c_lit),
@@ -135,6 +136,8 @@ def render_op(d: Dialect, op: str, args: Sequence[Expr], in_types: Sequence[DTyp
         zero = lit(0.0, dt) if dt.is_float else "0"
         pos = d.cast.format(type=d.ctype(dt), x=f"({a} > {zero})")
         neg = d.cast.format(type=d.ctype(dt), x=f"({a} < {zero})")
+        if dt.is_float:  # sign(NaN) is NaN, as in the reference
+            return d.ternary.format(c=f"({a} != {a})", a=a, b=f"({pos} - {neg})")
         return f"({pos} - {neg})"
     if op == "pow":
         return f"({a} ** {b})" if numba else f"{d.math('pow', dt)}({a}, {b})"
@@ -197,6 +200,6 @@ def render_program(program: str, in_exprs: Sequence[Expr], in_dtypes: Sequence[D
         expr = render_op(d, op, [env[x][0] for x in args], [env[x][1] for x in args], out_dt, attrs)
         name = f"{prefix}{j}"
         lines.append(d.statement.format(type=d.ctype(out_dt), name=name, expr=expr))
-        env[name] = (name, out_dt)
-    res, dt = env[f"{prefix}{out[1:]}"] if out.startswith("t") else env[out]
+        env[f"t{j}"] = (name, out_dt)  # programs name results t<j>; the prefix is only the C name
+    res, dt = env[out]
     return lines, res, dt

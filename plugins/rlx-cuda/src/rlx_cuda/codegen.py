@@ -1,0 +1,462 @@
+"""CUDA C source for rlx-cuda's generated kernels. Pure Python (no CuPy): CI compiles every kernel
+this module can emit with ``nvcc -ptx`` on machines without a GPU.
+
+* **Elementwise** (every elementwise MIR op and ``fused_elementwise``): the body comes from the shared
+  renderer (:func:`rlx_core.codegen.render_program`, dialect ``"cuda"``); this module adds the
+  skeleton: a grid-stride loop, one load per input (``f`` same shape as the output: flat index;
+  ``s`` one element; ``b`` broadcast: strided index math over the collapsed output dims) and the
+  store. f16/bf16 live in memory as 16-bit patterns and in registers as ``float``: loads widen
+  exactly, stores round once to nearest-even (from f64 and i64 through round-to-odd, so there is no
+  double rounding). An intermediate cast to f16 inside a fused chain uses ``half``, a register
+  type rounding on construction; the dialect has no bf16 type, so a bf16 intermediate is refused.
+* **Row kernels** (softmax, log_softmax, layer_norm, the masked softmax of attention): one block
+  per row, warp-shuffle reductions, NaN-propagating max; f16/bf16 compute in f32.
+
+No kernel includes a header: NVRTC compiles them as they are (no CUDA toolkit needed at run time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from functools import lru_cache
+
+from rlx_core.codegen import render_program
+from rlx_core.dtypes import DType
+from rlx_core.errors import IRError
+from rlx_core.fusion import decode, encode
+
+HALF = frozenset({DType.F16, DType.BF16})
+#: Storage C type of each dtype the kernels handle (f16/bf16 as raw 16-bit patterns).
+STORAGE: dict[DType, str] = {
+    DType.F32: "float", DType.F64: "double", DType.F16: "unsigned short", DType.BF16: "unsigned short",
+    DType.I8: "signed char", DType.I16: "short", DType.I32: "int", DType.I64: "long long",
+    DType.U8: "unsigned char", DType.BOOL: "bool"}
+#: Dtypes elementwise kernels compute in natively (f16/bf16 are loaded/stored only: casts).
+COMPUTE = frozenset(STORAGE) - HALF
+
+PREAMBLE = r"""
+#ifndef RLX_CUDA_PREAMBLE
+#define RLX_CUDA_PREAMBLE
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+__device__ __forceinline__ float rlx_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short rlx_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float rlx_b2f(unsigned short b) {
+  return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short rlx_f2b(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);                                                   /* nearest-even */
+  return (unsigned short)(u >> 16);
+}
+/* Round to odd: a float that rounds to the same f16/bf16 as x does (so one rounding, not two). */
+__device__ __forceinline__ float rlx_odd(double x) {
+  float f = __double2float_rz(x);
+  if ((double)f != x && f == f) f = __uint_as_float(__float_as_uint(f) | 1u);
+  return f;
+}
+__device__ __forceinline__ float rlx_odd(long long x) {
+  float f = __ll2float_rz(x);
+  if ((long long)f != x) f = __uint_as_float(__float_as_uint(f) | 1u);
+  return f;
+}
+/* f16 in a register: a float rounded to f16 on construction (intermediate casts in fused chains). */
+struct half {
+  float v;
+  __device__ half() {}
+  __device__ half(float x) : v(rlx_h2f(rlx_f2h(x))) {}
+  __device__ half(double x) : v(rlx_h2f(rlx_f2h(rlx_odd(x)))) {}
+  __device__ half(long long x) : v(rlx_h2f(rlx_f2h(rlx_odd(x)))) {}
+  __device__ half(int x) : v(rlx_h2f(rlx_f2h(rlx_odd((double)x)))) {}
+  __device__ half(short x) : v(rlx_h2f(rlx_f2h((float)x))) {}
+  __device__ half(signed char x) : v(rlx_h2f(rlx_f2h((float)x))) {}
+  __device__ half(unsigned char x) : v(rlx_h2f(rlx_f2h((float)x))) {}
+  __device__ half(bool x) : v(x ? 1.0f : 0.0f) {}
+  __device__ operator float() const { return v; }
+};
+/* bf16 in a register, for when the shared dialect names a bf16 type (today it has none). */
+struct __nv_bfloat16 {
+  float v;
+  __device__ __nv_bfloat16() {}
+  __device__ __nv_bfloat16(float x) : v(rlx_b2f(rlx_f2b(x))) {}
+  __device__ __nv_bfloat16(double x) : v(rlx_b2f(rlx_f2b(rlx_odd(x)))) {}
+  __device__ __nv_bfloat16(long long x) : v(rlx_b2f(rlx_f2b(rlx_odd(x)))) {}
+  __device__ __nv_bfloat16(int x) : v(rlx_b2f(rlx_f2b(rlx_odd((double)x)))) {}
+  __device__ __nv_bfloat16(short x) : v(rlx_b2f(rlx_f2b((float)x))) {}
+  __device__ __nv_bfloat16(signed char x) : v(rlx_b2f(rlx_f2b((float)x))) {}
+  __device__ __nv_bfloat16(unsigned char x) : v(rlx_b2f(rlx_f2b((float)x))) {}
+  __device__ __nv_bfloat16(bool x) : v(x ? 1.0f : 0.0f) {}
+  __device__ __nv_bfloat16(half x) : v(rlx_b2f(rlx_f2b(x.v))) {}
+  __device__ operator float() const { return v; }
+};
+/* Integer division as the MIR reference defines it: |a| // |b| (floor, wrapping int64 for i64;
+   exact in int64 for narrower types) times sign(a) * sign(b); 0 for a zero divisor. */
+__device__ __forceinline__ long long rlx_idiv(long long a, long long b) {
+  const long long aa = (long long)(a < 0 ? 0ull - (unsigned long long)a : (unsigned long long)a);
+  const long long bb = (long long)(b < 0 ? 0ull - (unsigned long long)b : (unsigned long long)b);
+  if (bb == 0) return 0;
+  long long q = aa / bb;
+  if (aa % bb != 0 && ((aa < 0) != (bb < 0))) q -= 1;
+  const long long s = (long long)((a > 0) - (a < 0)) * (long long)((b > 0) - (b < 0));
+  return (long long)((unsigned long long)q * (unsigned long long)s);
+}
+template <typename T> __device__ __forceinline__ T rlx_idiv(T a, T b) {
+  return b == 0 ? (T)0 : (T)((long long)a / (long long)b);
+}
+template <typename T> __device__ __forceinline__ T rlx_nanmax(T a, T b) { return (b > a || b != b) ? b : a; }
+template <typename T> __device__ __forceinline__ T rlx_warp_max(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = rlx_nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <typename T> __device__ __forceinline__ T rlx_warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+/* Block-wide reduction (max when MAX, else sum); every thread gets the result. sh: 32 slots. */
+template <typename T, bool MAX> __device__ T rlx_block_reduce(T v, T* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = MAX ? rlx_warp_max(v) : rlx_warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < nw ? sh[lane] : (MAX ? (T)(-INFINITY) : (T)0);
+    w = MAX ? rlx_warp_max(w) : rlx_warp_sum(w);
+    if (lane == 0) sh[0] = w;
+  }
+  __syncthreads();
+  return sh[0];
+}
+#endif
+"""
+
+
+def _name(prefix: str, body: str) -> str:
+    return f"{prefix}_{hashlib.sha256(body.encode()).hexdigest()[:16]}"
+
+
+def load(dt: DType, ref: str) -> str:
+    """Expression reading one element (f16/bf16 widened to float)."""
+    return {DType.F16: f"rlx_h2f({ref})", DType.BF16: f"rlx_b2f({ref})"}.get(dt, ref)
+
+
+def store(dt: DType, expr: str, src: DType) -> str:
+    """Expression converting a computed value of dtype ``src`` to ``dt``'s storage (one rounding)."""
+    if dt not in HALF:
+        return expr
+    if src in (DType.F64, DType.I64, DType.I32):
+        wide = f"(double)({expr})" if src is DType.I32 else f"({expr})"
+        val = f"rlx_odd({wide})"
+    else:  # f32, f16/bf16 (exact in float), narrow ints and bool (exact in float)
+        val = f"(float)({expr})"
+    return f"rlx_f2h({val})" if dt is DType.F16 else f"rlx_f2b({val})"
+
+
+def _ctype_in_registers(dt: DType) -> str:
+    return "float" if dt in HALF else STORAGE[dt]
+
+
+# -- elementwise ----------------------------------------------------------------------------------
+
+#: Elements per thread per loop trip: their loads are all issued before any store (memory-level
+#: parallelism without ``__restrict__``, which in-place steps would make a lie).
+UNROLL = 4
+_INT_CTYPES = frozenset(STORAGE[d] for d in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8))
+
+
+def _patch(lines: list[str], ops: list, in_names: list[str], in_dtypes: Sequence[DType], prefix: str
+           ) -> list[str]:
+    """Where the shared renderer's C differs from the MIR reference, patch its statements:
+
+    * float ``sign(NaN)`` renders as 0; the reference (``np.sign``) keeps NaN;
+    * integer ``div`` renders as C's ``/`` (undefined for a zero divisor and ``MIN / -1``); the
+      reference truncates ``|a| // |b|`` computed in wrapping int64 and gives 0 for a zero divisor.
+    """
+    out: list[str] = []
+    for j, (op, args, _) in enumerate(ops):
+        line = lines[j]
+        xs = [in_names[int(a[1:])] if a.startswith("i") else prefix + a[1:] for a in args]
+        decl = line.split(" = ", 1)[0]
+        if op == "div" and decl.rsplit(" ", 1)[0] in _INT_CTYPES:
+            line = f"{decl} = rlx_idiv({xs[0]}, {xs[1]});"
+        out.append(line)
+        arg_dt = in_dtypes[int(args[0][1:])] if args and args[0].startswith("i") else None
+        if op == "sign" and (arg_dt is None or arg_dt.is_float):
+            out.append(f"{prefix}{j} = ({xs[0]} != {xs[0]}) ? {xs[0]} : {prefix}{j};")
+    return out
+
+
+@lru_cache(maxsize=4096)
+def elementwise_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType, layouts: str,
+                       rank: int, wide: bool) -> tuple[str, str]:
+    """``(kernel name, CUDA source)`` of one elementwise program.
+
+    ``layouts`` has one letter per input: ``f`` (same shape as the output), ``s`` (one element),
+    ``b`` (broadcast: strided over ``rank`` collapsed output dims). ``wide``: 64-bit indices.
+    Each thread handles :data:`UNROLL` elements a grid-stride apart per trip.
+    Raises :class:`IRError` when the program cannot be rendered for CUDA.
+    """
+    for dt in (*in_dtypes, out_dtype):
+        if dt not in STORAGE:
+            raise IRError(f"rlx-cuda elementwise kernels do not handle {dt}", fix="cast first")
+    ops, out = decode(program)
+    # A final cast to f16/bf16 becomes the store's rounding (the dialect has no bf16 type).
+    if ops and out == f"t{len(ops) - 1}" and ops[-1][0] == "cast" and ops[-1][2]["to"] in HALF:
+        ops, out = ops[:-1], ops[-1][1][0]
+    prog = encode(ops, out)
+    idx = "long long" if wide else "int"
+    params = [f"const {STORAGE[dt]}* x{k}" for k, dt in enumerate(in_dtypes)]
+    params += [f"{STORAGE[out_dtype]}* y", f"{idx} n"]
+    bcast = [k for k, lay in enumerate(layouts) if lay == "b"]
+    if bcast:
+        params += [f"{idx} d{j}" for j in range(rank)]
+        params += [f"{idx} s{k}_{j}" for k in bcast for j in range(rank)]
+    body = [f"  const {idx} T = ({idx})blockDim.x * gridDim.x;",
+            f"  for ({idx} i0 = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += {UNROLL} * T) {{"]
+    computes = []
+    for u in range(UNROLL):
+        i = f"i_{u}"
+        body.append(f"    const {idx} {i} = i0 + {u} * T;")
+        if bcast:
+            body.append(f"    {idx} " + ", ".join(f"o{k}_{u} = 0" for k in bcast) + ";")
+            body.append(f"    if ({i} < n) {{")
+            body.append(f"      {idx} r = {i}, c;")
+            for j in range(rank - 1, 0, -1):
+                body.append(f"      c = r % d{j}; r /= d{j}; "
+                            + " ".join(f"o{k}_{u} += c * s{k}_{j};" for k in bcast))
+            body.append("      " + " ".join(f"o{k}_{u} += r * s{k}_0;" for k in bcast) + "\n    }")
+        names = [f"a{k}_{u}" for k in range(len(in_dtypes))]
+        for k, (dt, lay) in enumerate(zip(in_dtypes, layouts)):
+            ct = _ctype_in_registers(dt)
+            if lay == "s":
+                body.append(f"    const {ct} {names[k]} = {load(dt, f'x{k}[0]')};")
+            else:
+                ref = f"x{k}[{i}]" if lay == "f" else f"x{k}[o{k}_{u}]"
+                body.append(f"    const {ct} {names[k]} = {i} < n ? ({ct}){load(dt, ref)} : ({ct})0;")
+        # Each copy lives in its own block, so the renderer's t<j> names can repeat.
+        lines, res, rdt = render_program(prog, names, list(in_dtypes), "cuda")
+        lines = _patch(lines, ops, names, in_dtypes, "t")
+        computes.append(f"    if ({i} < n) {{")
+        computes += ["      " + ln for ln in lines]
+        computes.append(f"      y[{i}] = {store(out_dtype, res, rdt)};")
+        computes.append("    }")
+    body += computes
+    body.append("  }")
+    sig = ", ".join(params)
+    text = "\n".join(body)
+    name = _name("rlx_ew", sig + text)
+    return name, f'{PREAMBLE}\nextern "C" __global__ void {name}({sig}) {{\n{text}\n}}\n'
+
+
+def single_op_program(op: str, n_inputs: int, attrs: dict) -> str:
+    return encode([(op, [f"i{k}" for k in range(n_inputs)], dict(attrs))], "t0")
+
+
+def plan_layouts(in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]
+                 ) -> tuple[str, list[int], dict[int, list[int]]]:
+    """Per input ``f``/``s``/``b``; for broadcast inputs the collapsed output dims and their strides."""
+    r = len(out_shape)
+    lays, strides = [], {}
+    for k, shp in enumerate(in_shapes):
+        full = (1,) * (r - len(shp)) + tuple(shp)
+        n = 1
+        for d in full:
+            n *= d
+        if full == tuple(out_shape):
+            lays.append("f")
+        elif n == 1:
+            lays.append("s")
+        else:
+            lays.append("b")
+            st, acc = [0] * r, 1
+            for j in range(r - 1, -1, -1):
+                st[j] = 0 if full[j] == 1 else acc
+                acc *= full[j]
+            strides[k] = st
+    if not strides:
+        return "".join(lays), [], {}
+    keep = [j for j in range(r) if out_shape[j] != 1] or [r - 1]
+    dims = [out_shape[j] for j in keep]
+    st = {k: [s[j] for j in keep] for k, s in strides.items()}
+    j = len(dims) - 2
+    while j >= 0:  # merge dim j into j+1 where every broadcast input is contiguous across both
+        if all(s[j] == s[j + 1] * dims[j + 1] for s in st.values()):
+            dims[j:j + 2] = [dims[j] * dims[j + 1]]
+            for s in st.values():
+                s[j:j + 2] = [s[j + 1]]
+        j -= 1
+    return "".join(lays), dims, st
+
+
+# -- row kernels ----------------------------------------------------------------------------------
+
+def _compute(dt: DType) -> tuple[str, str]:
+    """(C compute type, math suffix) for a row kernel of ``dt``."""
+    return ("double", "") if dt is DType.F64 else ("float", "f")
+
+
+@lru_cache(maxsize=64)
+def softmax_source(dt: DType, log: bool) -> tuple[str, str]:
+    """One block per row of ``n`` elements: y = softmax(x) (or log_softmax) along the row."""
+    ct, f = _compute(dt)
+    s = STORAGE[dt]
+    if log:
+        out = f"({load(dt, 'x[j]')} - m) - lse"
+        pre = f"  const {ct} lse = log{f}(s);\n"
+    else:
+        out = f"exp{f}({load(dt, 'x[j]')} - m) / s"
+        pre = ""
+    name = f"rlx_{'log_' if log else ''}softmax_{dt.value}"
+    src = f"""{PREAMBLE}
+extern "C" __global__ void {name}(const {s}* xg, {s}* yg, int n) {{
+  __shared__ {ct} sh[32];
+  const {s}* x = xg + (long long)blockIdx.x * n;
+  {s}* y = yg + (long long)blockIdx.x * n;
+  {ct} m = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) m = rlx_nanmax(m, ({ct}){load(dt, 'x[j]')});
+  m = rlx_block_reduce<{ct}, true>(m, sh);
+  {ct} s = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) s += exp{f}({load(dt, 'x[j]')} - m);
+  s = rlx_block_reduce<{ct}, false>(s, sh);
+{pre}  for (int j = threadIdx.x; j < n; j += blockDim.x) y[j] = {store(dt, out, _cdt(dt))};
+}}
+"""
+    return name, src
+
+
+def _cdt(dt: DType) -> DType:
+    return DType.F64 if dt is DType.F64 else DType.F32
+
+
+@lru_cache(maxsize=64)
+def layer_norm_source(dt: DType) -> tuple[str, str]:
+    """One block per row: y = (x - mean) / sqrt(var + eps) * gamma + beta (two-pass statistics)."""
+    ct, f = _compute(dt)
+    s = STORAGE[dt]
+    name = f"rlx_layer_norm_{dt.value}"
+    y = f"(({load(dt, 'x[j]')} - mu) * rstd) * {load(dt, 'g[j]')} + {load(dt, 'b[j]')}"
+    src = f"""{PREAMBLE}
+extern "C" __global__ void {name}(const {s}* xg, const {s}* g, const {s}* b, {s}* yg, int n, {ct} eps) {{
+  __shared__ {ct} sh[32];
+  const {s}* x = xg + (long long)blockIdx.x * n;
+  {s}* y = yg + (long long)blockIdx.x * n;
+  {ct} acc = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) acc += {load(dt, 'x[j]')};
+  const {ct} mu = rlx_block_reduce<{ct}, false>(acc, sh) / n;
+  acc = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {{ {ct} d = {load(dt, 'x[j]')} - mu; acc += d * d; }}
+  const {ct} var = rlx_block_reduce<{ct}, false>(acc, sh) / n;
+  const {ct} rstd = ({ct})1 / sqrt{f}(var + eps);
+  for (int j = threadIdx.x; j < n; j += blockDim.x) y[j] = {store(dt, y, _cdt(dt))};
+}}
+"""
+    return name, src
+
+
+MASKED_SCORE = "-1e9"  # the reference's masked score (rlx_core.ir.hir.MASKED_SCORE)
+
+
+@lru_cache(maxsize=256)
+def attention_softmax_source(dt: DType, mask: str, mask_dtype: DType | None) -> tuple[str, str]:
+    """Masked softmax over the rows of the scores ``S`` (``scale * q @ k^T``, in the compute type)
+    into the probabilities ``P`` (``dt``; may alias ``S`` when the types agree).
+
+    Row ``r`` is query ``i = r % sq`` of batch-head ``bh = r / sq`` (``b = bh / heads``). ``mask``:
+    ``none``, ``causal`` (key j visible iff j <= i), ``sliding_window`` (and j > i - window),
+    ``padding`` (``m[b, j] != 0``), ``bias`` (``+ m[b*s0 + h*s1 + i*s2 + j*s3]``).
+    """
+    ct, f = _compute(dt)
+    sc = ct  # scores are stored in the compute type
+    s = STORAGE[dt]
+    extra = ""
+    if mask == "sliding_window":
+        extra = ", int window"
+    elif mask == "padding":
+        assert mask_dtype is not None
+        extra = f", const {STORAGE[mask_dtype]}* mk"
+    elif mask == "bias":
+        extra = f", const {s}* mk, long long s0, long long s1, long long s2, long long s3"
+    keep = {"none": None, "causal": "j <= i", "sliding_window": "j <= i && j > i - window",
+            "padding": None if mask_dtype is None else f"{load(mask_dtype, 'mk[b * sk + j]')} != 0",
+            "bias": None}[mask]
+    score = "S[j]"
+    if mask == "bias":
+        score = f"(S[j] + ({ct}){load(dt, 'mk[b * s0 + h * s1 + i * s2 + j * s3]')})"
+    val = score if keep is None else f"(({keep}) ? {score} : ({ct}){MASKED_SCORE})"
+    head = f"const {sc}* sg, {s}* pg, int sk, int sq, int heads{extra}"
+    body = f"""
+  __shared__ {ct} sh[32];
+  const long long row = blockIdx.x;
+  const int i = (int)(row % sq);
+  const long long bh = row / sq, b = bh / heads, h = bh % heads;
+  const {sc}* S = sg + row * sk;
+  {s}* P = pg + row * sk;
+  (void)i; (void)b; (void)h;
+  {ct} m = -INFINITY;
+  for (int j = threadIdx.x; j < sk; j += blockDim.x) m = rlx_nanmax(m, ({ct}){val});
+  m = rlx_block_reduce<{ct}, true>(m, sh);
+  {ct} t = 0;
+  for (int j = threadIdx.x; j < sk; j += blockDim.x) t += exp{f}({val} - m);
+  t = rlx_block_reduce<{ct}, false>(t, sh);
+  for (int j = threadIdx.x; j < sk; j += blockDim.x) {{
+    const {ct} e = exp{f}({val} - m) / t;
+    P[j] = {store(dt, 'e', _cdt(dt))};
+  }}
+"""
+    name = _name("rlx_attn_softmax", head + body)
+    return name, f'{PREAMBLE}\nextern "C" __global__ void {name}({head}) {{{body}}}\n'
+
+
+#: Identities of max/min for CuPy ReductionKernels (``rlx_lo<T>()`` / ``rlx_hi<T>()``).
+MINMAX_PREAMBLE = r"""
+template <typename T> __device__ T rlx_lo();
+template <typename T> __device__ T rlx_hi();
+template <> __device__ float rlx_lo<float>() { return __int_as_float(0xff800000); }
+template <> __device__ float rlx_hi<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ double rlx_lo<double>() { return __longlong_as_double(0xfff0000000000000LL); }
+template <> __device__ double rlx_hi<double>() { return __longlong_as_double(0x7ff0000000000000LL); }
+template <> __device__ signed char rlx_lo<signed char>() { return -128; }
+template <> __device__ signed char rlx_hi<signed char>() { return 127; }
+template <> __device__ short rlx_lo<short>() { return -32768; }
+template <> __device__ short rlx_hi<short>() { return 32767; }
+template <> __device__ int rlx_lo<int>() { return -2147483647 - 1; }
+template <> __device__ int rlx_hi<int>() { return 2147483647; }
+template <> __device__ long long rlx_lo<long long>() { return -9223372036854775807LL - 1; }
+template <> __device__ long long rlx_hi<long long>() { return 9223372036854775807LL; }
+template <> __device__ unsigned char rlx_lo<unsigned char>() { return 0; }
+template <> __device__ unsigned char rlx_hi<unsigned char>() { return 255; }
+"""
+
+
+def minmax_check_source() -> tuple[str, str]:
+    """A kernel using :data:`MINMAX_PREAMBLE` for every type (compiled by the no-GPU test)."""
+    name = "rlx_minmax_identities"
+    types = [STORAGE[d] for d in (DType.F32, DType.F64, DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)]
+    body = " ".join(f"(({t}*)p)[{i}] = rlx_lo<{t}>() + rlx_hi<{t}>();" for i, t in enumerate(types))
+    return name, f'{MINMAX_PREAMBLE}\nextern "C" __global__ void {name}(void* p) {{ {body} }}\n'
+
+
+def row_block(n: int) -> int:
+    """Threads per block for a row kernel over rows of ``n`` elements."""
+    if n >= 1024:
+        return 1024
+    return max(32, (n + 31) // 32 * 32)
+
+
+def all_row_kernels() -> list[tuple[str, str]]:
+    """Every row kernel the plugin can emit (the no-GPU test compiles them all)."""
+    out = []
+    for dt in (DType.F32, DType.F64, DType.F16, DType.BF16):
+        out += [softmax_source(dt, False), softmax_source(dt, True), layer_norm_source(dt)]
+        for mask in ("none", "causal", "sliding_window", "bias"):
+            out.append(attention_softmax_source(dt, mask, None))
+        for mdt in (DType.BOOL, DType.I32, DType.I64, DType.F32, DType.F16, dt):
+            out.append(attention_softmax_source(dt, "padding", mdt))
+    return list(dict.fromkeys(out))

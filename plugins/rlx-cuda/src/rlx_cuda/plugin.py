@@ -1,0 +1,228 @@
+"""rlx-cuda hook implementations: identity, device probing, kernel claims and compilation.
+
+Nothing here imports CuPy at module import: probing imports it inside ``rlx_probe_devices`` (and
+reports "no CUDA device: <cause>" when it is missing or finds no GPU), compilation inside
+``rlx_compile``. Claims are honest: f16/bf16 are claimed for GEMMs (tensor cores, f32
+accumulation), the row kernels (f32 compute), casts and data movement; other f16/bf16 arithmetic
+takes the core's ``compute_f16_in_f32`` rewrite, which fusion then folds into one kernel.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
+from rlx_core import API_VERSION
+from rlx_core.dtypes import DType
+from rlx_core.errors import RLXError
+from rlx_core.fusion import FUSIBLE
+from rlx_core.hookspecs import hookimpl
+from rlx_core.ir.schema import REGISTRY
+from rlx_core.ir.types import normalize_axis
+from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+
+from . import __version__, codegen
+
+ELEMENTWISE = tuple(sorted(FUSIBLE))
+HALF = codegen.HALF
+#: Dtypes the generated elementwise kernels compute in.
+GEN = codegen.COMPUTE
+#: Every dtype a device buffer can hold (c64 is not supported).
+STORE = frozenset(codegen.STORAGE)
+FLOATS = frozenset({DType.F32, DType.F64, DType.F16, DType.BF16})
+F = frozenset({DType.F32, DType.F64})
+SUM_DTS = frozenset({DType.F32, DType.F64, DType.I32, DType.I64})
+ORDER_DTS = frozenset({DType.F32, DType.F64, DType.I8, DType.I16, DType.I32, DType.I64, DType.U8})
+INDEX = frozenset({DType.I32, DType.I64})
+
+
+@hookimpl
+def rlx_backend_info() -> BackendInfo:
+    return BackendInfo(name="cuda", version=__version__, api_version=API_VERSION,
+                       description="NVIDIA GPUs through CuPy: cuBLAS, NVRTC kernels, CUDA graphs",
+                       vendor="RLX")
+
+
+# -- devices --------------------------------------------------------------------------------------
+
+_DEFAULT_CAPS = DeviceCaps(peak_flops={"default": 1e12}, mem_bandwidth=1e11, launch_overhead=1e-5,
+                           host_link_bandwidth=1e10)
+#: Dense f16/bf16 tensor-core FLOP per clock per SM, by compute capability major (datasheet ratios).
+_TC_PER_SM = {7: 1024, 8: 2048, 9: 4096, 10: 8192, 12: 2048}
+#: f32 FMA lanes per SM.
+_F32_LANES = {7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
+
+
+def _unavailable(reason: str) -> list[DeviceInfo]:
+    return [DeviceInfo(backend="cuda", name="cuda:0", available=False, caps=_DEFAULT_CAPS,
+                       reason=f"no CUDA device: {reason}", host_memory=False)]
+
+
+def _attr(rt: Any, attr: int, dev: int) -> int | None:
+    try:
+        return int(rt.deviceGetAttribute(attr, dev))
+    except Exception:
+        return None
+
+
+def _host_link(index: int, cc_major: int, integrated: bool) -> tuple[float, str]:
+    """Host<->device bandwidth estimate (bytes/s) and where it came from."""
+    if integrated:
+        return 4.5e11, "integrated (NVLink-C2C class) estimate"
+    try:  # the PCIe link actually negotiated, through NVML when it is installed
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        gen = pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)
+        width = pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)
+        lane = {3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}.get(int(gen), 0.985e9)
+        return 0.8 * lane * int(width), f"PCIe gen{gen} x{width} (NVML), 80% of the link rate"
+    except Exception:
+        pass
+    gen = 5 if cc_major >= 9 else 4
+    return (4.0e10 if gen == 5 else 2.0e10), f"PCIe gen{gen} x16 estimate (no NVML)"
+
+
+def _probe() -> list[DeviceInfo]:
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a CuPy build that cannot load its CUDA libraries
+        return _unavailable(f"CuPy cannot be imported ({type(e).__name__}: {e}); install "
+                            "rlx-cuda[cuda12] or rlx-cuda[cuda13] on a machine with an NVIDIA driver")
+    rt = cupy.cuda.runtime
+    try:
+        n = rt.getDeviceCount()
+    except Exception as e:
+        return _unavailable(f"the CUDA runtime found no usable GPU ({type(e).__name__}: {e})")
+    if n == 0:
+        return _unavailable("cudaGetDeviceCount() returned 0")
+    devs = []
+    for i in range(n):
+        try:
+            p = rt.getDeviceProperties(i)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+            major, minor, sms = int(p["major"]), int(p["minor"]), int(p["multiProcessorCount"])
+            clock = p.get("clockRate") or _attr(rt, 13, i) or 1_500_000  # kHz
+            mclock = p.get("memoryClockRate") or _attr(rt, 36, i)
+            bus = p.get("memoryBusWidth") or _attr(rt, 37, i)
+            f32 = 2.0 * _F32_LANES.get(major, 64) * sms * clock * 1e3
+            tc = float(_TC_PER_SM.get(major, 512)) * sms * clock * 1e3
+            f64 = f32 / 2 if (major, minor) in ((6, 0), (7, 0), (8, 0), (9, 0), (10, 0)) else f32 / 64
+            bw = 2.0 * mclock * 1e3 * bus / 8 if mclock and bus else 1e12
+            link, link_src = _host_link(i, major, bool(p.get("integrated", 0)))
+            caps = DeviceCaps(peak_flops={"f32": f32, "f64": f64, "f16": tc, "bf16": tc, "default": f32},
+                              mem_bandwidth=0.8 * bw, launch_overhead=8e-6, host_link_bandwidth=link,
+                              source="plugin estimates from device properties")
+            details = {"gpu": name, "compute_capability": f"{major}.{minor}", "sms": str(sms),
+                       "memory": f"{int(p['totalGlobalMem']) / 2**30:.1f} GiB",
+                       "driver": _version(rt.driverGetVersion()), "runtime": _version(rt.runtimeGetVersion()),
+                       "cupy": cupy.__version__, "host_link": link_src}
+            devs.append(DeviceInfo(backend="cuda", name=f"cuda:{i}", available=True, caps=caps,
+                                   host_memory=False, details=details))
+        except Exception as e:
+            devs.append(DeviceInfo(backend="cuda", name=f"cuda:{i}", available=False, caps=_DEFAULT_CAPS,
+                                   reason=f"no CUDA device: probing failed ({type(e).__name__}: {e})",
+                                   host_memory=False))
+    return devs
+
+
+def _version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+@hookimpl
+def rlx_probe_devices() -> list[DeviceInfo]:
+    return _probe()
+
+
+# -- claims ---------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=8192)
+def _renderable(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    try:
+        codegen.elementwise_source(program, in_dtypes, out_dtype, "f" * len(in_dtypes), 0, False)
+    except RLXError as e:
+        return f"not renderable for CUDA: {e.what}"
+    except Exception as e:
+        return f"not renderable for CUDA: {type(e).__name__}: {e}"
+    return None
+
+
+def _ew_pred(v: Any) -> str | None:
+    ins = tuple(t.dtype for t in v.in_types)
+    return _renderable(codegen.single_op_program(v.op, len(ins), dict(v.attrs)), ins, v.out_types[0].dtype)
+
+
+def _fused_pred(v: Any) -> str | None:
+    dts = [t.dtype for t in v.in_types] + [v.out_types[0].dtype]
+    bad = sorted({d.value for d in dts if d not in STORE})
+    if bad:
+        return f"no CUDA kernels for {', '.join(bad)}"
+    return _renderable(str(v.attrs["program"]), tuple(t.dtype for t in v.in_types), v.out_types[0].dtype)
+
+
+def _last_axis(v: Any) -> str | None:
+    t = v.in_types[0]
+    if t.rank and normalize_axis(int(v.attrs["axis"]), t.rank) != t.rank - 1:
+        return "only the last axis (other axes run through the decomposition)"
+    return None
+
+
+def _attention_pred(v: Any) -> str | None:
+    q = v.in_types[0]
+    if q.dtype not in FLOATS:
+        return "queries must be f32/f64/f16/bf16"
+    if v.attrs["mask"] == "padding" and v.in_types[3].dtype not in STORE:
+        return f"padding mask dtype {v.in_types[3].dtype} is not supported"
+    return None
+
+
+def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
+    return KernelClaim(op, f"cuda.{op}", dtypes=dtypes, **kw)
+
+
+@hookimpl
+def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
+    claims = []
+    for op in ELEMENTWISE:
+        schema = REGISTRY.get(op)
+        dts = frozenset(schema.dtypes) & GEN
+        if op == "cast":
+            claims.append(_claim(op, STORE, out_dtypes=STORE, predicate=_ew_pred, in_place=True,
+                                 constraint="any dtype but c64 (f16/bf16 rounded once, nearest-even)"))
+        elif op == "where":
+            claims.append(_claim(op, dts | {DType.BOOL}, out_dtypes=dts, predicate=_ew_pred, in_place=True))
+        else:
+            claims.append(_claim(op, dts, predicate=_ew_pred, in_place=True))
+    claims += [
+        _claim("fused_elementwise", None, predicate=_fused_pred, in_place=True,
+               constraint="programs the shared CUDA renderer can emit (no bf16 intermediates)"),
+        _claim("matmul", FLOATS | {DType.I32, DType.I64},
+               constraint="cuBLAS for floats (TF32 only with RLX_CUDA_TF32=1), CuPy for integers"),
+        _claim("linear", FLOATS, constraint="one cuBLAS GEMM accumulating onto the broadcast bias"),
+        _claim("attention", FLOATS | STORE, out_dtypes=FLOATS, predicate=_attention_pred,
+               constraint="two batched cuBLAS GEMMs + one masked-softmax kernel (all mask kinds)"),
+        _claim("softmax", FLOATS, predicate=_last_axis, constraint="last axis"),
+        _claim("log_softmax", FLOATS, predicate=_last_axis, constraint="last axis"),
+        _claim("layer_norm", FLOATS),
+        _claim("reduce_sum", SUM_DTS), _claim("reduce_prod", SUM_DTS), _claim("reduce_mean", F),
+        _claim("reduce_max", ORDER_DTS), _claim("reduce_min", ORDER_DTS),
+        _claim("argmax", ORDER_DTS), _claim("argmin", ORDER_DTS),
+        _claim("reshape", STORE, in_place=True), _claim("transpose", STORE), _claim("expand", STORE),
+        _claim("slice", STORE), _claim("concat", STORE), _claim("pad", STORE),
+        _claim("gather", STORE | INDEX, out_dtypes=STORE),
+        _claim("scatter_add", frozenset({DType.F32, DType.F64, DType.I32}) | INDEX,
+               out_dtypes=frozenset({DType.F32, DType.F64, DType.I32})),
+        _claim("iota", STORE - {DType.BOOL}),
+        _claim("cumsum", SUM_DTS),
+    ]
+    return claims
+
+
+@hookimpl
+def rlx_compile(program: Any, device: DeviceInfo) -> Any:
+    from .program import CudaProgram
+
+    return CudaProgram(program, int(device.name.split(":")[1]))

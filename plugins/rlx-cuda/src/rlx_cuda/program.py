@@ -1,0 +1,149 @@
+"""The CUDA executable: one device arena, a view per planned value, a bound kernel per step.
+
+* **Memory**: one allocation of ``plan.arena_bytes`` from CuPy's memory pool; every value is a view
+  at its planned offset (values with disjoint lifetimes share bytes, in-place steps alias). Weights
+  are uploaded once, here; attention steps share one scratch workspace.
+* **Transfers**: the LIR's ``Transfer`` steps: inputs are uploaded and outputs downloaded per run.
+* **CUDA graphs**: the first run is eager (it also warms NVRTC and cuBLAS); the second captures the
+  kernel sequence on the program's stream into a CUDA graph, and every run from then on replays it
+  (shapes are static per compiled program). Temporaries CuPy allocates while capturing come from a
+  private pool kept alive with the graph. ``RLX_CUDA_GRAPHS=0`` keeps every run eager; a capture
+  that fails falls back to eager runs and records why in ``graph_error``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from rlx_core.dtypes import DType
+from rlx_core.lir import Program, Step, Transfer
+
+from . import kernels as kern
+
+
+def graphs_enabled() -> bool:
+    return os.environ.get("RLX_CUDA_GRAPHS", "1").strip() not in ("0", "false", "no")
+
+
+class CudaProgram:
+    def __init__(self, program: Program, device_index: int) -> None:
+        self.program = program
+        self.device = cp.cuda.Device(device_index)
+        g = program.graph
+        plan = program.plan
+        with self.device:
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.sm_count = int(self.device.attributes["MultiProcessorCount"])
+            self.arena = cp.cuda.alloc(max(plan.arena_bytes, 1))
+            views: dict[str, Any] = {}
+            for name, off in plan.offsets.items():
+                t = g.types[name]
+                views[name] = cp.ndarray(tuple(t.shape), kern.storage_dtype(t.dtype), memptr=self.arena + off)
+            for p in g.params:  # weights: uploaded once
+                views[p.name] = cp.asarray(_to_storage(np.asarray(g.weights[p.name]), p.type.dtype))
+            self.views = views
+            ws = max((kern.workspace_bytes(s.op, [g.types[i] for i in s.inputs]) for s in program.kernels),
+                     default=0)
+            self.workspace = cp.cuda.alloc(ws) if ws else None
+            self.uploads = [(t.value, views[t.value], g.types[t.value].dtype) for t in program.steps
+                            if isinstance(t, Transfer) and t.src == "host"]
+            self.downloads = [(t.value, views[t.value], g.types[t.value].dtype) for t in program.steps
+                              if isinstance(t, Transfer) and t.dst == "host"]
+            factories = kern.factories()
+            with self.stream:
+                self.runs = tuple(self._bind(s, factories) for s in program.kernels)
+            self.stream.synchronize()
+        self.kernel_names = tuple(s.kernel for s in program.kernels)
+        self.use_graph = graphs_enabled()
+        self.graph: Any = None
+        self.graph_error = ""
+        self._graph_pool: Any = None
+        self._eager_runs = 0
+
+    def cublas_workspace(self) -> Any:
+        """This program's cuBLAS workspace (allocated on the first GEMM bound)."""
+        if getattr(self, "_cublas_ws", None) is None:
+            self._cublas_ws = cp.cuda.alloc(kern.CUBLAS_WORKSPACE)
+        return self._cublas_ws
+
+    def _bind(self, s: Step, factories: Mapping[str, Any]) -> Any:
+        g = self.program.graph
+        b = kern.Bound([self.views[i] for i in s.inputs], [self.views[o] for o in s.outputs],
+                    [g.types[i] for i in s.inputs], [g.types[o] for o in s.outputs], s.attrs, self)
+        return factories[s.kernel](b)
+
+    # -- running ----------------------------------------------------------------------------------
+    def upload(self, inputs: Mapping[str, np.ndarray]) -> None:
+        for name, view, dt in self.uploads:
+            if view.size:
+                view.set(_to_storage(inputs[name], dt), stream=self.stream)
+
+    def download(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, view, dt in self.downloads:
+            h = view.get(stream=self.stream)
+            out[name] = h.view(dt.np) if dt is DType.BF16 else h
+        return out
+
+    def launch(self) -> None:
+        """Enqueue the kernels once: replay the CUDA graph (captured on the second launch), or,
+        with ``use_graph`` off, launch every kernel eagerly."""
+        if self.use_graph:
+            if self.graph is None and self._eager_runs >= 1 and not self.graph_error:
+                self._capture()
+            if self.graph is not None:
+                self.graph.launch(self.stream)
+                return
+        for r in self.runs:
+            r()
+        self._eager_runs += 1
+
+    def _capture(self) -> None:
+        pool = cp.cuda.MemoryPool()
+        graph = None
+        try:
+            with cp.cuda.using_allocator(pool.malloc):
+                self.stream.begin_capture()
+                try:
+                    for r in self.runs:
+                        r()
+                finally:
+                    graph = self.stream.end_capture()
+        except Exception as e:  # not capturable: stay eager (and say why)
+            self.graph_error = f"{type(e).__name__}: {e}"
+            return
+        self.graph, self._graph_pool = graph, pool
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.device, self.stream:
+            self.upload(inputs)
+            self.launch()
+            return self.download()
+
+    def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
+        """Like ``run`` but eager, counting kernel calls by claim name."""
+        counts: Counter[str] = Counter()
+        with self.device, self.stream:
+            self.upload(inputs)
+            for name, r in zip(self.kernel_names, self.runs):
+                r()
+                counts[name] += 1
+            return self.download(), counts
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+def _to_storage(a: np.ndarray, dt: DType) -> np.ndarray:
+    a = np.asarray(a)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)  # (never 0-d here: a 0-d array is contiguous)
+    if dt is DType.BF16:
+        return a.view(np.uint16)
+    return a
