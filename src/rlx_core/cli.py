@@ -48,7 +48,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "new-backend": ("rlx_core.scaffold:new_backend", "Create a new backend plugin package."),
     "embed": ("rlx_core.models.minilm:embed_command", "Embed sentences with all-MiniLM-L6-v2."),
     "bench": ("rlx_core.bench:bench_command", "Benchmark RLX against ONNX Runtime and PyTorch."),
-    "export": ("rlx_wasm.export:export_command", "Export a model as a standalone artifact (--target wasm)."),
+    "export": ("rlx_core.export_cmd:export_command",
+               "Export a model as a standalone artifact (--target wasm, cortexm ...)."),
+    "quantize": ("rlx_core.quant.cli:quantize_command",
+                 "Quantize a model: INT8 post-training (calibrated) or INT4 weight-only."),
 }
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

@@ -113,12 +113,32 @@ def load(path: PathLike) -> Graph:
     return graph_from_structure(structure, tensors, source=os.fspath(path))
 
 
+def _register_optional_ops(structure: Mapping[str, Any]) -> None:
+    """Ops defined outside the IR package (fused kernels, quantization) register on import; a saved
+    graph that uses them must load in a fresh process without the user importing anything."""
+    nodes = structure.get("nodes") if isinstance(structure, Mapping) else None
+    ops = {n.get("op") for n in nodes if isinstance(n, Mapping)} if isinstance(nodes, list) else set()
+    from .schema import REGISTRY
+
+    missing = {o for o in ops if isinstance(o, str) and o not in REGISTRY}
+    if not missing:
+        return
+    import importlib
+
+    for module in ("rlx_core.fusion", "rlx_core.quant", "rlx_core.qat"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+
+
 def graph_from_structure(structure: Mapping[str, Any], weights: Mapping[str, Any], *,
                          source: str | None = None) -> Graph:
     """Rebuild a Graph from :meth:`Graph.structure` data and its weights, validating every field.
 
     ``source`` (a file name) is only used in error messages.
     """
+    _register_optional_ops(structure)
     decoder = _Decoder(source)
     try:
         return decoder.graph(structure, weights)
