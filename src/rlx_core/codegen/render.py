@@ -166,7 +166,7 @@ def render_op(d: Dialect, op: str, args: Sequence[Expr], in_types: Sequence[DTyp
 
 #: Helpers a generated Numba module defines once (see rlx_cpu.fused).
 NUMBA_PRELUDE = '''
-@njit(inline="always", fastmath={"contract", "afn"})
+@njit(inline="always", fastmath={"contract", "afn"}, error_model="numpy")
 def _erf_f32(x):
     # f32-accurate erf without libm's slow double erf: Taylor series below 0.5 (relative error
     # < 2e-9), Numerical Recipes' erfc Chebyshev fit above (fractional error < 1.2e-7).

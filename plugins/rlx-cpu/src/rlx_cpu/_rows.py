@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(cache=True, nogil=True, parallel=False, fastmath=False)
+@njit(cache=True, nogil=True, parallel=False, fastmath=False, error_model="numpy")
 def softmax_rows(x, o):  # type: ignore[no-untyped-def]
     for r in range(x.shape[0]):
         m = x[r, 0]
@@ -33,7 +33,7 @@ def softmax_rows(x, o):  # type: ignore[no-untyped-def]
             o[r, c] = o[r, c] * inv
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=False)
+@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def softmax_rows_par(x, o):  # type: ignore[no-untyped-def]
     for r in prange(x.shape[0]):
         m = x[r, 0]
@@ -50,7 +50,7 @@ def softmax_rows_par(x, o):  # type: ignore[no-untyped-def]
             o[r, c] = o[r, c] * inv
 
 
-@njit(cache=True, nogil=True, parallel=False, fastmath=False)
+@njit(cache=True, nogil=True, parallel=False, fastmath=False, error_model="numpy")
 def log_softmax_rows(x, o):  # type: ignore[no-untyped-def]
     for r in range(x.shape[0]):
         m = x[r, 0]
@@ -65,7 +65,7 @@ def log_softmax_rows(x, o):  # type: ignore[no-untyped-def]
             o[r, c] = x[r, c] - lse
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=False)
+@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def log_softmax_rows_par(x, o):  # type: ignore[no-untyped-def]
     for r in prange(x.shape[0]):
         m = x[r, 0]
@@ -80,7 +80,7 @@ def log_softmax_rows_par(x, o):  # type: ignore[no-untyped-def]
             o[r, c] = x[r, c] - lse
 
 
-@njit(cache=True, nogil=True, parallel=False, fastmath=False)
+@njit(cache=True, nogil=True, parallel=False, fastmath=False, error_model="numpy")
 def layer_norm_rows(x, g, b, o, eps):  # type: ignore[no-untyped-def]
     n = x.shape[1]
     for r in range(x.shape[0]):
@@ -97,7 +97,7 @@ def layer_norm_rows(x, g, b, o, eps):  # type: ignore[no-untyped-def]
             o[r, c] = (x[r, c] - mu) * inv * g[c] + b[c]
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=False)
+@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def layer_norm_rows_par(x, g, b, o, eps):  # type: ignore[no-untyped-def]
     n = x.shape[1]
     for r in prange(x.shape[0]):

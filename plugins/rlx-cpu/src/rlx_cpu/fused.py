@@ -93,7 +93,7 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
         "import math", "import numpy as np", "from numba import njit, prange", "",
         NUMBA_PRELUDE,
         "",
-        "@njit(cache=True, nogil=True, fastmath=False)",
+        "@njit(cache=True, nogil=True, fastmath=False, error_model='numpy')",
         f"def {name}_serial(o, {args}):",
         "    for r in range(o.shape[0]):",
         "        for c in range(o.shape[1]):",
@@ -101,7 +101,7 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
         f"            o[r, c] = {res}",
         "",
         "",
-        "@njit(cache=True, nogil=True, parallel=True, fastmath=False)",
+        "@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model='numpy')",
         f"def {name}_parallel(o, {args}):",
         "    for r in prange(o.shape[0]):",
         "        for c in range(o.shape[1]):",
@@ -180,7 +180,8 @@ def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], 
 
     def kernel(par: bool) -> list[str]:
         loop = "prange" if par else "range"
-        return [f"@njit(cache=True, nogil=True, parallel={par}, fastmath={{'contract'}})",
+        deco = f"@njit(cache=True, nogil=True, parallel={par}, fastmath={{'contract'}}, error_model='numpy')"
+        return [deco,
                 f"def {name}_{'parallel' if par else 'serial'}(o, {args}):",
                 f"    for r in {loop}(o.shape[0]):", *head,
                 f"        for c0 in range(0, o.shape[1], {CHUNK}):",

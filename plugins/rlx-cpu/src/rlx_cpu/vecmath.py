@@ -23,7 +23,7 @@ _HI = np.float32(88.72283)
 _LO = np.float32(-87.33654)
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def vexp32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
     n = x.shape[0]
     for i in range(n):
@@ -54,7 +54,7 @@ def vexp32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
         out[i] = v if v != v else r
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def verf32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
     n = x.shape[0]
     arg = np.empty(n, np.float32)
@@ -81,7 +81,7 @@ def verf32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
         out[i] = xv if xv != xv else r
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def vtanh32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
     n = x.shape[0]
     arg = np.empty(n, np.float32)
@@ -102,7 +102,7 @@ def vtanh32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
         out[i] = xv if xv != xv else r
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def vsigmoid32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
     n = x.shape[0]
     arg = np.empty(n, np.float32)

@@ -1,0 +1,819 @@
+"""``rlx bench train-mlp``: MLP training throughput of RLX against a hand-written NumPy loop and
+PyTorch eager, in one run, from one initialisation, with one thread count.
+
+The setup of the RLX paper: an MLP (default 784-128-10), SGD with lr 0.02 and momentum 0.9, batch
+128, one epoch over 60,000 MNIST-shaped seeded images (float32 in [0, 1), labels 0-9 given by a
+fixed random linear teacher so the loss can fall). ``--dataset digits`` trains on scikit-learn's
+bundled 8x8 digits instead and reports held-out accuracy. Batches are taken in order, the last
+partial batch is dropped, and every runtime sees exactly the same batches.
+
+* **rlx** — the whole training step (forward, backward, momentum update) is ONE compiled graph
+  (:func:`rlx_core.optim.train_step_graph`) run by :class:`ResidentTrainer`: parameters and
+  optimizer state live in the compiled program's own buffers between steps (on rlx-cpu), a step
+  writes the batch into the input buffers and runs the bound kernels — no per-step validation,
+  dictionaries or output copies. ``--fusion auto`` (the default) times a few steps with and without
+  elementwise fusion and keeps the faster: unfused, every update of the momentum SGD is an in-place
+  kernel, so the planner puts each ``<p>.next`` in ``<p>``'s own buffer and nothing is copied back;
+  fused, rlx-cpu's fused kernel is not claimed in place (one copy per tensor per step) and small
+  fused kernels run as NumPy programs, but large elementwise chains (ReLU's backward) become one
+  Numba loop instead of a slow masked ``where``;
+* **numpy** — forward, backward and momentum SGD written by hand over preallocated float32 buffers
+  (BLAS GEMMs on transposed views, in-place elementwise updates);
+* **torch** — ``torch.nn`` layers, ``F.cross_entropy`` and ``torch.optim.SGD`` in eager mode.
+
+BLAS threads (through ``threadpoolctl`` when installed) and ``torch.set_num_threads`` are set to
+the same count: ``--threads``, else ``RLX_BENCH_THREADS``, else the number of CPUs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from .errors import IRError
+
+DATASETS = ("random", "digits")
+PEERS = ("numpy", "torch")
+DEFAULT_ARCH = {"random": "784-128-10", "digits": "64-128-10"}
+DEFAULT_BATCH = {"random": 128, "digits": 32}
+#: Epochs when ``--dataset digits`` is trained and ``--epochs`` is not given.
+DIGITS_EPOCHS = 30
+
+Params = list[tuple[np.ndarray, np.ndarray]]
+
+
+# -- setup: architecture, initialisation, data ----------------------------------------------------
+
+def parse_arch(text: str) -> tuple[int, ...]:
+    """``"784-128-10"`` -> ``(784, 128, 10)``: the input size, the hidden sizes, the classes."""
+    try:
+        sizes = tuple(int(s) for s in text.replace("x", "-").split("-") if s.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of layer sizes like 784-128-10") from None
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise click.BadParameter(f"{text!r}: give at least an input size and a class count, all >= 1")
+    return sizes
+
+
+def init_params(arch: Sequence[int], seed: int = 0) -> Params:
+    """``torch.nn.Linear``'s default initialisation, seeded: W (out, in) and b ~ U(+-1/sqrt(in))."""
+    rng = np.random.default_rng(seed)
+    out: Params = []
+    for i, o in itertools.pairwise(arch):
+        bound = 1.0 / np.sqrt(i)
+        out.append((rng.uniform(-bound, bound, (o, i)).astype(np.float32),
+                    rng.uniform(-bound, bound, o).astype(np.float32)))
+    return out
+
+
+def random_mnist(n: int = 60000, features: int = 784, classes: int = 10, seed: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` MNIST-shaped images (float32 in [0, 1)) and int64 labels from a seeded random linear
+    teacher (``argmax((x - 0.5) @ T)``), so the classes are learnable and roughly balanced."""
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, features), dtype=np.float32)
+    teacher = rng.standard_normal((features, classes)).astype(np.float32)
+    y = np.empty(n, np.int64)
+    for s in range(0, n, 8192):  # in chunks: no (n, features) temporary
+        y[s:s + 8192] = np.argmax((x[s:s + 8192] - np.float32(0.5)) @ teacher, axis=1)
+    return x, y
+
+
+def digits_split(seed: int = 0, test_fraction: float = 0.2
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (1,797 images, scaled to [0, 1]) split into a seeded,
+    stratified train and held-out set: ``(x_train, y_train, x_test, y_test)``."""
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as e:  # pragma: no cover - exercised only without scikit-learn
+        raise click.ClickException(f"--dataset digits needs scikit-learn ({e}); "
+                                   "pip install scikit-learn") from None
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    y = d.target.astype(np.int64)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    return (np.ascontiguousarray(xtr), np.ascontiguousarray(ytr), np.ascontiguousarray(xte),
+            np.ascontiguousarray(yte))
+
+
+def mlp_graph(arch: Sequence[int], params: Params, batch: int | str = "batch", *, loss: bool = True,
+              name: str = "mlp") -> Any:
+    """The MLP as an RLX graph: ``linear`` + ``relu`` (HIR ops, so the CPU runs a native linear and
+    relu's backward is one select); output ``loss`` (mean softmax cross-entropy against ``y``) or,
+    with ``loss=False``, ``logits``."""
+    from .ir.builder import GraphBuilder
+    from .losses import softmax_cross_entropy
+
+    if len(params) != len(arch) - 1:
+        raise IRError(f"{len(params)} layers of parameters for architecture {arch}",
+                      fix="pass one (W, b) pair per layer")
+    g = GraphBuilder(name)
+    h = g.input("x", "f32", (batch, arch[0]))
+    for k, (w, b) in enumerate(params):
+        wt = g.param(f"w{k}", np.array(w, np.float32))
+        h = g.op("linear", h, wt, g.param(f"b{k}", np.array(b, np.float32)))
+        if k < len(params) - 1:
+            h = g.op("relu", h)
+    if loss:
+        y = g.input("y", "i64", (batch,))
+        g.output(softmax_cross_entropy(g, h, y), "loss")
+    else:
+        g.output(h, "logits")
+    return g.build()
+
+
+def param_names(n_layers: int) -> list[str]:
+    return [f"{p}{k}" for k in range(n_layers) for p in ("w", "b")]
+
+
+# -- RLX: the training step as one graph, state resident in the program ---------------------------
+
+class ResidentTrainer:
+    """:class:`rlx_core.optim.Trainer`'s job, with the per-step work cut to the minimum.
+
+    The training step (:func:`~rlx_core.optim.train_step_graph`) is compiled once for static shapes.
+    When the compiled program exposes its planned buffers (rlx-cpu: ``views`` and ``runs``) the
+    parameters and optimizer state stay in the program's own input buffers between steps. Where the
+    memory planner ran an update in place, ``<p>.next`` already occupies ``<p>``'s bytes and nothing
+    moves; every other carried input is kept live for the whole run (the program is re-planned so),
+    and its ``<p>.next`` is copied onto it after the kernels ran (one ``memcpy``, no allocation). A
+    step is: copy the batch into the data buffers, call the bound kernels, read the loss. Other
+    backends get the generic path: ``compiled.run(feed)`` with the feed dict reused and the outputs
+    fed back, still without per-step validation.
+
+    ``step(x=..., y=...)`` returns the loss; :meth:`values` / :meth:`load` read and write the
+    parameters, :meth:`model` gives the model graph with the current weights.
+    """
+
+    def __init__(self, model_graph: Any, loss_output: str, optimizer: Any,
+                 params: Sequence[str] | None = None, *, device: str | None = "cpu", session: Any = None,
+                 step_name: str = "step", resident: bool = True, train_graph: Any = None,
+                 fusion: bool | None = None) -> None:
+        from .optim import train_step_graph, trainable_params
+        from .runtime import Session
+
+        self.model_graph = model_graph
+        self.optimizer = optimizer
+        self.params = trainable_params(model_graph) if params is None else list(params)
+        self.graph = train_graph if train_graph is not None else train_step_graph(
+            model_graph, loss_output, self.params, optimizer, step_name=step_name)
+        if self.graph.symbols:
+            raise IRError(f"ResidentTrainer compiles static shapes; graph {model_graph.name!r} has "
+                          f"symbolic dims {sorted(self.graph.symbols)}",
+                          fix="build the model with a fixed batch, or graph.specialize({'batch': B})")
+        init = {p: np.array(model_graph.weights[p], copy=True) for p in self.params}
+        self.state_names = optimizer.state_names(init)
+        self.step_name = step_name
+        self.data_names = [v.name for v in model_graph.inputs]
+        outs = self.graph.outputs
+        self.loss_name = outs[0]
+        n = len(self.params)
+        #: carried input -> the output that holds its next value
+        self.carry = dict(zip(self.params + self.state_names,
+                              outs[1:1 + n] + outs[1 + n:1 + n + len(self.state_names)], strict=True))
+        self.session = session if session is not None else Session(device, fusion=fusion)
+        t0 = time.perf_counter()
+        self.program, self.compiled = self._compile(resident)
+        self.compile_s = time.perf_counter() - t0
+        views = getattr(self.compiled, "views", None)
+        names = [*self.data_names, *self.carry, step_name]
+        self.resident = bool(resident and isinstance(views, Mapping) and hasattr(self.compiled, "runs")
+                             and all(k in views for k in [*names, *self.carry.values(), self.loss_name]))
+        self.steps = 0
+        if self.resident:
+            assert views is not None
+            self._views = views
+            self._data = [views[d] for d in self.data_names]
+            self._runs = tuple(self.compiled.runs)
+            self._copies = [(views[i], views[o]) for i, o in self.carry.items()
+                            if not np.shares_memory(views[i], views[o])]
+            self._step_view = views[step_name]
+            self._loss_view = views[self.loss_name]
+        else:
+            self._feed: dict[str, Any] = {}
+            self._raw_out = dict(self.program.outputs)
+        self.load(init)
+        self.load_state(optimizer.init_state(init))
+
+    def _compile(self, resident: bool) -> tuple[Any, Any]:
+        from .lir import Program, Step, lower, plan_memory
+
+        s = self.session
+        legal, _ = s.legalize(self.graph)
+        program = lower(legal, s.device)
+        if resident and s.device.host_memory:
+            # A carried input whose <p>.next the planner put in the same bytes (the update ran in
+            # place) needs nothing. The others are kept live to the end of the run, so their buffers
+            # are never reused for intermediates and copying <p>.next onto <p> after the run cannot
+            # clobber another output. Re-plan until every carried pair is one or the other.
+            g = legal.graph
+            steps = []
+            for n in g.nodes:
+                a = legal.assignments[n.name]
+                steps.append(Step(n.name, n.op, a.claim.name, n.inputs, n.outputs, n.attrs, a.origin, a.path,
+                                  a.claim.in_place))
+            kept: set[str] = set()
+            plan = program.plan
+            while True:
+                apart = {i for i, o in self.carry.items() if plan.offsets[i] != plan.offsets[o]}
+                if apart <= kept:
+                    break
+                kept |= apart
+                plan, new_steps = plan_memory(g, steps, {v for _, v in legal.outputs} | kept)
+            if kept:
+                program = Program(program.backend, program.device, g, tuple(new_steps), plan, program.inputs,
+                                  program.outputs, program.fingerprint)
+        return program, s.backend.compile(program, s.device)
+
+    # -- state --------------------------------------------------------------------------------------
+    def load(self, values: Mapping[str, np.ndarray]) -> None:
+        """Set parameters (any subset, by name)."""
+        self._set(values, self.params)
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self._set(state, self.state_names)
+
+    def _set(self, values: Mapping[str, np.ndarray], allowed: Sequence[str]) -> None:
+        for k, v in values.items():
+            if k not in allowed:
+                raise IRError(f"{k!r} is not one of {list(allowed)}", fix="use the names of the train graph")
+            if self.resident:
+                np.copyto(self._views[k], v)
+            else:
+                self._feed[k] = np.array(v, self.graph.types[k].dtype.np, copy=True)
+
+    def _get(self, k: str) -> np.ndarray:
+        return np.array(self._views[k] if self.resident else self._feed[k], copy=True)
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Copies of the current parameters."""
+        return {p: self._get(p) for p in self.params}
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {s: self._get(s) for s in self.state_names}
+
+    def model(self) -> Any:
+        """The model graph with the current parameter values as its weights."""
+        from .ir.graph import Graph
+
+        g = self.model_graph
+        return Graph(g.name, g.inputs, g.params, g.nodes, g.outputs, {**g.weights, **self.values()})
+
+    # -- stepping -----------------------------------------------------------------------------------
+    def step(self, inputs: Mapping[str, Any] | None = None, **data: Any) -> float:
+        """One training step on the model's data inputs (by name); returns the loss."""
+        feed = {**dict(inputs or {}), **data}
+        if self.resident:
+            for name, view in zip(self.data_names, self._data):
+                np.copyto(view, feed[name], casting="same_kind")
+            self._step_view[...] = self.steps
+            with np.errstate(all="ignore"):
+                for r in self._runs:
+                    r()
+            for dst, src in self._copies:
+                np.copyto(dst, src)
+            self.steps += 1
+            return float(self._loss_view)
+        f = self._feed
+        for name in self.data_names:
+            f[name] = np.ascontiguousarray(feed[name], self.graph.types[name].dtype.np)
+        f[self.step_name] = np.asarray(self.steps, np.int64)
+        raw = self.compiled.run(f)
+        for i, o in self.carry.items():
+            f[i] = raw[self._raw_out[o]]
+        self.steps += 1
+        return float(np.asarray(raw[self._raw_out[self.loss_name]]).reshape(()))
+
+
+class RlxMLP:
+    """The benchmark's RLX runtime: an MLP trained by :class:`ResidentTrainer` with momentum SGD."""
+
+    name = "rlx"
+
+    def __init__(self, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float,
+                 device: str = "cpu", resident: bool = True, fusion: bool | None = False) -> None:
+        from .optim import SGD
+
+        self.arch = tuple(arch)
+        self.device = device
+        self.trainer = ResidentTrainer(mlp_graph(arch, params, batch), "loss", SGD(lr=lr, momentum=momentum),
+                                       param_names(len(params)), device=device, resident=resident,
+                                       fusion=fusion)
+        self.compile_s = self.trainer.compile_s
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        return self.trainer.step(x=x, y=y)
+
+    def params(self) -> Params:
+        v = self.trainer.values()
+        return [(v[f"w{k}"], v[f"b{k}"]) for k in range(len(self.arch) - 1)]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        from .runtime import Session
+
+        exe = Session(self.device).compile(mlp_graph(self.arch, self.params(), loss=False))
+        return exe.run(x=np.ascontiguousarray(x, np.float32))["logits"]
+
+
+# -- the hand-written NumPy + BLAS loop -------------------------------------------------------------
+
+class NumpyMLP:
+    """Forward, backward and momentum SGD by hand over preallocated float32 buffers.
+
+    Per step: one GEMM per layer forward (``x @ W.T`` on a transposed view), the bias added and
+    ReLU applied in place; a stable softmax cross-entropy whose gradient ``(softmax - onehot) / B``
+    overwrites the exponentials; per layer backward one GEMM for ``dW = dZ.T @ A`` into its buffer,
+    a column sum for ``db`` and (below the top layer) one GEMM for ``dA = dZ @ W`` masked by
+    ``A > 0`` in place; then ``m = mu*m + g; p -= lr*m`` (``torch.optim.SGD``) in place."""
+
+    name = "numpy"
+
+    def __init__(self, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float) -> None:
+        f32 = np.float32
+        self.w = [np.array(w, f32) for w, _ in params]
+        self.b = [np.array(b, f32) for _, b in params]
+        self.mw = [np.zeros_like(w) for w in self.w]
+        self.mb = [np.zeros_like(b) for b in self.b]
+        self.gw = [np.empty_like(w) for w in self.w]
+        self.gb = [np.empty_like(b) for b in self.b]
+        self.tw = [np.empty_like(w) for w in self.w]
+        self.tb = [np.empty_like(b) for b in self.b]
+        self.act = [np.empty((batch, w.shape[0]), f32) for w in self.w]
+        self.grad = [np.empty((batch, w.shape[0]), f32) for w in self.w]
+        self.mask = [np.empty((batch, w.shape[0]), np.bool_) for w in self.w]
+        self.rowsum = np.empty((batch, 1), f32)
+        self.rows = np.arange(batch)
+        self.batch = batch
+        self.lr, self.mu = f32(lr), f32(momentum)
+        self.inv_b = f32(1.0 / batch)
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        n = len(self.w)
+        a = x
+        for k in range(n):
+            z = self.act[k]
+            np.matmul(a, self.w[k].T, out=z)
+            np.add(z, self.b[k], out=z)
+            if k < n - 1:
+                np.maximum(z, 0.0, out=z)
+            a = z
+        z, e, s = self.act[-1], self.grad[-1], self.rowsum
+        np.subtract(z, z.max(axis=1, keepdims=True), out=z)
+        np.exp(z, out=e)
+        np.sum(e, axis=1, keepdims=True, out=s)
+        loss = float(np.mean(np.log(s[:, 0]) - z[self.rows, y]))
+        np.divide(e, s, out=e)  # softmax
+        e[self.rows, y] -= 1.0
+        np.multiply(e, self.inv_b, out=e)  # dL/dz of the mean loss
+        for k in range(n - 1, -1, -1):
+            dz = self.grad[k]
+            below = x if k == 0 else self.act[k - 1]
+            np.matmul(dz.T, below, out=self.gw[k])
+            np.sum(dz, axis=0, out=self.gb[k])
+            if k > 0:
+                da = self.grad[k - 1]
+                np.matmul(dz, self.w[k], out=da)
+                np.greater(below, 0.0, out=self.mask[k - 1])
+                np.multiply(da, self.mask[k - 1], out=da)
+        for p, g, m, t in itertools.chain(zip(self.w, self.gw, self.mw, self.tw),
+                                          zip(self.b, self.gb, self.mb, self.tb)):
+            np.multiply(m, self.mu, out=m)
+            np.add(m, g, out=m)
+            np.multiply(m, self.lr, out=t)
+            np.subtract(p, t, out=p)
+        return loss
+
+    def params(self) -> Params:
+        return [(w.copy(), b.copy()) for w, b in zip(self.w, self.b)]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        a = np.asarray(x, np.float32)
+        for k, (w, b) in enumerate(zip(self.w, self.b)):
+            a = a @ w.T + b
+            if k < len(self.w) - 1:
+                a = np.maximum(a, 0.0)
+        return a
+
+
+# -- PyTorch eager ----------------------------------------------------------------------------------
+
+class TorchMLP:
+    """``nn.Linear``/``nn.ReLU`` in ``nn.Sequential``, ``F.cross_entropy``, ``torch.optim.SGD``."""
+
+    name = "torch"
+
+    def __init__(self, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float) -> None:
+        import torch
+
+        self.torch = torch
+        layers: list[Any] = []
+        for k, (w, b) in enumerate(params):
+            lin = torch.nn.Linear(w.shape[1], w.shape[0])
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(np.asarray(w, np.float32)))
+                lin.bias.copy_(torch.from_numpy(np.asarray(b, np.float32)))
+            layers.append(lin)
+            if k < len(params) - 1:
+                layers.append(torch.nn.ReLU())
+        self.net = torch.nn.Sequential(*layers)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=lr, momentum=momentum)
+        self.ce = torch.nn.functional.cross_entropy
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        t = self.torch
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.ce(self.net(t.from_numpy(x)), t.from_numpy(y))
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def params(self) -> Params:
+        lins = [m for m in self.net if isinstance(m, self.torch.nn.Linear)]
+        return [(m.weight.detach().numpy().copy(), m.bias.detach().numpy().copy()) for m in lins]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        with self.torch.no_grad():
+            return self.net(self.torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+def default_threads() -> int:
+    return int(os.environ.get("RLX_BENCH_THREADS", os.cpu_count() or 1))
+
+
+@contextmanager
+def thread_limits(threads: int) -> Iterator[dict[str, Any]]:
+    """BLAS (through threadpoolctl, when installed) and torch intra-op threads set to ``threads``."""
+    info: dict[str, Any] = {"threads": threads}
+    ctl: Any = None
+    try:
+        from threadpoolctl import threadpool_limits
+
+        ctl = threadpool_limits(limits=threads)
+        info["blas"] = "threadpoolctl"
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        info["blas"] = "default (threadpoolctl not installed)"
+    prev_torch = None
+    try:
+        import torch
+
+        prev_torch = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    try:
+        yield info
+    finally:
+        if ctl is not None:
+            ctl.restore_original_limits()
+        if torch is not None and prev_torch is not None:
+            torch.set_num_threads(prev_torch)
+
+
+@dataclass
+class RunResult:
+    runtime: str
+    steps: int
+    images: int
+    seconds: float
+    losses: list[float]
+    setup_s: float = 0.0
+    accuracy: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "steps": self.steps, "images": self.images, "seconds": self.seconds,
+                "images_per_s": self.images_per_s, "first_loss": self.losses[0] if self.losses else None,
+                "final_loss": self.losses[-1] if self.losses else None,
+                "final_loss_avg50": float(np.mean(self.losses[-50:])) if self.losses else None,
+                "setup_s": self.setup_s, "accuracy": self.accuracy, **self.extra}
+
+
+def make_runtime(runtime: str, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float,
+                 device: str = "cpu", fusion: bool | None = False) -> Any:
+    if runtime == "rlx":
+        return RlxMLP(arch, params, batch, lr, momentum, device, fusion=fusion)
+    if runtime == "rlx-trainer":
+        return _OptimTrainerMLP(arch, params, batch, lr, momentum, device)
+    if runtime == "numpy":
+        return NumpyMLP(arch, params, batch, lr, momentum)
+    if runtime == "torch":
+        return TorchMLP(arch, params, batch, lr, momentum)
+    raise click.UsageError(f"unknown runtime {runtime!r}; choose from rlx, {', '.join(PEERS)}")
+
+
+class _OptimTrainerMLP(RlxMLP):
+    """The plain :class:`rlx_core.optim.Trainer` (validated run, copies in and out), for reference."""
+
+    name = "rlx-trainer"
+
+    def __init__(self, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float,
+                 device: str = "cpu") -> None:
+        from .optim import SGD, Trainer
+
+        self.arch = tuple(arch)
+        self.device = device
+        t0 = time.perf_counter()
+        self.trainer = Trainer(mlp_graph(arch, params, batch), "loss", SGD(lr=lr, momentum=momentum),
+                               param_names(len(params)), device=device)
+        self.compile_s = time.perf_counter() - t0
+
+    def params(self) -> Params:
+        v = self.trainer.values
+        return [(np.array(v[f"w{k}"]), np.array(v[f"b{k}"])) for k in range(len(self.arch) - 1)]
+
+
+def batches(n: int, batch: int, steps: int | None = None, epochs: int = 1, shuffle_seed: int | None = None
+            ) -> list[np.ndarray | slice]:
+    """Row selections for ``epochs`` passes of full batches (in order, or seeded-shuffled per epoch),
+    cut to ``steps`` when given."""
+    per = n // batch
+    if per == 0:
+        raise click.UsageError(f"batch {batch} is larger than the {n} training examples")
+    out: list[np.ndarray | slice] = []
+    rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    for _ in range(epochs):
+        if rng is None:
+            out += [slice(i * batch, (i + 1) * batch) for i in range(per)]
+        else:
+            perm = rng.permutation(n)
+            out += [np.sort(perm[i * batch:(i + 1) * batch]) for i in range(per)]
+        if steps is not None and len(out) >= steps:
+            break
+    return out[:steps] if steps is not None else out
+
+
+def train(rt: Any, x: np.ndarray, y: np.ndarray, sel: Sequence[np.ndarray | slice],
+          warmup: int = 2) -> RunResult:
+    """Time ``rt.step`` over the selected batches. Shuffled batches are gathered before the clock
+    starts (the same copies for every runtime); in-order batches are contiguous row slices."""
+    xb = [x[s] for s in sel] if not isinstance(sel[0], slice) else None
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    if xb is None:
+        for s in sel:
+            losses.append(rt.step(x[s], y[s]))
+    else:
+        for s, xs in zip(sel, xb):
+            losses.append(rt.step(xs, y[s]))
+    dt = time.perf_counter() - t0
+    nimg = sum((s.stop - s.start) if isinstance(s, slice) else len(s) for s in sel)
+    return RunResult(getattr(rt, "name", "?"), len(sel), nimg, dt, losses)
+
+
+def choose_fusion(arch: Sequence[int], params: Params, x: np.ndarray, y: np.ndarray,
+                  sel: Sequence[np.ndarray | slice], batch: int, lr: float, momentum: float,
+                  device: str = "cpu", trials: int = 6) -> tuple[bool, dict[str, float]]:
+    """Time the RLX train step with and without elementwise fusion on throw-away instances (best
+    of ``trials`` steps after two warm-up steps) and return the faster choice with the timings.
+
+    Neither wins everywhere on rlx-cpu today: unfused, every momentum update runs in place (no
+    copy-back) and small elementwise ops are single NumPy calls, but ``where`` (ReLU's backward) is a
+    slow masked copy; fused, that chain is one Numba loop for large tensors, but small fused
+    kernels run as NumPy programs and the fused update is not in place."""
+    times: dict[str, float] = {}
+    for fusion in (False, True):
+        rt = RlxMLP(arch, params, batch, lr, momentum, device, fusion=fusion)
+        best = math.inf
+        for k, s in enumerate(sel[:trials + 2]):
+            t0 = time.perf_counter()
+            rt.step(x[s], y[s])
+            if k >= 2:
+                best = min(best, time.perf_counter() - t0)
+        times["fusion" if fusion else "nofusion"] = best
+    return times["fusion"] < times["nofusion"], times
+
+
+def run_one(runtime: str, arch: Sequence[int], params: Params, x: np.ndarray, y: np.ndarray,
+            sel: Sequence[np.ndarray | slice], batch: int, lr: float, momentum: float, device: str = "cpu",
+            warmup: int = 3, fusion: bool | str | None = "auto") -> tuple[RunResult, Any]:
+    """Build ``runtime`` from ``params``, warm it up on a throw-away instance (first-call costs:
+    allocator, BLAS thread start, lazy initialisation), then time the run from ``params``. For
+    ``rlx``, ``fusion="auto"`` picks the faster of fused and unfused (:func:`choose_fusion`)."""
+    extra: dict[str, Any] = {}
+    if fusion == "auto":
+        if runtime == "rlx":
+            fusion, extra["fusion_trial_s"] = choose_fusion(arch, params, x, y, sel, batch, lr, momentum,
+                                                            device)
+        else:
+            fusion = None
+    if warmup:
+        w = make_runtime(runtime, arch, params, batch, lr, momentum, device, fusion)  # type: ignore[arg-type]
+        for s in sel[:warmup]:
+            w.step(x[s], y[s])
+        del w
+    t0 = time.perf_counter()
+    rt = make_runtime(runtime, arch, params, batch, lr, momentum, device, fusion)  # type: ignore[arg-type]
+    setup = time.perf_counter() - t0
+    res = train(rt, x, y, sel)
+    res.runtime = runtime
+    res.setup_s = setup
+    res.extra.update(extra)
+    if hasattr(rt, "compile_s"):
+        res.extra["compile_s"] = rt.compile_s
+    if getattr(rt, "trainer", None) is not None and hasattr(rt.trainer, "resident"):
+        res.extra["fusion"] = bool(rt.trainer.session.fusion)
+        res.extra["resident"] = rt.trainer.resident
+        res.extra["carried_copies"] = len(getattr(rt.trainer, "_copies", ()))
+        res.extra["kernels"] = len(rt.trainer.program.kernels)
+    return res, rt
+
+
+def accuracy(rt: Any, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.argmax(rt.logits(x), axis=1) == y))
+
+
+def train_mlp(arch: str | Sequence[int] | None = None, *, batch: int | None = None, device: str = "cpu",
+              peers: Sequence[str] = PEERS, steps: int | None = None, epochs: int | None = None,
+              dataset: str = "random", lr: float = 0.02, momentum: float = 0.9, seed: int = 0,
+              threads: int | None = None, n_images: int = 60000, warmup: int = 3,
+              extra_runtimes: Sequence[str] = (), fusion: bool | str = "auto") -> dict[str, Any]:
+    """Run the benchmark and return its results as JSON-able data (what ``--json`` writes)."""
+    if dataset not in DATASETS:
+        raise click.UsageError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+    sizes = parse_arch(arch or DEFAULT_ARCH[dataset]) if arch is None or isinstance(arch, str) \
+        else tuple(arch)
+    for p in peers:
+        if p not in PEERS:
+            raise click.UsageError(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
+    threads = threads or default_threads()
+    batch = batch or DEFAULT_BATCH[dataset]
+    t_data = time.perf_counter()
+    if dataset == "digits":
+        xtr, ytr, xte, yte = digits_split(seed)
+        if sizes[0] != xtr.shape[1] or sizes[-1] != 10:
+            raise click.UsageError(f"digits are {xtr.shape[1]} pixels and 10 classes; "
+                                   "use e.g. --arch 64-128-10")
+        sel = batches(len(xtr), batch, steps, epochs or DIGITS_EPOCHS, shuffle_seed=seed)
+    else:
+        xtr, ytr = random_mnist(n_images, sizes[0], sizes[-1], seed)
+        xte = yte = None
+        sel = batches(len(xtr), batch, steps, epochs or 1)
+    data_s = time.perf_counter() - t_data
+    params = init_params(sizes, seed)
+    runtimes = ["rlx", *extra_runtimes, *peers]
+    load_before = _loadavg()
+    results: dict[str, RunResult] = {}
+    with thread_limits(threads) as tinfo:
+        for r in runtimes:
+            res, rt = run_one(r, sizes, params, xtr, ytr, sel, batch, lr, momentum, device, warmup, fusion)
+            if xte is not None and yte is not None:
+                res.accuracy = accuracy(rt, xte, yte)
+            results[r] = res
+    load_after = _loadavg()
+    rlx = results["rlx"]
+    ratios = {f"rlx/{p}": rlx.images_per_s / results[p].images_per_s for p in runtimes if p != "rlx"}
+    k = min(len(r.losses) for r in results.values())
+    agree = {p: float(np.max(np.abs(np.subtract(rlx.losses[:min(k, 10)], results[p].losses[:min(k, 10)]))))
+             for p in runtimes if p != "rlx"}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"platform": platform.platform(), "machine": platform.machine(),
+                    "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "loadavg_before": load_before, "loadavg_after": load_after},
+        "config": {"arch": "-".join(map(str, sizes)), "batch": batch, "device": device, "dataset": dataset,
+                   "lr": lr, "momentum": momentum, "seed": seed, "steps": len(sel),
+                   "train_examples": len(xtr), "test_examples": None if xte is None else len(xte),
+                   "rlx_fusion": fusion, "data_s": data_s, **tinfo},
+        "results": {r: v.to_json() for r, v in results.items()},
+        "ratios": ratios,
+        "first10_max_abs_loss_diff_vs_rlx": agree,
+    }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every platform
+        return None
+
+
+def format_report(res: dict[str, Any]) -> str:
+    c = res["config"]
+    lines = [f"train-mlp {c['arch']} on {c['dataset']}: batch {c['batch']}, {c['steps']} steps "
+             f"({c['steps'] * c['batch']:,} images), SGD lr {c['lr']} momentum {c['momentum']}, "
+             f"{c['threads']} thread{'s' if c['threads'] != 1 else ''}, rlx device {c['device']}",
+             f"machine: {res['machine']['machine']} x{res['machine']['cpus']}, load average (1/5/15 min) "
+             f"before {res['machine']['loadavg_before']}, after {res['machine']['loadavg_after']}"]
+    head = (f"{'runtime':<12}{'images/s':>12}{'ms/step':>10}{'first loss':>12}{'final loss':>12}"
+            f"{'last-50 mean':>14}")
+    acc = any(r.get("accuracy") is not None for r in res["results"].values())
+    if acc:
+        head += f"{'held-out acc':>14}"
+    lines.append(head)
+    for name, r in res["results"].items():
+        row = (f"{name:<12}{r['images_per_s']:>12,.0f}{1e3 * r['seconds'] / max(r['steps'], 1):>10.3f}"
+               f"{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}{r['final_loss_avg50']:>14.4f}")
+        if acc:
+            row += f"{100 * r['accuracy']:>13.2f}%" if r.get("accuracy") is not None else f"{'':>14}"
+        lines.append(row)
+    if res["ratios"]:
+        lines.append("ratios (images/s): " + ", ".join(f"{k} = {v:.2f}" for k, v in res["ratios"].items()))
+    rl = res["results"]["rlx"]
+    if "compile_s" in rl:
+        trial = rl.get("fusion_trial_s")
+        how = (f"auto: best step {1e3 * trial['nofusion']:.3f} ms unfused, "
+               f"{1e3 * trial['fusion']:.3f} ms fused" if trial else "as asked")
+        lines.append(f"rlx: one train-step graph, {rl.get('kernels')} kernels, compiled once in "
+                     f"{rl['compile_s']:.2f} s, fusion {'on' if rl.get('fusion') else 'off'} ({how}); state "
+                     f"resident: {rl.get('resident')}, tensors copied back per step: "
+                     f"{rl.get('carried_copies')}")
+    if res["first10_max_abs_loss_diff_vs_rlx"]:
+        lines.append("loss agreement over the first 10 steps (max |diff| vs rlx): " + ", ".join(
+            f"{k} {v:.2e}" for k, v in res["first10_max_abs_loss_diff_vs_rlx"].items())
+            + " (later, f32 rounding differences grow chaotically: compare the last-50 means)")
+    return "\n".join(lines)
+
+
+@click.command("train-mlp", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--arch", default=None, help="Layer sizes, e.g. 784-512-256-10. [default: 784-128-10; "
+                                           "64-128-10 with --dataset digits]")
+@click.option("--batch", type=int, default=None, help="Batch size. [default: 128; 32 with --dataset digits]")
+@click.option("--device", default="cpu", show_default=True, help="RLX device (peers run on the CPU).")
+@click.option("--peers", default="numpy,torch", show_default=True, help="Comma list of numpy, torch (or '').")
+@click.option("--steps", type=int, default=None, help="Stop after N steps. [default: one epoch]")
+@click.option("--epochs", type=int, default=None,
+              help=f"Passes over the data. [default: 1; {DIGITS_EPOCHS} with --dataset digits]")
+@click.option("--dataset", type=click.Choice(DATASETS), default="random", show_default=True,
+              help="random: 60,000 seeded MNIST-shaped images; digits: scikit-learn's 8x8 digits with a "
+                   "held-out split (reports accuracy).")
+@click.option("--images", type=int, default=60000, show_default=True,
+              help="How many random images to generate (--dataset random).")
+@click.option("--lr", type=float, default=0.02, show_default=True)
+@click.option("--momentum", type=float, default=0.9, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads for every runtime. [default: "
+                                                         "RLX_BENCH_THREADS or the CPU count]")
+@click.option("--fusion", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Elementwise fusion for the RLX train step; auto times both on a few steps first "
+                   "and keeps the faster (on rlx-cpu neither wins everywhere).")
+@click.option("--with-trainer", is_flag=True, help="Also time rlx_core.optim.Trainer (copies in/out).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write results as JSON.")
+def train_mlp_command(arch: str | None, batch: int | None, device: str, peers: str, steps: int | None,
+                      epochs: int | None, dataset: str, images: int, lr: float, momentum: float, seed: int,
+                      threads: int | None, fusion: str, with_trainer: bool, json_path: str | None) -> None:
+    """Train an MLP with RLX, a hand-written NumPy+BLAS loop and PyTorch eager, in one run.
+
+    \b
+    Examples:
+      rlx bench train-mlp --arch 784-128-10 --batch 128 --device cpu
+      rlx bench train-mlp --arch 784-512-256-10 --peers numpy,torch --json out.json
+      rlx bench train-mlp --dataset digits
+    """
+    if steps is not None and steps < 1:
+        raise click.BadParameter("--steps must be >= 1")
+    peer_list = [p.strip() for p in peers.split(",") if p.strip()]
+    res = train_mlp(arch, batch=batch, device=device, peers=peer_list, steps=steps, epochs=epochs,
+                    dataset=dataset, lr=lr, momentum=momentum, seed=seed, threads=threads, n_images=images,
+                    extra_runtimes=("rlx-trainer",) if with_trainer else (),
+                    fusion="auto" if fusion == "auto" else fusion == "on")
+    click.echo(format_report(res))
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=2))
+
+
+def _infer_command() -> click.Command:
+    """``rlx bench infer ...``: the existing inference benchmark, as a subcommand of the group."""
+    from .bench import bench_command
+
+    params = [p for p in bench_command.params if p.name != "task"]
+
+    def callback(**kw: Any) -> Any:
+        assert bench_command.callback is not None
+        return bench_command.callback(task="infer", **kw)
+
+    return click.Command("infer", params=params, callback=callback, help=bench_command.help,
+                         context_settings={"help_option_names": ["-h", "--help"]})
+
+
+@click.group("bench", context_settings={"help_option_names": ["-h", "--help"]})
+def bench_group() -> None:
+    """Benchmark RLX against its peers: inference (ONNX Runtime, PyTorch), MLP training (NumPy,
+    PyTorch)."""
+
+
+bench_group.add_command(_infer_command())
+bench_group.add_command(train_mlp_command)
+
+
+__all__ = ["DATASETS", "PEERS", "NumpyMLP", "ResidentTrainer", "RlxMLP", "TorchMLP", "bench_group",
+           "digits_split", "format_report", "init_params", "mlp_graph", "parse_arch", "random_mnist",
+           "train_mlp", "train_mlp_command"]
