@@ -38,10 +38,10 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.tx
 
 log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 "${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
-  -e plugins/rlx-cortexm
+  -e plugins/rlx-cortexm -e plugins/rlx-metal
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm cortexm)
+CI_PLUGINS=(cpu wasm cortexm metal)
 
 certify() {
   local dir="$1" failed=0
