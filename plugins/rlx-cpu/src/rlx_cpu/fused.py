@@ -27,7 +27,7 @@ from rlx_core.fusion import decode
 from rlx_core.ir.schema import REGISTRY
 from rlx_core.ir.types import Attrs
 
-NUMBA_MIN = int(os.environ.get("RLX_CPU_NUMBA_MIN", "32768"))
+NUMBA_MIN = int(os.environ.get("RLX_CPU_NUMBA_MIN", "8192"))
 #: Parallel loops only for large tensors: next to BLAS, an OpenMP pool costs more than it gives.
 PARALLEL_MIN = 1 << 21
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -284,14 +284,16 @@ _NP["erf"] = _np_erf
 _NP["sigmoid"] = _np_sigmoid
 
 
-def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
+def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs, *,
+            force_codegen: bool = False) -> Any:
+    """Bind a fused program; ``force_codegen`` returns None instead of a NumPy fallback."""
     o = outs[0]
     program: str = attrs["program"]  # type: ignore[assignment]
-    if o.size < NUMBA_MIN:
+    if o.size < NUMBA_MIN and not force_codegen:
         return _numpy_program(ins, o, program)
     planned = plan_layouts(ins, o.shape)
     if planned is None:
-        return _numpy_program(ins, o, program)
+        return None if force_codegen else _numpy_program(ins, o, program)
     split, lays = planned
     outer = int(np.prod(o.shape[:split], dtype=np.int64))
     inner = int(np.prod(o.shape[split:], dtype=np.int64))

@@ -67,9 +67,23 @@ def k_int_div(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attr
     return run
 
 
+_WHERE_PROGRAM = '{"ops":[["where",["i0","i1","i2"],{}]],"out":"t0"}'
+
+
 def k_where(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     c, a, b = ins
     o = outs[0]
+    if o.dtype in (np.float32, np.float64) and o.size >= 8192:
+        # One generated pass (select per element) instead of a fill plus a masked copy.
+        from rlx_core.dtypes import DType
+
+        from .fused import k_fused, supported
+
+        if supported([DType.BOOL, DType.parse(a.dtype), DType.parse(b.dtype)], DType.parse(o.dtype),
+                     _WHERE_PROGRAM) is None:
+            run_fused = k_fused(ins, outs, Attrs({"program": _WHERE_PROGRAM}), force_codegen=True)
+            if run_fused is not None:
+                return run_fused
 
     def run() -> None:
         np.copyto(o, b)
