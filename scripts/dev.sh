@@ -38,10 +38,10 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.tx
 
 log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 "${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
-  -e plugins/rlx-cortexm -e plugins/rlx-metal
+  -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm cortexm metal)
+CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga)
 
 certify() {
   local dir="$1" failed=0
@@ -66,10 +66,17 @@ case "$job" in
       "The cat sat on the mat."
     ;;
   test)
-    # Toolchains the code-generating backends are verified with: Cortex-M firmware on QEMU.
+    # Toolchains the code-generating backends are verified with: Cortex-M firmware on QEMU,
+    # Vulkan compute on Mesa's lavapipe (software Vulkan) with shaders compiled by glslang.
     need_apt=()
     command -v arm-none-eabi-gcc >/dev/null 2>&1 || need_apt+=(gcc-arm-none-eabi)
     command -v qemu-system-arm >/dev/null 2>&1 || need_apt+=(qemu-system-arm)
+    command -v glslangValidator >/dev/null 2>&1 || need_apt+=(glslang-tools)
+    ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || need_apt+=(mesa-vulkan-drivers)
+    ldconfig -p | grep -q libvulkan.so.1 || need_apt+=(libvulkan1)
+    # FPGA RTL: simulated with Icarus Verilog, resources from yosys synthesis.
+    command -v iverilog >/dev/null 2>&1 || need_apt+=(iverilog)
+    command -v yosys >/dev/null 2>&1 || need_apt+=(yosys)
     if ((${#need_apt[@]})); then
       command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
       log "installing system packages: ${need_apt[*]}"

@@ -50,7 +50,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("rlx_core.train_bench:bench_group",
               "Benchmark RLX against ONNX Runtime, PyTorch and NumPy (infer, train-mlp)."),
     "export": ("rlx_core.export_cmd:export_command",
-               "Export a model as a standalone artifact (--target wasm, cortexm ...)."),
+               "Export a model as a standalone artifact (--target wasm, cortexm, fpga)."),
     "quantize": ("rlx_core.quant.cli:quantize_command",
                  "Quantize a model: INT8 post-training (calibrated) or INT4 weight-only."),
 }

@@ -1,0 +1,117 @@
+"""rlx-fpga hook implementations: identity, the FPGA "devices" (simulated), INT8 claims, cost, compile.
+
+Claimed (and generated as RTL): ``matmul_i8`` (P-MAC array), ``requantize`` (TFLite fixed point),
+``maximum[i8]`` (int8 ReLU), ``reshape[i8|i32|f32]`` (no hardware) and ``add[f32]`` (an IEEE binary32
+adder, round to nearest even, so ``rlx doctor``'s x + 1 runs on the device). Everything else is unclaimed and
+does not compile here (the conformance suite reports it as skipped = not certified): quantize the
+model, and run the float ends (``quantize``, ``softmax_i8``, ``dequantize``) on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlx_core import API_VERSION
+from rlx_core.hookspecs import hookimpl
+from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant
+
+from . import __version__
+
+#: (device index) -> (name, FPGA family for synthesis, parallel MACs, clock Hz)
+DEVICES = (("ice40", "synth_ice40", 4, 24e6), ("xilinx", "synth_xilinx", 8, 150e6))
+
+
+@hookimpl
+def rlx_backend_info() -> BackendInfo:
+    return BackendInfo(name="fpga", version=__version__, api_version=API_VERSION,
+                       description="INT8 graphs as synthesizable Verilog (MAC array), simulated with "
+                                   "Icarus Verilog", vendor="RLX", whole_program=True)
+
+
+def _caps(macs: int, hz: float) -> DeviceCaps:
+    return DeviceCaps(peak_flops={"i8": 2.0 * macs * hz, "i32": hz, "default": hz},
+                      mem_bandwidth=4.0 * hz, launch_overhead=3.0 / hz, host_link_bandwidth=4.0 * hz,
+                      source="cycle model of the generated RTL")
+
+
+@hookimpl
+def rlx_probe_devices() -> list[DeviceInfo]:
+    from .sim import missing_reason, tool
+
+    why = missing_reason()
+    return [DeviceInfo(backend="fpga", name=f"fpga:{i}", available=why is None, caps=_caps(p, hz),
+                       reason=why or "", host_memory=False,
+                       details={"family": fam, "synth": syn, "parallel_macs": str(p), "clock_hz": str(hz),
+                                "simulator": tool("iverilog") or "missing",
+                                "yosys": tool("yosys") or "missing"})
+            for i, (fam, syn, p, hz) in enumerate(DEVICES)]
+
+
+@hookimpl
+def rlx_ops() -> list[Any]:
+    from rlx_core.ir.schema import REGISTRY
+    from rlx_core.quant import QUANT_OPS
+
+    return [REGISTRY.get(name) for name in QUANT_OPS]
+
+
+def _static(v: NodeVariant) -> str | None:
+    for t in (*v.in_types, *v.out_types):
+        if not t.is_static:
+            return "shapes must be static"
+    return None
+
+
+def _elementwise_pred(v: NodeVariant) -> str | None:
+    from .rtl import MAX_RANK
+
+    why = _static(v)
+    if why:
+        return why
+    if v.out_types[0].rank > MAX_RANK:
+        return f"rank {v.out_types[0].rank} > {MAX_RANK}"
+    return None
+
+
+@hookimpl
+def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
+    import rlx_core.quant  # noqa: F401
+    from rlx_core.dtypes import DType
+
+    i8, i32 = DType.I8, DType.I32
+    return [
+        KernelClaim("matmul_i8", "fpga.mac_array", dtypes={i8, i32}, predicate=_static,
+                    constraint="static shapes"),
+        KernelClaim("requantize", "fpga.requantize", dtypes={i32}, predicate=_elementwise_pred,
+                    constraint="static, rank <= 8, NumPy broadcasting"),
+        KernelClaim("maximum", "fpga.maximum_s8", dtypes={i8}, predicate=_elementwise_pred,
+                    constraint="static, rank <= 8, NumPy broadcasting"),
+        KernelClaim("reshape", "fpga.reshape", dtypes={i8, i32, DType.F32}, predicate=_static, in_place=True),
+        KernelClaim("add", "fpga.add_f32", dtypes={DType.F32}, predicate=_elementwise_pred,
+                    constraint="static, rank <= 8, NumPy broadcasting (IEEE binary32 adder)"),
+    ]
+
+
+@hookimpl
+def rlx_kernel_cost(claim: Any, variant: NodeVariant, caps: DeviceCaps) -> float | None:
+    """Seconds from the generated RTL's cycle model at the device clock; the parallelism is the
+    device's MAC count, capped by the DSP blocks the latest yosys report says the part has left."""
+    if not str(getattr(claim, "name", "")).startswith("fpga."):
+        return None
+    from .rtl import step_cycles
+    from .synth import effective_parallel
+
+    hz = caps.peak_flops.get("i32", 24e6)
+    macs = max(1, round(caps.peak_flops.get("i8", 2 * hz) / (2 * hz)))
+    p = effective_parallel(macs)
+    ins = [tuple(int(d) if isinstance(d, int) else 1 for d in t.shape) for t in variant.in_types]
+    outs = [tuple(int(d) if isinstance(d, int) else 1 for d in t.shape) for t in variant.out_types]
+    return max(1, step_cycles(variant.op, ins, outs, p)) / hz
+
+
+@hookimpl
+def rlx_compile(program: Any, device: DeviceInfo) -> Any:
+    from .program import FPGAProgram
+
+    idx = int(device.name.split(":")[1])
+    return FPGAProgram(program, parallel=DEVICES[idx][2])

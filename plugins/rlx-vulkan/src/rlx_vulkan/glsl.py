@@ -1,0 +1,663 @@
+"""GLSL compute-shader sources. Elementwise bodies come from the shared renderer
+(:func:`rlx_core.codegen.render_program`, dialect ``"glsl"``); matmul, reductions, row kernels and
+movement are hand-written templates. Every shader sees the arena (binding 0, ``uint A[]``), the
+weights (binding 1, ``uint W[]``) and the per-program metadata (binding 2, ``int M[]``); the push
+constant is the step's offset into ``M`` where its shapes, strides and byte offsets live.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import cache, lru_cache
+
+from rlx_core.codegen import render_program
+from rlx_core.codegen.render import DIALECTS, render_op
+from rlx_core.dtypes import DType
+from rlx_core.errors import IRError
+from rlx_core.fusion import decode
+
+WG = 64
+TYPES = {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool", DType.I64: "int64_t"}
+ESIZE = {DType.F32: 4, DType.I32: 4, DType.BOOL: 1, DType.I64: 8}
+
+HEADER = """#version 450
+layout(local_size_x = %(wx)d, local_size_y = %(wy)d) in;
+layout(std430, set = 0, binding = 0) buffer Arena { uint A[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Weights { uint W[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Meta { int M[]; };
+layout(push_constant) uniform PC { int base; } pc;
+uint rd(int b, uint a) { return b == 0 ? A[a >> 2] : W[a >> 2]; }
+float ldf(int b, uint a) { return uintBitsToFloat(rd(b, a)); }
+int ldi(int b, uint a) { return int(rd(b, a)); }
+bool ldb(int b, uint a) { return ((rd(b, a) >> ((a & 3u) * 8u)) & 0xffu) != 0u; }
+float rlx_inf() { return uintBitsToFloat(0x7f800000u); }
+float rlx_nan() { return uintBitsToFloat(0x7fc00000u); }
+int rlx_idiv(int a, int b) {
+  if (b == 0) return 0;
+  uint q = uint(abs(a)) / uint(abs(b));
+  int s = ((a > 0) == (b > 0) || a == 0) ? 1 : -1;
+  return int(q) * s;
+}
+float rlx_tanh(float x) { return abs(x) > 15.0 ? sign(x) : tanh(x); }
+float rlx_exp(float x) { return x != x ? x : (x > 88.8 ? rlx_inf() : (x < -104.0 ? 0.0 : exp(x))); }
+float rlx_log(float x) {
+  return x != x ? x : (x < 0.0 ? rlx_nan() : (x == 0.0 ? -rlx_inf() : (isinf(x) ? x : log(x))));
+}
+"""
+
+
+def header(wx: int = WG, wy: int = 1, extra: str = "") -> str:
+    src = HEADER % {"wx": wx, "wy": wy}
+    if extra:  # extensions right after #version, helpers after the common ones
+        ext = "".join(ln + "\n" for ln in extra.splitlines() if ln.startswith("#extension"))
+        body = "".join(ln + "\n" for ln in extra.splitlines() if not ln.startswith("#extension"))
+        src = src.replace("#version 450\n", "#version 450\n" + ext, 1) + body
+    return src
+
+
+#: f64/i64 helpers (need shaderFloat64 / shaderInt64): Payne-Hanek sin/cos and an accurate pow.
+WIDE = """
+#extension GL_ARB_gpu_shader_int64 : require
+const uint TWO_OVER_PI[10] = uint[10](0xA2F9836Eu, 0x4E441529u, 0xFC2757D1u, 0xF534DDC0u, 0xDB629599u,
+                                      0x3C439041u, 0xFE5163ABu, 0xDEBBC561u, 0xB7246E3Au, 0x424DD2E0u);
+uint rlx_bits32(int j) {  // bits j..j+31 of 2/pi (bit j has weight 2^-j; bits j <= 0 are 0)
+  int p = j - 1;
+  if (p < 0) { int n = -p; return n >= 32 ? 0u : TWO_OVER_PI[0] >> uint(n); }
+  int w = p >> 5, o = p & 31;
+  uint hi = w < 10 ? TWO_OVER_PI[w] : 0u; uint lo = w + 1 < 10 ? TWO_OVER_PI[w + 1] : 0u;
+  return o == 0 ? hi : (hi << uint(o)) | (lo >> uint(32 - o));
+}
+uint64_t rlx_bits64(int j) { return (uint64_t(rlx_bits32(j)) << 32) | uint64_t(rlx_bits32(j + 32)); }
+// |x| * 2/pi mod 4 exactly (Payne-Hanek): quadrant q and the angle r in [-pi/4, pi/4]
+float rlx_reduce(float x, out int q) {
+  uint u = floatBitsToUint(abs(x));
+  int E = int(u >> 23); uint64_t mant = uint64_t((u & 0x7fffffu) | (E > 0 ? 0x800000u : 0u));
+  if (E == 0) E = 1;
+  int sh = E - 150; int j0 = sh - 2;
+  uint64_t c1 = rlx_bits64(j0 + 1); uint64_t c2 = rlx_bits64(j0 + 65);
+  uint64_t S = mant * c1 + ((mant * (c2 >> 32)) >> 32);
+  q = int(S >> 62);
+  double f = double(S & 0x3fffffffffffffffUL) * (1.0LF / 4611686018427387904.0LF);
+  if (f >= 0.5LF) { f -= 1.0LF; q += 1; }
+  return float(f * 1.5707963267948966192LF);
+}
+float rlx_sin(float x) {
+  if (isnan(x) || isinf(x)) return rlx_nan();
+  if (abs(x) <= 0.78539816) return sin(x);
+  int q; float r = rlx_reduce(x, q); q &= 3;
+  float v = q == 0 ? sin(r) : q == 1 ? cos(r) : q == 2 ? -sin(r) : -cos(r);
+  return x < 0.0 ? -v : v;
+}
+float rlx_cos(float x) {
+  if (isnan(x) || isinf(x)) return rlx_nan();
+  if (abs(x) <= 0.78539816) return cos(x);
+  int q; float r = rlx_reduce(x, q); q &= 3;
+  return q == 0 ? cos(r) : q == 1 ? -sin(r) : q == 2 ? -cos(r) : sin(r);
+}
+float rlx_pow(float a, float b) {
+  if (b == 0.0 || a == 1.0) return 1.0;
+  if (isnan(a) || isnan(b)) return rlx_nan();
+  if (isinf(b)) {
+    float m = abs(a); if (m == 1.0) return 1.0;
+    return ((m > 1.0) == (b > 0.0)) ? rlx_inf() : 0.0;
+  }
+  bool bint = floor(b) == b; bool odd = bint && mod(abs(b), 2.0) == 1.0;
+  bool neg = (floatBitsToUint(a) >> 31) != 0u;
+  if (neg && a != 0.0 && !isinf(a) && !bint) return rlx_nan();
+  float m = abs(a); float r;
+  if (m == 0.0) r = b > 0.0 ? 0.0 : rlx_inf();
+  else if (isinf(m)) r = b > 0.0 ? rlx_inf() : 0.0;
+  else {
+    int e; float fm = frexp(m, e);
+    double t = double(b) * double(e) + double(b * log2(fm));
+    double n = floor(t); float f = float(t - n);
+    if (n > 130.0LF) r = rlx_inf(); else if (n < -160.0LF) r = 0.0;
+    else { int ni = int(n); r = ni < -120 ? ldexp(ldexp(exp2(f), ni + 60), -60) : ldexp(exp2(f), ni); }
+  }
+  return neg && odd ? -r : r;
+}
+"""
+
+
+def load(dt: DType, b: str, a: str) -> str:
+    if dt is DType.I64:  # two little-endian words
+        return f"packInt2x32(ivec2(ldi({b}, {a}), ldi({b}, ({a}) + 4u)))"
+    return {DType.F32: "ldf", DType.I32: "ldi", DType.BOOL: "ldb"}[dt] + f"({b}, {a})"
+
+
+#: The shared GLSL dialect plus ``int64_t`` (GL_ARB_gpu_shader_int64) for i64 results; used only for
+#: programs with an i64 value, through the shared ``render_op`` rules.
+GLSL64 = dataclasses.replace(DIALECTS["glsl"], name="glsl", types={**DIALECTS["glsl"].types,
+                                                                    DType.I64: "int64_t"})
+#: ops allowed to produce i64 values (integer wrap-around matches the reference)
+I64_OPS = frozenset({"add", "sub", "mul", "neg", "maximum", "minimum", "where", "cast"})
+
+
+def _render64(program: str, in_exprs: list[str], in_dtypes: tuple[DType, ...]
+              ) -> tuple[list[str], str, DType]:
+    """:func:`render_program` with :data:`GLSL64` (same statements, one more type)."""
+    from rlx_core.ir.schema import REGISTRY
+    from rlx_core.ir.types import TensorType
+
+    ops, out = decode(program)
+    env = {f"i{k}": (e, t) for k, (e, t) in enumerate(zip(in_exprs, in_dtypes))}
+    lines = []
+    for j, (op, args, attrs) in enumerate(ops):
+        schema = REGISTRY.get(op)
+        arg_types = [TensorType(env[x][1], ()) for x in args]
+        out_dt = schema.infer(arg_types, schema.check_attrs(attrs, f"fused {op}"))[0].dtype
+        if out_dt is DType.I64 and (op not in I64_OPS or (op == "cast" and env[args[0]][1].is_float)):
+            raise IRError(f"{op} with an i64 result has no GLSL rule here", fix="compute in i32/f32")
+        expr = render_op(GLSL64, op, [env[x][0] for x in args], [env[x][1] for x in args], out_dt, attrs)
+        lines.append(GLSL64.statement.format(type=GLSL64.ctype(out_dt), name=f"t{j}", expr=expr))
+        env[f"t{j}"] = (f"t{j}", out_dt)
+    res, dt = env[out]
+    return lines, res, dt
+
+
+def _lit(m: re.Match) -> str:
+    return {"inf": "rlx_inf()", "nan": "rlx_nan()"}[m.group(1)]
+
+
+def _patch(lines: list[str], program: str, in_dtypes: tuple[DType, ...]) -> list[str]:
+    ops, _ = decode(program)
+    env: dict[str, DType] = {f"i{k}": d for k, d in enumerate(in_dtypes)}
+    out = []
+    for j, (op, args, _a) in enumerate(ops):
+        line = re.sub(r"(?<![\w.])(inf|nan)(?![\w.])", _lit, lines[j])
+        decl, expr = line.split(" = ", 1)
+        ty = decl.split(" ")[0]
+        dt = {"float": DType.F32, "int": DType.I32, "bool": DType.BOOL,
+              "int64_t": DType.I64}.get(ty)
+        if dt is None:
+            raise IRError(f"no GLSL storage for {ty} results", fix="compute in f32/i32/bool")
+        adt = env.get(args[0]) if args else None
+        if dt is DType.I64 and op not in I64_OPS:
+            raise IRError(f"{op} with an i64 result has no GLSL rule here", fix="compute in i32/f32")
+        if op == "div" and ty == "int":
+            xs = [f"x{a[1:]}" if a.startswith("i") else f"t{a[1:]}" for a in args]
+            line = f"{decl} = rlx_idiv({xs[0]}, {xs[1]});"
+        elif op == "pow":
+            if ty != "float":
+                raise IRError("integer pow has no GLSL rule", fix="compute pow in f32")
+            line = line.replace("pow(", "rlx_pow(", 1)
+        elif op in ("sin", "cos"):
+            line = re.sub(rf"(?<![\w]){op}\(", f"rlx_{op}(", line)
+        elif op == "tanh":
+            line = line.replace("tanh(", "rlx_tanh(", 1)
+        elif op in ("exp", "log", "sigmoid", "rsqrt"):
+            line = re.sub(r"(?<![\w])exp\(", "rlx_exp(", line)
+            line = re.sub(r"(?<![\w])log\(", "rlx_log(", line)
+        elif op == "erf":
+            line = re.sub(r"(?<![\w])exp\(", "rlx_exp(", line)
+        elif op == "cast" and adt is DType.BOOL and dt is DType.BOOL:
+            line = f"{decl} = {'x' if args[0].startswith('i') else 't'}{args[0][1:]};"
+        out.append(line)
+        env[f"t{j}"] = dt
+    return out
+
+
+@lru_cache(maxsize=4096)
+def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
+    """Meta: n, rank, out_off, 0, shape[rank], then per input: buf, off, strides[rank]."""
+    nin = len(in_dtypes)
+    if DType.I64 in in_dtypes or out_dtype is DType.I64:  # (any i64 value: the int64_t table)
+        lines, res, rdt = _render64(program, [f"x{k}" for k in range(nin)], in_dtypes)
+    else:
+        lines, res, rdt = render_program(program, [f"x{k}" for k in range(nin)], in_dtypes, "glsl")
+    if rdt is not out_dtype:
+        raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
+    lines = _patch(lines, program, in_dtypes)
+    ot = TYPES[out_dtype]
+    wide = (DType.I64 in in_dtypes or out_dtype is DType.I64
+            or any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines))
+    src = [header(extra=WIDE if wide else ""), f"{ot} value_at(uint i) {{",
+           "  int B = pc.base; int rank = M[B + 1];"]
+    src += [f"  int e{k} = 0; int p{k} = B + 4 + rank + {k} * (rank + 2);" for k in range(nin)]
+    src += ["  uint rem = i;", "  for (int d = rank - 1; d >= 0; --d) {",
+            "    uint s = uint(M[B + 4 + d]); int c = int(rem % s); rem /= s;"]
+    src += [f"    e{k} += c * M[p{k} + 2 + d];" for k in range(nin)]
+    src += ["  }"]
+    for k, dt in enumerate(in_dtypes):
+        addr = f"uint(M[p{k} + 1]) + uint(e{k}) * {ESIZE[dt]}u"
+        src.append(f"  {TYPES[dt]} x{k} = {load(dt, f'M[p{k}]', addr)};")
+    src += ["  " + ln for ln in lines] + [f"  return {res};", "}", "void main() {"]
+    src += ["  uint n = uint(M[pc.base]); uint o = uint(M[pc.base + 2]) >> 2;",
+            f"  uint step = gl_NumWorkGroups.x * {WG}u;"]
+    if out_dtype is DType.BOOL:
+        src += ["  for (uint t = gl_GlobalInvocationID.x; t < (n + 3u) / 4u; t += step) {",
+                "    uint w = 0u;",
+                "    for (uint k = 0u; k < 4u; ++k) { uint i = 4u * t + k;",
+                "      if (i < n && value_at(i)) w |= 1u << (8u * k); }",
+                "    A[o + t] = w;", "  }", "}"]
+    elif out_dtype is DType.I64:
+        src += ["  for (uint i = gl_GlobalInvocationID.x; i < n; i += step) {",
+                "    ivec2 v = unpackInt2x32(value_at(i));",
+                "    A[o + 2u * i] = uint(v.x); A[o + 2u * i + 1u] = uint(v.y);",
+                "  }", "}"]
+    else:
+        st = "floatBitsToUint(v)" if out_dtype is DType.F32 else "uint(v)"
+        src += ["  for (uint i = gl_GlobalInvocationID.x; i < n; i += step) {",
+                f"    {ot} v = value_at(i); A[o + i] = {st};", "  }", "}"]
+    return "\n".join(src) + "\n"
+
+
+@cache
+def copy32() -> str:
+    """Strided 4-byte copy. Meta: n, rank, in_buf, in_off, out_off, in_base_elems, shape[rank],
+    istride[rank], ostride[rank] (strides in elements, may be negative)."""
+    return header() + """
+void main() {
+  int B = pc.base; uint n = uint(M[B]); int rank = M[B + 1];
+  int ib = M[B + 2]; uint io = uint(M[B + 3]) >> 2; uint oo = uint(M[B + 4]) >> 2;
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {
+    uint rem = i; int ie = M[B + 5]; int oe = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      uint s = uint(M[B + 6 + d]); int c = int(rem % s); rem /= s;
+      ie += c * M[B + 6 + rank + d]; oe += c * M[B + 6 + 2 * rank + d];
+    }
+    A[oo + uint(oe)] = ib == 0 ? A[io + uint(ie)] : W[io + uint(ie)];
+  }
+}
+"""
+
+
+@cache
+def fill32() -> str:
+    """Meta: n, out_off, bits."""
+    return header() + """
+void main() {
+  uint n = uint(M[pc.base]); uint o = uint(M[pc.base + 1]) >> 2; uint v = uint(M[pc.base + 2]);
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) A[o + i] = v;
+}
+"""
+
+
+@cache
+def matmul(dt: DType) -> str:
+    """Tiled (16x16 shared memory) batched matmul. Meta: M, N, K, a_buf, a_off, b_buf, b_off,
+    c_off, brank, bshape[brank], astride[brank], bstride[brank] (batch strides in elements)."""
+    t = TYPES[dt]
+    ld = "ldf" if dt is DType.F32 else "ldi"
+    st = "floatBitsToUint(acc)" if dt is DType.F32 else "uint(acc)"
+    return header(16, 16) + f"""
+shared {t} As[16][16];
+shared {t} Bs[16][16];
+void main() {{
+  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
+  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
+  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
+  for (int d = br - 1; d >= 0; --d) {{
+    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
+    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
+  }}
+  int row = int(gl_WorkGroupID.y) * 16 + int(gl_LocalInvocationID.y);
+  int col = int(gl_WorkGroupID.x) * 16 + int(gl_LocalInvocationID.x);
+  int ly = int(gl_LocalInvocationID.y), lx = int(gl_LocalInvocationID.x);
+  {t} acc = {t}(0);
+  for (int k0 = 0; k0 < K; k0 += 16) {{
+    int ka = k0 + lx, kb = k0 + ly;
+    As[ly][lx] = (row < Mr && ka < K) ? {ld}(ab, ao + uint(ae + row * K + ka) * 4u) : {t}(0);
+    Bs[ly][lx] = (kb < K && col < N) ? {ld}(bb, bo + uint(be + kb * N + col) * 4u) : {t}(0);
+    barrier();
+    for (int k = 0; k < 16; ++k) acc += As[ly][k] * Bs[k][lx];
+    barrier();
+  }}
+  if (row < Mr && col < N) A[(co >> 2) + bi * uint(Mr * N) + uint(row * N + col)] = {st};
+}}
+"""
+
+
+@cache
+def reduce(op: str, dt: DType) -> str:
+    """One invocation per output element. Meta: nout, nkept, nred, in_buf, in_off, out_off, R,
+    kept (size, stride)*, red (size, stride)*."""
+    t = TYPES[dt]
+    ld = "ldf" if dt is DType.F32 else "ldi"
+    st = "floatBitsToUint(acc)" if dt is DType.F32 else "uint(acc)"
+    init = {"reduce_sum": f"{t}(0)", "reduce_mean": "0.0", "reduce_prod": f"{t}(1)"}.get(op, "v0")
+    if op in ("reduce_sum", "reduce_mean") and dt is DType.F32:
+        body = ("if (isinf(acc) || isinf(v) || isnan(v)) { acc += v; } else { precise float y = v - comp; "
+                "precise float s = acc + y; comp = (s - acc) - y; acc = s; }")
+    elif op in ("reduce_sum", "reduce_mean"):
+        body = "acc += v;"
+    elif op == "reduce_prod":
+        body = "acc *= v;"
+    else:
+        cmp = ">" if op == "reduce_max" else "<"
+        body = f"if (v {cmp} acc || v != v) acc = v;" if dt is DType.F32 else f"if (v {cmp} acc) acc = v;"
+    fin = "acc = acc / float(R);" if op == "reduce_mean" else ""
+    return header() + f"""
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); int nk = M[B + 1], nr = M[B + 2]; int ib = M[B + 3];
+  uint io = uint(M[B + 4]); uint oo = uint(M[B + 5]) >> 2; int R = M[B + 6];
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {{
+    uint rem = i; int e = 0;
+    for (int d = nk - 1; d >= 0; --d) {{
+      uint s = uint(M[B + 7 + 2 * d]); int c = int(rem % s); rem /= s; e += c * M[B + 8 + 2 * d];
+    }}
+    int rb = B + 7 + 2 * nk;
+    {t} v0 = R > 0 ? {ld}(ib, io + uint(e) * 4u) : {t}(0);
+    {t} acc = {init}; precise float comp = 0.0;
+    for (int r = 0; r < R; ++r) {{
+      uint rr = uint(r); int f = e;
+      for (int d = nr - 1; d >= 0; --d) {{
+        uint s = uint(M[rb + 2 * d]); int c = int(rr % s); rr /= s; f += c * M[rb + 2 * d + 1];
+      }}
+      {t} v = {ld}(ib, io + uint(f) * 4u);
+      {body}
+    }}
+    {fin}
+    A[oo + i] = {st};
+  }}
+}}
+"""
+
+
+@cache
+def rows(op: str) -> str:
+    """One invocation per row of ``cols`` contiguous f32. Meta: rows, cols, x_buf, x_off, out_off,
+    eps bits, g_buf, g_off, b_buf, b_off."""
+    if op == "layer_norm":
+        body = """
+    precise float mean = 0.0; precise float comp = 0.0;
+    for (int j = 0; j < C; ++j) { float v = X(j);
+      if (isinf(mean) || isinf(v) || isnan(v)) { mean += v; continue; }
+      precise float y = v - comp; precise float s = mean + y; comp = (s - mean) - y; mean = s; }
+    mean = mean / float(C);
+    precise float var = 0.0; comp = 0.0;
+    for (int j = 0; j < C; ++j) { float d = X(j) - mean;
+      if (isinf(var) || isinf(d * d) || isnan(d)) { var += d * d; continue; }
+      precise float y = d * d - comp; precise float s = var + y; comp = (s - var) - y; var = s; }
+    var = var / float(C);
+    float inv = 1.0 / sqrt(var + eps);
+    for (int j = 0; j < C; ++j)
+      A[oo + r * uint(C) + uint(j)] = floatBitsToUint((X(j) - mean) * inv * ldf(gb, go + uint(j) * 4u)
+                                                      + ldf(bb, bo + uint(j) * 4u));"""
+    else:
+        final = ("(X(j) - mx) - rlx_log(s)" if op == "log_softmax" else "rlx_exp(X(j) - mx) / s")
+        body = f"""
+    float mx = -rlx_inf();
+    for (int j = 0; j < C; ++j) {{ float v = X(j); if (v > mx || v != v) mx = v; }}
+    if (isinf(mx) && mx < 0.0) mx = 0.0;
+    precise float s = 0.0;
+    for (int j = 0; j < C; ++j) s += rlx_exp(X(j) - mx);
+    for (int j = 0; j < C; ++j) A[oo + r * uint(C) + uint(j)] = floatBitsToUint({final});"""
+    return header() + f"""
+#define X(j) ldf(xb, xo + (r * uint(C) + uint(j)) * 4u)
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); int C = M[B + 1]; int xb = M[B + 2]; uint xo = uint(M[B + 3]);
+  uint oo = uint(M[B + 4]) >> 2; float eps = intBitsToFloat(M[B + 5]);
+  int gb = M[B + 6]; uint go = uint(M[B + 7]); int bb = M[B + 8]; uint bo = uint(M[B + 9]);
+  for (uint r = gl_GlobalInvocationID.x; r < n; r += gl_NumWorkGroups.x * 64u) {{{body}
+  }}
+}}
+"""
+
+
+@cache
+def gather(idx_esize: int) -> str:
+    """Meta: n, nidx, inner, D, x_buf, x_off, i_buf, i_off, out_off (4-byte elements)."""
+    return header() + f"""
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); uint ni = uint(M[B + 1]), inner = uint(M[B + 2]);
+  int D = M[B + 3]; int xb = M[B + 4]; uint xo = uint(M[B + 5]) >> 2; int ib = M[B + 6];
+  uint io = uint(M[B + 7]); uint oo = uint(M[B + 8]) >> 2;
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {{
+    uint k = i % inner; uint j = (i / inner) % ni; uint o = i / (inner * ni);
+    int idx = ldi(ib, io + j * {idx_esize}u); if (idx < 0) idx += D;
+    uint src = xo + (o * uint(D) + uint(idx)) * inner + k;
+    A[oo + i] = xb == 0 ? A[src] : W[src];
+  }}
+}}
+"""
+
+
+@cache
+def copy8() -> str:
+    """Strided byte copy into a contiguous output, one invocation per output word. Meta as copy32
+    (strides in bytes; the output strides are unused: it is contiguous)."""
+    return header() + """
+void main() {
+  int B = pc.base; uint n = uint(M[B]); int rank = M[B + 1];
+  int ib = M[B + 2]; uint io = uint(M[B + 3]); uint oo = uint(M[B + 4]) >> 2;
+  for (uint t = gl_GlobalInvocationID.x; t < (n + 3u) / 4u; t += gl_NumWorkGroups.x * 64u) {
+    uint w = 0u;
+    for (uint k = 0u; k < 4u; ++k) {
+      uint i = 4u * t + k; if (i >= n) break;
+      uint rem = i; int ie = M[B + 5];
+      for (int d = rank - 1; d >= 0; --d) {
+        uint s = uint(M[B + 6 + d]); int c = int(rem % s); rem /= s; ie += c * M[B + 6 + rank + d];
+      }
+      uint a = io + uint(ie);
+      w |= ((rd(ib, a) >> ((a & 3u) * 8u)) & 0xffu) << (8u * k);
+    }
+    A[oo + t] = w;
+  }
+}
+"""
+
+
+@cache
+def iota(dt: DType) -> str:
+    """Meta: n, inner, D, out_off."""
+    store = {DType.F32: "A[o + i] = floatBitsToUint(float(v));", DType.I32: "A[o + i] = v;",
+             DType.I64: "A[o + 2u * i] = v; A[o + 2u * i + 1u] = 0u;"}[dt]
+    return header() + f"""
+void main() {{
+  uint n = uint(M[pc.base]); uint inner = uint(M[pc.base + 1]), D = uint(M[pc.base + 2]);
+  uint o = uint(M[pc.base + 3]) >> 2;
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {{
+    uint v = (i / inner) % D; {store}
+  }}
+}}
+"""
+
+
+@cache
+def matmul_simple(dt: DType) -> str:
+    """Matmul without shared memory (one invocation per output element, 64 along N): what CPU
+    implementations (lavapipe) run fastest, since workgroup barriers are costly there. Meta as
+    :func:`matmul`."""
+    t = TYPES[dt]
+    ld = "ldf" if dt is DType.F32 else "ldi"
+    st = "floatBitsToUint(acc)" if dt is DType.F32 else "uint(acc)"
+    cv = "uintBitsToFloat" if dt is DType.F32 else "int"
+    return header() + f"""
+#define LOOP(BA, BB) {{ for (int k = 0; k < K; ++k) {{ {t} bv = {cv}(BB[pb + uint(k * N)]); \\
+  acc += {cv}(BA[pa + uint(k)]) * bv; acc1 += {cv}(BA[pa + uint(K + k)]) * bv; \\
+  acc2 += {cv}(BA[pa + uint(2 * K + k)]) * bv; acc3 += {cv}(BA[pa + uint(3 * K + k)]) * bv; }} }}
+void main() {{
+  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
+  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
+  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
+  for (int d = br - 1; d >= 0; --d) {{
+    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
+    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
+  }}
+  int row = int(gl_WorkGroupID.y) * 4;  // four rows per invocation: each B load feeds four FMAs
+  int col = int(gl_GlobalInvocationID.x);
+  if (col >= N) return;
+  // rows past M read row M-1 again (in bounds) and are not stored
+  uint pa = (ao >> 2) + uint(ae + min(row, Mr - 4 < 0 ? 0 : Mr - 4) * K), pb = (bo >> 2) + uint(be + col);
+  int r0 = min(row, Mr - 4 < 0 ? 0 : Mr - 4);
+  {t} acc = {t}(0), acc1 = {t}(0), acc2 = {t}(0), acc3 = {t}(0);
+  if (Mr >= 4) {{
+    if (ab == 0 && bb == 0) LOOP(A, A) else if (ab == 0) LOOP(A, W)
+    else if (bb == 0) LOOP(W, A) else LOOP(W, W)
+  }} else {{
+    for (int k = 0; k < K; ++k) {{
+      {t} bv = {ld}(bb, (pb + uint(k * N)) * 4u);
+      acc += {ld}(ab, (pa + uint(k)) * 4u) * bv;
+      if (Mr > 1) acc1 += {ld}(ab, (pa + uint(K + k)) * 4u) * bv;
+      if (Mr > 2) acc2 += {ld}(ab, (pa + uint(2 * K + k)) * 4u) * bv;
+    }}
+  }}
+  uint oc = (co >> 2) + bi * uint(Mr * N) + uint(col);
+  // the last block is shifted to stay in bounds: it recomputes some rows (same values)
+  A[oc + uint(r0 * N)] = {st.replace("acc", "acc")};
+  if (r0 + 1 < Mr) A[oc + uint((r0 + 1) * N)] = {st.replace("acc", "acc1")};
+  if (r0 + 2 < Mr) A[oc + uint((r0 + 2) * N)] = {st.replace("acc", "acc2")};
+  if (r0 + 3 < Mr) A[oc + uint((r0 + 3) * N)] = {st.replace("acc", "acc3")};
+}}
+"""
+
+
+@cache
+def linear() -> str:
+    """y[r, n] = sum_k x[r, k] * w[n, k] + b[n]. Meta: R, N, K, x_buf, x_off, w_buf, w_off, b_buf,
+    b_off, out_off, wt (1: w is stored transposed, (K, N), as the program pre-transposes constant
+    weights so that neighbouring invocations read neighbouring words)."""
+    return header() + """
+void main() {
+  int B = pc.base; int R = M[B], N = M[B + 1], K = M[B + 2];
+  int xb = M[B + 3]; uint xo = uint(M[B + 4]) >> 2; int wb = M[B + 5]; uint wo = uint(M[B + 6]) >> 2;
+  int bb = M[B + 7]; uint bo = uint(M[B + 8]); uint oo = uint(M[B + 9]) >> 2; int wt = M[B + 10];
+  int row = int(gl_WorkGroupID.y); int col = int(gl_GlobalInvocationID.x);
+  if (col >= N) return;
+  uint px = xo + uint(row * K);
+  float acc = 0.0;
+  if (wt == 1 && xb == 0 && wb == 1) {
+    uint pw = wo + uint(col);
+    for (int k = 0; k < K; ++k)
+      acc += uintBitsToFloat(A[px + uint(k)]) * uintBitsToFloat(W[pw + uint(k * N)]);
+  } else if (wt == 1) {
+    for (int k = 0; k < K; ++k) acc += ldf(xb, (px + uint(k)) * 4u) * ldf(wb, (wo + uint(k * N + col)) * 4u);
+  } else {
+    for (int k = 0; k < K; ++k) acc += ldf(xb, (px + uint(k)) * 4u) * ldf(wb, (wo + uint(col * K + k)) * 4u);
+  }
+  A[oo + uint(row * N + col)] = floatBitsToUint(acc + ldf(bb, bo + uint(col) * 4u));
+}
+"""
+
+
+@cache
+def scan(dt: DType) -> str:
+    """cumsum, one invocation per line (sequential, as the reference). Meta: nlines, D, inner, x_buf,
+    x_off, out_off, exclusive, reverse."""
+    t = TYPES[dt]
+    ld = "ldf" if dt is DType.F32 else "ldi"
+    st = "floatBitsToUint" if dt is DType.F32 else "uint"
+    return header() + f"""
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); int D = M[B + 1]; uint inner = uint(M[B + 2]);
+  int xb = M[B + 3]; uint xo = uint(M[B + 4]); uint oo = uint(M[B + 5]) >> 2;
+  bool excl = M[B + 6] != 0, rev = M[B + 7] != 0;
+  for (uint l = gl_GlobalInvocationID.x; l < n; l += gl_NumWorkGroups.x * 64u) {{
+    uint base = (l / inner) * uint(D) * inner + l % inner;
+    {t} s = {t}(0);
+    for (int jj = 0; jj < D; ++jj) {{
+      uint e = base + uint(rev ? D - 1 - jj : jj) * inner;
+      {t} v = {ld}(xb, xo + e * 4u);
+      s += v;
+      A[oo + e] = {st}(excl ? s - v : s);
+    }}
+  }}
+}}
+"""
+
+
+@cache
+def argext(op: str, dt: DType) -> str:
+    """argmax/argmin along one axis (first extreme; the first NaN wins), i64 result. Meta: n, D,
+    inner, x_buf, x_off, out_off."""
+    t = TYPES[dt]
+    ld = "ldf" if dt is DType.F32 else "ldi"
+    cmp = ">" if op == "argmax" else "<"
+    nan = "if (v != v) { bi = j; break; }" if dt is DType.F32 else ""
+    return header() + f"""
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); int D = M[B + 1]; uint inner = uint(M[B + 2]);
+  int xb = M[B + 3]; uint xo = uint(M[B + 4]); uint oo = uint(M[B + 5]) >> 2;
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {{
+    uint base = (i / inner) * uint(D) * inner + i % inner;
+    {t} best = {ld}(xb, xo + base * 4u); int bi = 0;
+    if (best == best) {{
+      for (int j = 1; j < D; ++j) {{
+        {t} v = {ld}(xb, xo + (base + uint(j) * inner) * 4u);
+        {nan}
+        if (v {cmp} best) {{ best = v; bi = j; }}
+      }}
+    }}
+    A[oo + 2u * i] = uint(bi); A[oo + 2u * i + 1u] = 0u;
+  }}
+}}
+"""
+
+
+@cache
+def conv2d(dt: DType) -> str:
+    """Direct 2-D cross-correlation (NCHW x OIHW, strides, pads, dilations, groups), one invocation per
+    output element. Meta: total, C, H, W, O, Cg, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, Og, x_buf,
+    x_off, w_buf, w_off, out_off."""
+    t = TYPES[dt]
+    ld = "ldf" if dt is DType.F32 else "ldi"
+    st = "floatBitsToUint" if dt is DType.F32 else "uint"
+    return header() + f"""
+void main() {{
+  int B = pc.base; uint n = uint(M[B]);
+  int C = M[B + 1], H = M[B + 2], Wd = M[B + 3], O = M[B + 4], Cg = M[B + 5], KH = M[B + 6], KW = M[B + 7];
+  int OH = M[B + 8], OW = M[B + 9], sh = M[B + 10], sw = M[B + 11], pt = M[B + 12], pl = M[B + 13];
+  int dh = M[B + 14], dw = M[B + 15], Og = M[B + 16];
+  int xb = M[B + 17]; uint xo = uint(M[B + 18]); int wb = M[B + 19]; uint wo = uint(M[B + 20]);
+  uint oo = uint(M[B + 21]) >> 2;
+  for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {{
+    int ow = int(i % uint(OW)); int oh = int((i / uint(OW)) % uint(OH));
+    int o = int((i / uint(OW * OH)) % uint(O)); int b = int(i / uint(OW * OH * O));
+    int g = o / Og;
+    {t} acc = {t}(0);
+    for (int c = 0; c < Cg; ++c) {{
+      int ci = g * Cg + c;
+      for (int kh = 0; kh < KH; ++kh) {{
+        int ih = oh * sh - pt + kh * dh;
+        if (ih < 0 || ih >= H) continue;
+        for (int kw = 0; kw < KW; ++kw) {{
+          int iw = ow * sw - pl + kw * dw;
+          if (iw < 0 || iw >= Wd) continue;
+          acc += {ld}(xb, xo + uint(((b * C + ci) * H + ih) * Wd + iw) * 4u)
+               * {ld}(wb, wo + uint(((o * Cg + c) * KH + kh) * KW + kw) * 4u);
+        }}
+      }}
+    }}
+    A[oo + i] = {st}(acc);
+  }}
+}}
+"""
+
+
+@cache
+def matmul_4x4(dt: DType, bufs: str = "AA") -> str:
+    """Untiled matmul computing a 4x4 block per invocation (M and N multiples of 4): sixteen FMAs per
+    eight loads, for CPU implementations. Meta as :func:`matmul`."""
+    t = TYPES[dt]
+    v = "vec4" if dt is DType.F32 else "ivec4"
+    cv = "uintBitsToFloat" if dt is DType.F32 else "ivec4"
+    st = "floatBitsToUint" if dt is DType.F32 else "uvec4"
+    return header() + f"""
+#define LOOP(BA, BB) {{ for (int k = 0; k < K; ++k) {{ \\
+  uint q = pb + uint(k * N); {v} bv = {cv}(uvec4(BB[q], BB[q + 1u], BB[q + 2u], BB[q + 3u])); \\
+  uint p = pa + uint(k); \\
+  c0 += {t}({cv}(BA[p])) * bv; c1 += {t}({cv}(BA[p + uint(K)])) * bv; \\
+  c2 += {t}({cv}(BA[p + uint(2 * K)])) * bv; c3 += {t}({cv}(BA[p + uint(3 * K)])) * bv; }} }}
+void main() {{
+  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
+  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
+  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
+  for (int d = br - 1; d >= 0; --d) {{
+    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
+    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
+  }}
+  int row = int(gl_WorkGroupID.y) * 4; int col = int(gl_GlobalInvocationID.x) * 4;
+  if (col >= N) return;
+  uint pa = (ao >> 2) + uint(ae + row * K), pb = (bo >> 2) + uint(be + col);
+  {v} c0 = {v}(0), c1 = {v}(0), c2 = {v}(0), c3 = {v}(0);
+  LOOP({bufs[0]}, {bufs[1]})
+  uint oc = (co >> 2) + bi * uint(Mr * N) + uint(row * N + col);
+  uvec4 u0 = {st}(c0), u1 = {st}(c1), u2 = {st}(c2), u3 = {st}(c3);
+  for (int j = 0; j < 4; ++j) {{
+    A[oc + uint(j)] = u0[j]; A[oc + uint(N + j)] = u1[j];
+    A[oc + uint(2 * N + j)] = u2[j]; A[oc + uint(3 * N + j)] = u3[j];
+  }}
+}}
+"""

@@ -1,0 +1,408 @@
+"""The Vulkan executable: one arena buffer laid out by ``program.plan``, one weights buffer, one
+metadata buffer, and one command buffer recording every dispatch of the program (a compute->compute
+memory barrier after each). ``run`` copies inputs into the arena mapping, submits, waits, copies
+outputs out."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_core.dtypes import DType
+from rlx_core.ir.types import normalize_axis
+from rlx_core.lir import Program, Step, Transfer
+
+from . import glsl
+from .vk import context
+
+
+def cstrides(shape: tuple[int, ...]) -> list[int]:
+    s, acc = [], 1
+    for d in reversed(shape):
+        s.append(acc)
+        acc *= d
+    return list(reversed(s))
+
+
+def bstrides(src: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
+    """Element strides of ``src`` broadcast (right-aligned) to ``out``."""
+    cs = cstrides(src)
+    pad = len(out) - len(src)
+    return [0 if i < pad or src[i - pad] == 1 else cs[i - pad] for i in range(len(out))]
+
+
+def f2i(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", float(x)))[0]
+
+
+class VulkanProgram:
+    def __init__(self, program: Program) -> None:
+        self.ctx = ctx = context()
+        vk = ctx.vk
+        self.program = program
+        g = program.graph
+        self.types = g.types
+        self.arena = ctx.buffer(program.plan.arena_bytes)
+        consts = {p.name: _storage(np.asarray(g.weights[p.name]), p.type.dtype) for p in g.params}
+        #: constant linear weights, uploaded once more transposed to (in, out): contiguous loads
+        self.transposed = {}
+        outs = {v for _, v in program.outputs}
+        for s in program.kernels:  # transposes of constants: folded once, here (no dispatch per run)
+            if s.kernel == "vulkan.transpose" and s.inputs[0] in consts and s.outputs[0] not in outs:
+                perm = s.attrs.get("perm")
+                consts[s.outputs[0]] = np.ascontiguousarray(np.transpose(consts[s.inputs[0]], perm))
+        for s in program.kernels:
+            if s.kernel == "vulkan.linear" and s.inputs[1] in consts and s.inputs[1] + ".T" not in consts:
+                consts[s.inputs[1] + ".T"] = np.ascontiguousarray(consts[s.inputs[1]].T)
+                self.transposed[s.inputs[1]] = s.inputs[1] + ".T"
+        woff, total = {}, 0
+        for name, arr in consts.items():
+            woff[name] = total
+            total += (arr.nbytes + 63) // 64 * 64
+        self.weights = ctx.buffer(total)
+        for name, arr in consts.items():
+            self.weights.write(woff[name], arr)
+        self.woff = woff
+        self.meta: list[int] = []
+        self.dispatches: list[tuple[str, int, tuple[int, int, int]]] = []  # (source, base, groups)
+        self.step_dispatches: list[int] = []
+        for s in program.kernels:
+            before = len(self.dispatches)
+            getattr(self, "_k_" + s.kernel.split(".", 1)[1])(s)
+            self.step_dispatches.append(len(self.dispatches) - before)
+        self.kernel_names = tuple(s.kernel for s in program.kernels)
+        #: vkCmdDispatch calls per claim name in the recorded command buffer (a concat records one per
+        #: input, a pad two, an empty tensor or a folded constant transpose none)
+        self.dispatch_counts: Counter[str] = Counter()
+        for name, nd in zip(self.kernel_names, self.step_dispatches):
+            self.dispatch_counts[name] += nd
+        self.metabuf = ctx.buffer(4 * max(len(self.meta), 1))
+        self.metabuf.write(0, np.asarray(self.meta or [0], np.int32))
+        self.uploads = [(t.value, program.plan.offsets[t.value], g.types[t.value].dtype)
+                        for t in program.steps if isinstance(t, Transfer) and t.src == "host"]
+        self.downloads = [(t.value, g.types[t.value]) for t in program.steps
+                          if isinstance(t, Transfer) and t.dst == "host"]
+        # descriptor set
+        self.dpool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, maxSets=1, poolSizeCount=1,
+            pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                descriptorCount=3)]),
+            None)
+        self.dset = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=self.dpool,
+            descriptorSetCount=1, pSetLayouts=[ctx.set_layout]))[0]
+        writes = [vk.VkWriteDescriptorSet(
+            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=self.dset, dstBinding=i,
+            dstArrayElement=0,
+            descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buf, offset=0, range=b.nbytes)])
+            for i, b in enumerate((self.arena, self.weights, self.metabuf))]
+        vk.vkUpdateDescriptorSets(ctx.device, len(writes), writes, 0, None)
+        self.cb = self._record(self.dispatches)
+
+    def _record(self, dispatches: list[tuple[str, int, tuple[int, int, int]]]) -> Any:
+        ctx = self.ctx
+        vk = ctx.vk
+        cb = vk.vkAllocateCommandBuffers(ctx.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=ctx.pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO))
+        barrier = vk.VkMemoryBarrier(sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                     srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                     dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
+                                     | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, ctx.layout, 0, 1, [self.dset], 0,
+                                   None)
+        for i, (src, base, groups) in enumerate(dispatches):
+            vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, ctx.pipeline(src))
+            vk.vkCmdPushConstants(cb, ctx.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 4,
+                                  vk.ffi.new("int32_t[1]", [base]))
+            vk.vkCmdDispatch(cb, *groups)
+            if i + 1 < len(dispatches):
+                vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [barrier], 0, None, 0,
+                                        None)
+        vk.vkEndCommandBuffer(cb)
+        return cb
+
+    def __del__(self) -> None:
+        try:
+            vk, dev = self.ctx.vk, self.ctx.device
+            vk.vkFreeCommandBuffers(dev, self.ctx.pool, 1, [self.cb])
+            vk.vkDestroyDescriptorPool(dev, self.dpool, None)
+        except Exception:
+            pass
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def loc(self, v: str) -> tuple[int, int]:
+        if v in self.woff:
+            return 1, self.woff[v]
+        return 0, int(self.program.plan.offsets[v])
+
+    def shape(self, v: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.types[v].shape)
+
+    def emit(self, src: str, meta: list[int], n: int | None = None,
+             groups: tuple[int, int, int] | None = None) -> None:
+        base = len(self.meta)
+        self.meta += [int(x) for x in meta]
+        if groups is None:
+            if not n:
+                return
+            groups = (max(1, min(-(-n // glsl.WG), self.ctx.max_groups)), 1, 1)
+        if 0 in groups:
+            return
+        self.dispatches.append((src, base, groups))
+
+    def _copy(self, n: int, shape: list[int], src: str, in_base: int, ist: list[int], out_off: int,
+              ost: list[int]) -> None:
+        """Strided copy of ``shape`` elements (strides in elements) of ``src``'s dtype."""
+        b, off = self.loc(src)
+        dt = self.types[src].dtype
+        if dt is DType.BOOL:  # bytes; the output is contiguous (claims guarantee it)
+            self.emit(glsl.copy8(), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost],
+                      -(-n // 4))
+            return
+        if dt.np.itemsize == 8:  # two words per element: one more (innermost) dim of 2
+            shape, ist, ost = [*shape, 2], [2 * x for x in ist] + [1], [2 * x for x in ost] + [1]
+            n, in_base = 2 * n, 2 * in_base
+        self.emit(glsl.copy32(), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost], n)
+
+    # -- kernels ----------------------------------------------------------------------------------
+    def _elementwise(self, s: Step, program: str) -> None:
+        out = self.shape(s.outputs[0])
+        n = math.prod(out)
+        dts = tuple(self.types[i].dtype for i in s.inputs)
+        src = glsl.elementwise(program, dts, self.types[s.outputs[0]].dtype)
+        meta = [n, len(out), self.loc(s.outputs[0])[1], 0, *out]
+        for i in s.inputs:
+            meta += [*self.loc(i), *bstrides(self.shape(i), out)]
+        self.emit(src, meta, -(-n // 4) if self.types[s.outputs[0]].dtype is DType.BOOL else n)
+
+    def _k_fused_elementwise(self, s: Step) -> None:
+        self._elementwise(s, str(s.attrs["program"]))
+
+    def _k_matmul(self, s: Step) -> None:
+        a, b = (self.shape(i) for i in s.inputs)
+        a2 = (1, *a) if len(a) == 1 else a
+        b2 = (*b, 1) if len(b) == 1 else b
+        M, K, N = a2[-2], a2[-1], b2[-1]  # noqa: N806
+        ab, bb = a2[:-2], b2[:-2]
+        batch = tuple(np.broadcast_shapes(ab, bb))
+        ast = [x * M * K for x in bstrides(ab, batch)] if ab else [0] * len(batch)
+        bst = [x * K * N for x in bstrides(bb, batch)] if bb else [0] * len(batch)
+        nb = math.prod(batch)
+        meta = [M, N, K, *self.loc(s.inputs[0]), *self.loc(s.inputs[1]), self.loc(s.outputs[0])[1],
+                len(batch), *batch, *ast, *bst]
+        dt = self.types[s.outputs[0]].dtype
+        if self.ctx.cpu_device and M % 4 == 0 and N % 4 == 0:  # 4x4 register blocks, no barriers
+            bufs = "".join("AW"[self.loc(v)[0]] for v in s.inputs)  # buffers baked into the shader
+            self.emit(glsl.matmul_4x4(dt, bufs), meta, groups=(-(-N // (4 * glsl.WG)), M // 4, nb))
+        elif self.ctx.cpu_device:  # lavapipe & co: no shared-memory tiles (barriers are costly there)
+            self.emit(glsl.matmul_simple(dt), meta, groups=(-(-N // glsl.WG), -(-M // 4), nb))
+        else:
+            self.emit(glsl.matmul(dt), meta, groups=(-(-N // 16), -(-M // 16), nb))
+
+    def _k_linear(self, s: Step) -> None:
+        x, w = self.shape(s.inputs[0]), self.shape(s.inputs[1])
+        N, K = w  # noqa: N806
+        R = math.prod(x[:-1])  # noqa: N806
+        wname = self.transposed.get(s.inputs[1], s.inputs[1])
+        meta = [R, N, K, *self.loc(s.inputs[0]), *self.loc(wname), *self.loc(s.inputs[2]),
+                self.loc(s.outputs[0])[1], 1 if wname != s.inputs[1] else 0]
+        self.emit(glsl.linear(), meta, groups=(-(-N // glsl.WG), R, 1))
+
+    def _reduce(self, s: Step) -> None:
+        x = self.shape(s.inputs[0])
+        axes = s.attrs.get("axes")
+        axes = set(range(len(x))) if axes is None else {normalize_axis(int(a), len(x)) for a in axes}
+        cs = cstrides(x)
+        kept = [(x[d], cs[d]) for d in range(len(x)) if d not in axes]
+        red = [(x[d], cs[d]) for d in range(len(x)) if d in axes]
+        n = math.prod(k for k, _ in kept)
+        meta = [n, len(kept), len(red), *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1],
+                math.prod(r for r, _ in red)]
+        for k in kept + red:
+            meta += list(k)
+        self.emit(glsl.reduce(s.op, self.types[s.inputs[0]].dtype), meta, n)
+
+    _k_reduce_sum = _k_reduce_prod = _k_reduce_mean = _k_reduce_max = _k_reduce_min = _reduce
+
+    def _rows(self, s: Step) -> None:
+        x = self.shape(s.inputs[0])
+        ax = normalize_axis(int(s.attrs.get("axis", -1)), len(x))
+        rows, cols = math.prod(x[:ax]), math.prod(x[ax:])
+        eps = f2i(float(s.attrs.get("eps", 0.0)))
+        gb = self.loc(s.inputs[1]) if len(s.inputs) > 1 else (0, 0)
+        bb = self.loc(s.inputs[2]) if len(s.inputs) > 2 else (0, 0)
+        meta = [rows, cols, *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1], eps, *gb, *bb]
+        self.emit(glsl.rows(s.op), meta, rows if cols else 0)
+
+    _k_softmax = _k_log_softmax = _k_layer_norm = _rows
+
+    def _k_reshape(self, s: Step) -> None:
+        n = math.prod(self.shape(s.outputs[0]))
+        self._copy(n, [n], s.inputs[0], 0, [1], self.loc(s.outputs[0])[1], [1])
+
+    def _k_transpose(self, s: Step) -> None:
+        if s.outputs[0] in self.woff:  # a constant, transposed at compile time
+            return
+        x = self.shape(s.inputs[0])
+        perm = s.attrs.get("perm")
+        perm = (list(reversed(range(len(x)))) if perm is None
+                else [normalize_axis(int(p), len(x)) for p in perm])
+        out = self.shape(s.outputs[0])
+        cs = cstrides(x)
+        self._copy(math.prod(out), list(out), s.inputs[0], 0, [cs[p] for p in perm],
+                   self.loc(s.outputs[0])[1], cstrides(out))
+
+    def _k_expand(self, s: Step) -> None:
+        out = self.shape(s.outputs[0])
+        self._copy(math.prod(out), list(out), s.inputs[0], 0, bstrides(self.shape(s.inputs[0]), out),
+                   self.loc(s.outputs[0])[1], cstrides(out))
+
+    def _k_slice(self, s: Step) -> None:
+        x = self.shape(s.inputs[0])
+        out = self.shape(s.outputs[0])
+        cs = cstrides(x)
+        ist = list(cs)
+        base = 0
+        starts, stops = s.attrs["starts"], s.attrs["stops"]
+        axes = s.attrs.get("axes") or tuple(range(len(starts)))
+        steps = s.attrs.get("steps") or (1,) * len(starts)
+        for st, sp, ax, step in zip(starts, stops, axes, steps):
+            ax = normalize_axis(int(ax), len(x))
+            r = range(*slice(int(st), int(sp), int(step)).indices(x[ax]))
+            if len(r):
+                base += r.start * cs[ax]
+            ist[ax] = cs[ax] * int(step)
+        self._copy(math.prod(out), list(out), s.inputs[0], base, ist, self.loc(s.outputs[0])[1],
+                   cstrides(out))
+
+    def _k_concat(self, s: Step) -> None:
+        out = self.shape(s.outputs[0])
+        ax = normalize_axis(int(s.attrs["axis"]), len(out))
+        co = cstrides(out)
+        o = self.loc(s.outputs[0])[1]
+        pos = 0
+        esz = self.types[s.outputs[0]].dtype.np.itemsize
+        for i in s.inputs:
+            x = self.shape(i)
+            self._copy(math.prod(x), list(x), i, 0, cstrides(x), o + esz * pos * co[ax], co)
+            pos += x[ax]
+
+    def _k_pad(self, s: Step) -> None:
+        x = self.shape(s.inputs[0])
+        out = self.shape(s.outputs[0])
+        r = len(x)
+        pads = s.attrs["pads"]
+        o = self.loc(s.outputs[0])[1]
+        v = float(s.attrs.get("value", 0.0))
+        bits = f2i(v) if self.types[s.outputs[0]].dtype is DType.F32 else int(np.int32(int(v)))
+        n = math.prod(out)
+        self.emit(glsl.fill32(), [n, o, bits], n)
+        co = cstrides(out)
+        off = o + 4 * sum(int(pads[i]) * co[i] for i in range(r))
+        self._copy(math.prod(x), list(x), s.inputs[0], 0, cstrides(x), off, co)
+
+    def _k_gather(self, s: Step) -> None:
+        x = self.shape(s.inputs[0])
+        idx = self.shape(s.inputs[1])
+        ax = normalize_axis(int(s.attrs["axis"]), len(x))
+        n = math.prod(self.shape(s.outputs[0]))
+        esz = 8 if self.types[s.inputs[1]].dtype is DType.I64 else 4
+        words = self.types[s.inputs[0]].dtype.np.itemsize // 4
+        n *= words
+        meta = [n, math.prod(idx), math.prod(x[ax + 1:]) * words, x[ax], *self.loc(s.inputs[0]),
+                *self.loc(s.inputs[1]), self.loc(s.outputs[0])[1]]
+        self.emit(glsl.gather(esz), meta, n)
+
+    def _axis_split(self, s: Step) -> tuple[int, int, int]:
+        x = self.shape(s.inputs[0]) or (1,)
+        ax = normalize_axis(int(s.attrs.get("axis", -1)), len(x))
+        return math.prod(x[:ax]), x[ax], math.prod(x[ax + 1:])
+
+    def _k_cumsum(self, s: Step) -> None:
+        outer, d, inner = self._axis_split(s)
+        n = outer * inner
+        meta = [n, d, inner, *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1],
+                int(bool(s.attrs.get("exclusive"))), int(bool(s.attrs.get("reverse")))]
+        self.emit(glsl.scan(self.types[s.inputs[0]].dtype), meta, n)
+
+    def _argext(self, s: Step) -> None:
+        outer, d, inner = self._axis_split(s)
+        n = outer * inner
+        meta = [n, d, inner, *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1]]
+        self.emit(glsl.argext(s.op, self.types[s.inputs[0]].dtype), meta, n)
+
+    _k_argmax = _k_argmin = _argext
+
+    def _k_conv2d(self, s: Step) -> None:
+        nb, c, h, w = self.shape(s.inputs[0])
+        o, cg, kh, kw = self.shape(s.inputs[1])
+        out = self.shape(s.outputs[0])
+        st, pads, dil = s.attrs.get("strides", (1, 1)), s.attrs.get("pads", (0, 0, 0, 0)), \
+            s.attrs.get("dilations", (1, 1))
+        groups = int(s.attrs.get("groups", 1))
+        n = math.prod(out)
+        meta = [n, c, h, w, o, cg, kh, kw, out[2], out[3], st[0], st[1], pads[0], pads[1], dil[0], dil[1],
+                o // groups, *self.loc(s.inputs[0]), *self.loc(s.inputs[1]), self.loc(s.outputs[0])[1]]
+        self.emit(glsl.conv2d(self.types[s.inputs[0]].dtype), meta, n)
+
+    def _k_iota(self, s: Step) -> None:
+        out = self.shape(s.outputs[0]) or (1,)
+        ax = normalize_axis(int(s.attrs["axis"]), len(out))
+        n = math.prod(out)
+        self.emit(glsl.iota(self.types[s.outputs[0]].dtype),
+                  [n, math.prod(out[ax + 1:]), out[ax], self.loc(s.outputs[0])[1]], n)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_k_"):  # single elementwise ops
+            from .plugin import single_op_program
+
+            def k(s: Step) -> None:
+                self._elementwise(s, single_op_program(s.op, len(s.inputs), dict(s.attrs)))
+            return k
+        raise AttributeError(name)
+
+    # -- running ----------------------------------------------------------------------------------
+    def _upload(self, inputs: Mapping[str, np.ndarray]) -> None:
+        for name, off, dt in self.uploads:
+            self.arena.write(off, _storage(np.asarray(inputs[name]), dt))
+
+    def _download(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, t in self.downloads:
+            shape = tuple(int(d) for d in t.shape)
+            nb = math.prod(shape) * t.dtype.np.itemsize
+            off = self.program.plan.offsets[name] if name not in self.woff else None
+            if off is None:
+                out[name] = np.asarray(self.program.graph.weights[name]).copy()
+                continue
+            out[name] = self.arena.read(off, nb).view(t.dtype.np).reshape(shape)
+        return out
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._upload(inputs)
+        if self.dispatches:
+            self.ctx.submit(self.cb)
+        return self._download()
+
+    def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
+        """Like ``run``; counts kernel calls (steps) per claim name. The dispatches each step recorded
+        are in ``dispatch_counts``."""
+        out = self.run(inputs)
+        counts: Counter[str] = Counter()
+        for name in self.kernel_names:  # one call per step (a step may record several dispatches)
+            counts[name] += 1
+        return out, counts
+
+
+def _storage(a: np.ndarray, dt: DType) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=dt.np))
