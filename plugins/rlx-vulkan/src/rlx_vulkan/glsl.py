@@ -82,18 +82,29 @@ float rlx_reduce(float x, out int q) {
   if (f >= 0.5LF) { f -= 1.0LF; q += 1; }
   return float(f * 1.5707963267948966192LF);
 }
+// sin/cos on [-pi/4, pi/4] by polynomial (Cephes sinf/cosf, ~1 ulp): drivers may implement the
+// GLSL built-ins with a fast hardware approximation (NVIDIA's has ~3e-7 absolute error).
+float rlx_sinp(float r) {
+  float z = r * r;
+  return r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * (-1.9515295891e-4)));
+}
+float rlx_cosp(float r) {
+  float z = r * r;
+  return 1.0 - 0.5 * z
+         + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+}
 float rlx_sin(float x) {
   if (isnan(x) || isinf(x)) return rlx_nan();
-  if (abs(x) <= 0.78539816) return sin(x);
+  if (abs(x) <= 0.78539816) return rlx_sinp(x);
   int q; float r = rlx_reduce(x, q); q &= 3;
-  float v = q == 0 ? sin(r) : q == 1 ? cos(r) : q == 2 ? -sin(r) : -cos(r);
+  float v = q == 0 ? rlx_sinp(r) : q == 1 ? rlx_cosp(r) : q == 2 ? -rlx_sinp(r) : -rlx_cosp(r);
   return x < 0.0 ? -v : v;
 }
 float rlx_cos(float x) {
   if (isnan(x) || isinf(x)) return rlx_nan();
-  if (abs(x) <= 0.78539816) return cos(x);
+  if (abs(x) <= 0.78539816) return rlx_cosp(x);
   int q; float r = rlx_reduce(x, q); q &= 3;
-  return q == 0 ? cos(r) : q == 1 ? -sin(r) : q == 2 ? -cos(r) : sin(r);
+  return q == 0 ? rlx_cosp(r) : q == 1 ? -rlx_sinp(r) : q == 2 ? -rlx_cosp(r) : rlx_sinp(r);
 }
 float rlx_pow(float a, float b) {
   if (b == 0.0 || a == 1.0) return 1.0;
