@@ -210,3 +210,24 @@ def test_yosys_resources_parsed_and_used_in_cost(tools: None, tmp_path: object) 
     assert synth.effective_parallel(4, "ice40") == 1  # 16 DSPs per MAC: the UP5K's 8 fit none, keep 1
     assert cost(1, 256, 256) == pytest.approx(matmul_cycles(1, 256, 256, 1) / 24e6)
     synth.LATEST.clear()
+
+
+def test_digits_cnn_bit_exact(tools: None) -> None:
+    """The PTQ digits CNN (conv2d_i8, max_pool2d_i8, avg_pool2d_i8, matmul_i8) on the RTL: logits and
+    probabilities bit for bit equal to the INT8 reference on rlx-cpu, for 8 held-out images."""
+    from rlx_fpga.demo import digits_cnn
+
+    r = digits_cnn(8)
+    assert r["logits"].shape == (8, 10)
+    np.testing.assert_array_equal(r["logits"], r["ref_logits"])
+    np.testing.assert_array_equal(r["probs"], r["ref_probs"])
+    assert {"fpga.conv_taps", "fpga.max_pool", "fpga.avg_pool", "fpga.mac_array"} <= set(r["program"].kernels)
+    assert r["acc_int8"] >= 0.75, r["acc_int8"]
+    assert r["run"].cycles_busy >= r["program"].design.cycle_model // 2
+
+
+def test_window_ops_certified(tools: None) -> None:
+    for op in ("conv2d_i8", "max_pool2d_i8", "avg_pool2d_i8"):
+        cert = run_suite("fpga:0", keyword=f"op::{op}[")
+        bad = [(r.id, r.status, r.message[:300]) for r in cert.results if r.status != "passed"]
+        assert not bad and cert.counts()["passed"] >= 12, (op, bad)

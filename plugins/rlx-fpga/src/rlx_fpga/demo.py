@@ -1,9 +1,10 @@
-"""Demonstration: the PTQ-quantized digits MLP (rlx_core.quant.examples) on the generated RTL.
+"""Demonstration: the PTQ-quantized digits MLP and CNN (rlx_core.quant.examples) on the generated RTL.
 
 :func:`int8_core` cuts an INT8 graph from :func:`rlx_core.quant.quantize_graph` into its integer
-core (the longest run of nodes rlx-fpga implements: ``matmul_i8``, ``requantize``, ``maximum``,
-``reshape``) with an int8 input and an int8 output; the float ends (``quantize`` before, and
-``softmax_i8`` / ``reshape`` / ``dequantize`` after) run on the host with the ops' exact references.
+core (the longest run of nodes rlx-fpga implements: ``matmul_i8``, ``conv2d_i8``, the int8 pools,
+``requantize``, ``maximum``, ``reshape``) with an int8 input and an int8 output; the float ends
+(``quantize`` before, and ``softmax_i8`` / ``reshape`` / ``dequantize`` after) run on the host with the
+ops' exact references.
 A ReLU fused into ``requantize`` (``act_min == zero_point``) is also emitted as an explicit
 ``maximum(h, zero_point)`` when ``explicit_relu`` (bit-identical, and it exercises the ReLU unit).
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from rlx_core.ir.builder import GraphBuilder
 
-CORE_OPS = {"matmul_i8", "requantize", "maximum", "reshape"}
+CORE_OPS = {"matmul_i8", "requantize", "maximum", "reshape", "conv2d_i8", "max_pool2d_i8", "avg_pool2d_i8"}
 
 
 def int8_core(q: Any, *, explicit_relu: bool = True) -> tuple[Any, list[Any], list[Any]]:
@@ -73,20 +74,37 @@ def run_host(nodes: list[Any], q: Any, values: dict[str, np.ndarray]) -> dict[st
 def digits_mlp(n_test: int = 10, *, parallel: int = 4, seed: int = 0) -> dict[str, Any]:
     """Train the digits MLP (scikit-learn's load_digits), quantize it (PTQ), simulate ``n_test``
     held-out images on the generated RTL and compare with the INT8 reference on rlx-cpu."""
+    return _digits("mlp", n_test, parallel=parallel, seed=seed)
+
+
+def digits_cnn(n_test: int = 8, *, parallel: int = 4, seed: int = 0) -> dict[str, Any]:
+    """The digits CNN (conv 3x3 -> max pool -> conv 3x3 -> avg pool -> dense, PTQ-quantized) on the
+    generated RTL (``conv2d_i8`` / ``max_pool2d_i8`` / ``avg_pool2d_i8`` window units), ``n_test``
+    held-out images, compared with the INT8 reference on rlx-cpu."""
+    return _digits("cnn", n_test, parallel=parallel, seed=seed)
+
+
+def _digits(model: str, n_test: int, *, parallel: int, seed: int) -> dict[str, Any]:
     from sklearn.datasets import load_digits
 
     from rlx_core import Session
     from rlx_core.quant import quantize_graph
-    from rlx_core.quant.examples import split_digits, train_mlp
+    from rlx_core.quant.examples import split_digits, train_cnn, train_mlp
 
     from .export import lower_graph
     from .program import FPGAProgram
 
     d = load_digits()
     s = split_digits(d.images, d.target, seed=seed)
-    graph = train_mlp(s["x_train"], s["y_train"], seed=seed)
-    q = quantize_graph(graph, {"x": s["x_train"][:400]})
-    x, y = s["x_test"][:n_test], s["y_test"][:n_test]
+    if model == "cnn":
+        graph = train_cnn(s["x_train"].reshape(-1, 1, 8, 8), s["y_train"], seed=seed)
+        q = quantize_graph(graph, {"x": s["x_train"][:400].reshape(-1, 1, 8, 8)})
+        x = s["x_test"][:n_test].reshape(-1, 1, 8, 8)
+    else:
+        graph = train_mlp(s["x_train"], s["y_train"], seed=seed)
+        q = quantize_graph(graph, {"x": s["x_train"][:400]})
+        x = s["x_test"][:n_test]
+    y = s["y_test"][:n_test]
     want = Session("cpu", use_cache=False).compile(q).run(x=x)["probs"]  # the INT8 reference
     core, before, after = int8_core(q)
     xq_name = next(iter(after[0].inputs)) if after else None

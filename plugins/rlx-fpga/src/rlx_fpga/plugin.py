@@ -1,6 +1,7 @@
 """rlx-fpga hook implementations: identity, the FPGA "devices" (simulated), INT8 claims, cost, compile.
 
-Claimed (and generated as RTL): ``matmul_i8`` (P-MAC array), ``requantize`` (TFLite fixed point),
+Claimed (and generated as RTL): ``matmul_i8`` (P-MAC array), ``conv2d_i8``, ``max_pool2d_i8`` and
+``avg_pool2d_i8`` (window address generators, one tap per cycle), ``requantize`` (TFLite fixed point),
 ``maximum[i8]`` (int8 ReLU), ``reshape[i8|i32|f32]`` (no hardware) and ``add[f32]`` (an IEEE binary32
 adder, round to nearest even, so ``rlx doctor``'s x + 1 runs on the device). Everything else is unclaimed and
 does not compile here (the conformance suite reports it as skipped = not certified): quantize the
@@ -87,6 +88,12 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
         KernelClaim("maximum", "fpga.maximum_s8", dtypes={i8}, predicate=_elementwise_pred,
                     constraint="static, rank <= 8, NumPy broadcasting"),
         KernelClaim("reshape", "fpga.reshape", dtypes={i8, i32, DType.F32}, predicate=_static, in_place=True),
+        KernelClaim("conv2d_i8", "fpga.conv_taps", dtypes={i8, i32}, predicate=_static,
+                    constraint="static shapes (NHWC, any stride/padding/dilation/groups)"),
+        KernelClaim("max_pool2d_i8", "fpga.max_pool", dtypes={i8}, predicate=_static,
+                    constraint="static shapes"),
+        KernelClaim("avg_pool2d_i8", "fpga.avg_pool", dtypes={i8}, predicate=_static,
+                    constraint="static shapes"),
         KernelClaim("add", "fpga.add_f32", dtypes={DType.F32}, predicate=_elementwise_pred,
                     constraint="static, rank <= 8, NumPy broadcasting (IEEE binary32 adder)"),
     ]

@@ -15,6 +15,11 @@ machine then runs the steps in program order:
 * ``maximum`` on int8 (the ReLU of an INT8 graph is ``maximum(x, zero_point)``): one element/cycle.
 * ``add`` on float32 -- an IEEE 754 binary32 adder (round to nearest even, subnormals, Inf, NaN).
 * ``reshape`` -- no hardware: the output is the input's memory.
+* ``conv2d_i8`` / ``max_pool2d_i8`` / ``avg_pool2d_i8`` -- a window address generator over the NHWC
+  input: per output element, one tap (kernel row, column, input channel) per cycle; a tap in the
+  padding is not read (conv: contributes 0, max: -128, avg: not counted), strides, dilations and
+  groups (depthwise) in the address arithmetic; conv accumulates ``(x - zp) * w`` on the bias in a
+  wrapping 32-bit register, avg divides (rounding half away from zero) by the count of real taps.
 
 Every value lives in its own memory (no arena sharing): activations in register arrays, constant
 weights in ROMs. The generated code is plain Verilog-2005 (it also compiles with ``iverilog -g2012``).
@@ -29,7 +34,11 @@ from typing import Any
 import numpy as np
 
 #: the ops (and their claimed dtypes) the generator implements
-SUPPORTED = ("matmul_i8", "requantize", "maximum", "reshape", "add")
+SUPPORTED = ("matmul_i8", "requantize", "maximum", "reshape", "add", "conv2d_i8", "max_pool2d_i8",
+             "avg_pool2d_i8")
+
+#: window ops: one address-generated tap per cycle over the NHWC input (padding never read)
+WINDOW_OPS = ("conv2d_i8", "max_pool2d_i8", "avg_pool2d_i8")
 
 
 class RTLError(Exception):
@@ -136,7 +145,106 @@ def step_cycles(op: str, in_shapes: list[tuple[int, ...]], out_shapes: list[tupl
         return matmul_cycles(int(np.prod(x[:-1], dtype=np.int64)), w[0], w[1], p)
     if op == "reshape":
         return 0
+    if op in WINDOW_OPS:
+        taps = int(np.prod(in_shapes[1][1:], dtype=np.int64)) if op == "conv2d_i8" \
+            else _pool_taps(in_shapes, out_shapes)
+        return int(np.prod(out_shapes[0], dtype=np.int64)) * max(1, taps) + 1
     return int(np.prod(out_shapes[0], dtype=np.int64)) + 1
+
+
+def _pool_taps(in_shapes: list[tuple[int, ...]], out_shapes: list[tuple[int, ...]]) -> int:
+    """Pool taps per output for the cost model (the kernel is not in the shapes: bounded by the
+    input/output ratio, the generator uses the exact kernel)."""
+    (_, h, w, _), (_, ho, wo, _) = in_shapes[0], out_shapes[0]
+    return max(1, -(-h // ho)) * max(1, -(-w // wo))
+
+
+def _window(s: Any, xm: Mem, om: Mem, wm: Mem | None, bm: Mem | None, xs: tuple[int, ...],
+            os_: tuple[int, ...], ws: tuple[int, ...] | None, nxt: int) -> tuple[list[str], int]:
+    """One state of a window op (conv2d_i8 / max_pool2d_i8 / avg_pool2d_i8): per output element
+    (n, ho, wo, o), one tap (i, j, c) per cycle; taps in the padding contribute nothing (conv: 0,
+    max: -128, avg: not counted). Returns the state's lines and its cycles."""
+    a = s.attrs
+    _, h, w, c = xs
+    total = int(np.prod(os_, dtype=np.int64))
+    if s.op == "conv2d_i8":
+        assert ws is not None
+        o, kh, kw, cg = ws
+        sh, sw = a["strides"]
+        pt, pl = a["pads"][0], a["pads"][1]
+        dh, dw = a["dilations"]
+        og = o // int(a["groups"])
+        zp = int(a["x_zero_point"])
+    else:
+        kh, kw = a["kernel"]
+        sh, sw = a["strides"] if a["strides"] is not None else (kh, kw)
+        pt, pl = a["pads"][0], a["pads"][1]
+        dh = dw = 1
+        cg, og, zp = 1, 1, 0
+    taps = kh * kw * cg
+    if s.op != "conv2d_i8":
+        ch = "c3"
+    else:
+        ch = "wc" if int(a["groups"]) == 1 else f"(c3 / {og}) * {cg} + wc"
+    lines = [
+        f"        // {s.node}: {s.op} {list(xs)} -> {list(os_)}, kernel {kh}x{kw}x{cg}, 1 tap per cycle",
+        f"          hy = c1 * {sh} - {pt} + wi * {dh};",
+        f"          wx = c2 * {sw} - {pl} + wj * {dw};",
+        f"          wv = (hy >= 0) && (hy < {h}) && (wx >= 0) && (wx < {w});",
+        f"          xa = ((c0 * {h} + hy) * {w} + wx) * {c} + {ch};",
+    ]
+    if s.op == "conv2d_i8":
+        assert wm is not None and bm is not None
+        lines += [
+            f"          wa = ((c3 * {kh} + wi) * {kw} + wj) * {cg} + wc;",
+            f"          if (wv) tv = ($signed({xm.name}[xa]) - ({zp})) * $signed({wm.name}[wa]);",
+            "          else tv = 0;",
+            f"          if (kk == 0) wsum = {bm.name}[c3] + tv; else wsum = cacc + tv;",
+        ]
+        res = "wsum"
+    elif s.op == "max_pool2d_i8":
+        lines += [
+            f"          if (wv) tv = $signed({xm.name}[xa]); else tv = -128;",
+            "          if (kk == 0 || tv > $signed(cacc)) wsum = tv; else wsum = cacc;",
+        ]
+        res = "wsum[7:0]"
+    else:
+        lines += [
+            f"          if (wv) tv = $signed({xm.name}[xa]); else tv = 0;",
+            "          if (kk == 0) begin wsum = tv; wcnt = wv; end",
+            "          else begin wsum = cacc + tv; wcnt = ccnt + wv; end",
+            "          // round half away from zero, then C division (truncation toward zero)",
+            "          if (wsum > 0) num = wsum + wcnt / 2; else num = wsum - wcnt / 2;",
+            "          num = num / wcnt;",
+        ]
+        res = "num[7:0]"
+    adv_tap = []
+    first = True
+    for reg, lim in (("wc", cg), ("wj", kw), ("wi", kh)):
+        if lim == 1:
+            continue
+        head = "if" if first else "else if"
+        first = False
+        resets = {"wc": [], "wj": ["wc <= 0;"], "wi": ["wc <= 0;", "wj <= 0;"]}[reg]
+        adv_tap.append(f"              {head} ({reg} != {lim - 1}) begin {reg} <= {reg} + 1; "
+                       f"{' '.join(resets)} end")
+    adv_out = _odometer(os_, [], [])
+    lines += [
+        f"          if (kk == {taps - 1}) begin",
+        f"            {om.name}[ii] <= {res};",
+        "            kk <= 0; wi <= 0; wj <= 0; wc <= 0;",
+        f"            if (ii == {total - 1}) begin ii <= 0; "
+        + " ".join(f"c{d} <= 0;" for d in range(MAX_RANK)) + f" state <= {nxt}; end",
+        "            else begin",
+        "              ii <= ii + 1;",
+        *["  " + ln for ln in adv_out],
+        "            end",
+        "          end else begin",
+        "            cacc <= wsum; kk <= kk + 1;" + (" ccnt <= wcnt;" if s.op == "avg_pool2d_i8" else ""),
+        *adv_tap,
+        "          end",
+    ]
+    return lines, total * taps + 1
 
 
 REQUANT_FN = """\
@@ -402,6 +510,17 @@ def generate(program: Any, parallel: int = 4, name: str = "rlx_top") -> Design:
                 f"            nb <= nb + 1; n0 <= n0 + {p}; state <= {s0};",
                 "          end"]))
             continue
+        if s.op in WINDOW_OPS:
+            if int(np.prod(out_shapes[0], dtype=np.int64)) == 0:
+                continue
+            s0 = new_state()
+            conv = s.op == "conv2d_i8"
+            wlines, cyc = _window(s, mems[s.inputs[0]], mems[s.outputs[0]],
+                                  mems[s.inputs[1]] if conv else None, mems[s.inputs[2]] if conv else None,
+                                  in_shapes[0], out_shapes[0], in_shapes[1] if conv else None, state[0] + 1)
+            model += cyc - step_cycles(s.op, in_shapes, out_shapes, p)
+            step_states.append((s0, wlines))
+            continue
         total = int(np.prod(out_shapes[0], dtype=np.int64))
         if total == 0:
             continue
@@ -479,6 +598,10 @@ def generate(program: Any, parallel: int = 4, name: str = "rlx_top") -> Design:
         "  reg [15:0] state;",
         "  reg [31:0] ld, oi, row, nb, n0, kk, ii, ix0, ix1, ix2;",
         "  reg [31:0] " + ", ".join(f"c{d}" for d in range(MAX_RANK)) + ";",
+        "  reg [31:0] wi, wj, wc, ccnt, wa, xa;",
+        "  reg signed [31:0] cacc, wsum;",
+        "  integer hy, wx, tv, wcnt, num;",
+        "  reg wv;",
         *decl,
         "  reg pv;",
         "  reg signed [8:0] xq;",
@@ -500,6 +623,7 @@ def generate(program: Any, parallel: int = 4, name: str = "rlx_top") -> Design:
         "    if (rst) begin",
         f"      state <= {s_load}; ld <= 0; oi <= 0; row <= 0; nb <= 0; n0 <= 0; kk <= 0;",
         "      ii <= 0; ix0 <= 0; ix1 <= 0; ix2 <= 0; pv <= 1'b0; xq <= 0;",
+        "      wi <= 0; wj <= 0; wc <= 0; cacc <= 0; ccnt <= 0;",
         "      " + " ".join(f"c{d} <= 0;" for d in range(MAX_RANK)),
         "      for (q = 0; q < P; q = q + 1) acc[q] <= 0;",
         "    end else begin",
