@@ -89,6 +89,10 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     x, w, b = ins
     o = outs[0]
     wt = w.T  # a transposed view: BLAS reads it without a copy
+    if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
+        # One GEMM over all rows: NumPy runs a stacked matmul as one small GEMM per leading index.
+        x = x.reshape(-1, x.shape[-1])
+        o = o.reshape(-1, o.shape[-1])
 
     def run() -> None:
         np.matmul(x, wt, out=o)

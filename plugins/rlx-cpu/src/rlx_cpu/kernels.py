@@ -146,6 +146,10 @@ def k_arg(f: Any) -> Factory:
 def k_matmul(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     a, b = ins
     o = outs[0]
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and o.flags.c_contiguous:
+        # (..., M, K) @ (K, N) is one (prod(...)*M, K) @ (K, N) GEMM, not one GEMM per leading index.
+        a = a.reshape(-1, a.shape[-1])
+        o = o.reshape(-1, o.shape[-1])
     return lambda: np.matmul(a, b, out=o)
 
 
