@@ -97,7 +97,7 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
         f"def {name}_serial(o, {args}):",
         "    for r in range(o.shape[0]):",
         "        for c in range(o.shape[1]):",
-        body.replace("            ", "            ", 1),
+        body,
         f"            o[r, c] = {res}",
         "",
         "",

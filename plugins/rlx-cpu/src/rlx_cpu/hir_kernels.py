@@ -17,8 +17,6 @@ import numpy as np
 from rlx_core.ir.types import Attrs, normalize_axis
 
 ROWS_NUMBA_MIN = 32768
-#: Above this many elements the row kernels run on every core (below, BLAS owns the cores).
-ROWS_PARALLEL_MIN = 1 << 21
 _NB: Any = None
 
 
@@ -29,14 +27,6 @@ def _numba_kernels() -> Any:
 
         _NB = _rows
     return _NB
-
-
-def _as_rows(x: np.ndarray, axis: int) -> np.ndarray | None:
-    """A (rows, n) view when ``axis`` is the last axis, else None (the NumPy path handles it)."""
-    if axis != x.ndim - 1 or not x.flags.c_contiguous:
-        return None
-    n = x.shape[-1] if x.ndim else 1
-    return x.reshape(-1, n)
 
 
 def k_softmax(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs, log: bool = False) -> Any:
@@ -70,9 +60,8 @@ def k_layer_norm(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
         nb = _numba_kernels()
         xr, orow = x.reshape(-1, n), o.reshape(-1, n)
         g, b = gamma.reshape(n), beta.reshape(n)
-        fn = nb.layer_norm_rows_par if x.size >= ROWS_PARALLEL_MIN else nb.layer_norm_rows
-        fn(xr, g, b, orow, eps)
-        return lambda: fn(xr, g, b, orow, eps)
+        nb.layer_norm_rows(xr, g, b, orow, eps)
+        return lambda: nb.layer_norm_rows(xr, g, b, orow, eps)
     axes = tuple(range(ax, x.ndim))
 
     def run() -> None:
