@@ -10,7 +10,11 @@ this module can emit with ``nvcc -ptx`` on machines without a GPU.
   double rounding). An intermediate cast to f16 inside a fused chain uses ``half``, a register
   type rounding on construction; the dialect has no bf16 type, so a bf16 intermediate is refused.
 * **Row kernels** (softmax, log_softmax, layer_norm, the masked softmax of attention): one block
-  per row, warp-shuffle reductions, NaN-propagating max; f16/bf16 compute in f32.
+  per row, warp-shuffle reductions, NaN-propagating max; f16/bf16 compute in f32. layer_norm and
+  the attention softmax take one warp per row instead when the row has at most 1024 elements
+  (held in registers: no shared memory, no ``__syncthreads``).
+* **Permute copy** (transpose): one gather kernel per rank and copy unit; 16-byte units when the
+  last axis stays last.
 
 No kernel includes a header: NVRTC compiles them as they are (no CUDA toolkit needed at run time).
 """
@@ -336,10 +340,14 @@ def _cdt(dt: DType) -> DType:
 
 
 @lru_cache(maxsize=64)
-def layer_norm_source(dt: DType) -> tuple[str, str]:
-    """One block per row: y = (x - mean) / sqrt(var + eps) * gamma + beta (two-pass statistics)."""
+def layer_norm_source(dt: DType, per: int = 0) -> tuple[str, str]:
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta (two-pass statistics). ``per == 0``: one
+    block per row; ``per > 0``: one warp per row of at most ``32 * per`` elements (see
+    :func:`warp_per`), the row held in registers."""
     ct, f = _compute(dt)
     s = STORAGE[dt]
+    if per:
+        return _layer_norm_warp(dt, per)
     name = f"rlx_layer_norm_{dt.value}"
     y = f"(({load(dt, 'x[j]')} - mu) * rstd) * {load(dt, 'g[j]')} + {load(dt, 'b[j]')}"
     src = f"""{PREAMBLE}
@@ -360,17 +368,75 @@ extern "C" __global__ void {name}(const {s}* xg, const {s}* g, const {s}* b, {s}
     return name, src
 
 
+def _layer_norm_warp(dt: DType, per: int) -> tuple[str, str]:
+    ct, f = _compute(dt)
+    s = STORAGE[dt]
+    name = f"rlx_layer_norm_w{per}_{dt.value}"
+    y = f"((v[t] - mu) * rstd) * {load(dt, 'g[j]')} + {load(dt, 'b[j]')}"
+    src = f"""{PREAMBLE}
+extern "C" __global__ void {name}(const {s}* xg, const {s}* g, const {s}* b, {s}* yg, int n, {ct} eps,
+                                  long long rows) {{
+  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;  /* whole warps leave together: the shuffles below stay full-warp */
+  const int lane = threadIdx.x & 31;
+  const {s}* x = xg + row * n;
+  {s}* y = yg + row * n;
+  {ct} v[{per}];
+  {ct} acc = 0;
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    v[t] = j < n ? ({ct}){load(dt, 'x[j]')} : ({ct})0;
+    acc += v[t];
+  }}
+  const {ct} mu = rlx_warp_sum(acc) / n;
+  acc = 0;
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    if (j < n) {{ const {ct} d = v[t] - mu; acc += d * d; }}
+  }}
+  const {ct} var = rlx_warp_sum(acc) / n;
+  const {ct} rstd = ({ct})1 / sqrt{f}(var + eps);
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    if (j < n) y[j] = {store(dt, y, _cdt(dt))};
+  }}
+}}
+"""
+    return name, src
+
+
+#: Longest row a warp-per-row kernel takes (32 lanes x 32 values in registers).
+WARP_ROW_MAX = 1024
+#: Warps (rows) per block of a warp-per-row kernel.
+WARP_ROWS = 4
+
+
+def warp_per(n: int) -> int:
+    """Values per lane for a warp-per-row kernel over rows of ``n``, or 0 (use one block per row).
+
+    Short rows (attention scores at seq <= 1024, hidden sizes) waste a block per row: most of its
+    time goes to __syncthreads and shared-memory reductions; a warp reduces with shuffles alone.
+    """
+    return (n + 31) // 32 if 0 < n <= WARP_ROW_MAX else 0
+
+
 MASKED_SCORE = "-1e9"  # the reference's masked score (rlx_core.ir.hir.MASKED_SCORE)
 
 
 @lru_cache(maxsize=256)
-def attention_softmax_source(dt: DType, mask: str, mask_dtype: DType | None) -> tuple[str, str]:
+def attention_softmax_source(dt: DType, mask: str, mask_dtype: DType | None, per: int = 0
+                             ) -> tuple[str, str]:
     """Masked softmax over the rows of the scores ``S`` (``scale * q @ k^T``, in the compute type)
     into the probabilities ``P`` (``dt``; may alias ``S`` when the types agree).
 
     Row ``r`` is query ``i = r % sq`` of batch-head ``bh = r / sq`` (``b = bh / heads``). ``mask``:
     ``none``, ``causal`` (key j visible iff j <= i), ``sliding_window`` (and j > i - window),
     ``padding`` (``m[b, j] != 0``), ``bias`` (``+ m[b*s0 + h*s1 + i*s2 + j*s3]``).
+    ``per == 0``: one block per row; ``per > 0``: one warp per row of ``sk <= 32 * per`` scores
+    held in registers (one more argument: the row count).
     """
     ct, f = _compute(dt)
     sc = ct  # scores are stored in the compute type
@@ -391,6 +457,42 @@ def attention_softmax_source(dt: DType, mask: str, mask_dtype: DType | None) -> 
         score = f"(S[j] + ({ct}){load(dt, 'mk[b * s0 + h * s1 + i * s2 + j * s3]')})"
     val = score if keep is None else f"(({keep}) ? {score} : ({ct}){MASKED_SCORE})"
     head = f"const {sc}* sg, {s}* pg, int sk, int sq, int heads{extra}"
+    if per:
+        head += ", long long rows"
+        body = f"""
+  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;  /* whole warps leave together: the shuffles below stay full-warp */
+  const int lane = threadIdx.x & 31;
+  const int i = (int)(row % sq);
+  const long long bh = row / sq, b = bh / heads, h = bh % heads;
+  const {sc}* S = sg + row * sk;
+  {s}* P = pg + row * sk;
+  (void)i; (void)b; (void)h;
+  {ct} v[{per}];
+  {ct} m = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    v[t] = j < sk ? ({ct}){val} : ({ct})-INFINITY;
+    m = rlx_nanmax(m, v[t]);
+  }}
+  m = rlx_warp_max(m);
+  {ct} tot = 0;
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    v[t] = j < sk ? exp{f}(v[t] - m) : ({ct})0;
+    tot += v[t];
+  }}
+  tot = rlx_warp_sum(tot);
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    if (j < sk) {{ const {ct} e = v[t] / tot; P[j] = {store(dt, 'e', _cdt(dt))}; }}
+  }}
+"""
+        name = _name("rlx_attn_softmax_w", head + body)
+        return name, f'{PREAMBLE}\nextern "C" __global__ void {name}({head}) {{{body}}}\n'
     body = f"""
   __shared__ {ct} sh[32];
   const long long row = blockIdx.x;
@@ -443,6 +545,37 @@ def minmax_check_source() -> tuple[str, str]:
     return name, f'{MINMAX_PREAMBLE}\nextern "C" __global__ void {name}(void* p) {{ {body} }}\n'
 
 
+# -- permute copy (transpose) --------------------------------------------------------------------
+
+#: Copy unit in bytes -> C type: a transpose that keeps the last axis moves whole 16-byte vectors.
+PERMUTE_UNITS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
+PERMUTE_MAX_RANK = 6
+
+
+@lru_cache(maxsize=64)
+def permute_source(rank: int, unit: int, wide: bool) -> tuple[str, str]:
+    """``y[o] = x[offset(o)]`` over ``n`` units of ``unit`` bytes: ``o`` is split into the output
+    coordinates (dims ``d0..``, last fastest) and ``offset`` sums coordinate x input stride (``st0..``,
+    in units). One kernel for every transpose of this rank and unit; ``wide``: 64-bit indices."""
+    t = PERMUTE_UNITS[unit]
+    it = "long long" if wide else "int"
+    dims = ", ".join(f"{it} d{k}" for k in range(rank))
+    sts = ", ".join(f"{it} st{k}" for k in range(rank))
+    split = "".join(f"    c = rem % d{k}; rem /= d{k}; off += c * st{k};\n" for k in range(rank - 1, 0, -1))
+    name = f"rlx_permute_r{rank}_u{unit}_{'w' if wide else 'n'}"
+    src = f"""extern "C" __global__ void {name}(const {t}* __restrict__ x, {t}* __restrict__ y, {it} n,
+                                  {dims}, {sts}) {{
+  for ({it} o = ({it})blockIdx.x * blockDim.x + threadIdx.x; o < n; o += ({it})gridDim.x * blockDim.x) {{
+    {it} rem = o, off = 0, c = 0;
+{split}    off += rem * st0;
+    (void)c; (void)d0;
+    y[o] = x[off];
+  }}
+}}
+"""
+    return name, src
+
+
 def row_block(n: int) -> int:
     """Threads per block for a row kernel over rows of ``n`` elements."""
     if n >= 1024:
@@ -451,12 +584,17 @@ def row_block(n: int) -> int:
 
 
 def all_row_kernels() -> list[tuple[str, str]]:
-    """Every row kernel the plugin can emit (the no-GPU test compiles them all)."""
+    """Every row kernel (and permute copy) the plugin can emit (the no-GPU test compiles them all)."""
     out = []
     for dt in (DType.F32, DType.F64, DType.F16, DType.BF16):
-        out += [softmax_source(dt, False), softmax_source(dt, True), layer_norm_source(dt)]
-        for mask in ("none", "causal", "sliding_window", "bias"):
-            out.append(attention_softmax_source(dt, mask, None))
-        for mdt in (DType.BOOL, DType.I32, DType.I64, DType.F32, DType.F16, dt):
-            out.append(attention_softmax_source(dt, "padding", mdt))
+        out += [softmax_source(dt, False), softmax_source(dt, True)]
+        for per in (0, 1, 4, 12, 32):
+            out.append(layer_norm_source(dt, per))
+            for mask in ("none", "causal", "sliding_window", "bias"):
+                out.append(attention_softmax_source(dt, mask, None, per))
+            for mdt in (DType.BOOL, DType.I32, DType.I64, DType.F32, DType.F16, dt):
+                out.append(attention_softmax_source(dt, "padding", mdt, per))
+    for rank in range(1, PERMUTE_MAX_RANK + 1):
+        for unit in PERMUTE_UNITS:
+            out += [permute_source(rank, unit, False), permute_source(rank, unit, True)]
     return list(dict.fromkeys(out))
