@@ -320,12 +320,19 @@ def main() -> None:
     import cupy as cp
     import torch
 
+    # Like with like: RLX runs f32 GEMMs in full f32 unless RLX_CUDA_TF32=1, so PyTorch must not use
+    # TF32 either (its default today, but an environment or a future default could change it).
+    tf32 = os.environ.get("RLX_CUDA_TF32", "0").strip() not in ("", "0", "false", "no")
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     props = cp.cuda.runtime.getDeviceProperties(0)
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "driver": cp.cuda.runtime.driverGetVersion(), "cupy": cp.__version__, "torch": torch.__version__,
         "python": platform.python_version(), "tf32": os.environ.get("RLX_CUDA_TF32", "0"),
+        "torch_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
         "command": "python plugins/rlx-cuda/bench/bench_cuda.py" + (" --quick" if args.quick else ""),
     }
     for key, fn in (("minilm", lambda: bench_minilm([int(b) for b in args.batches.split(",")], args.seq,
