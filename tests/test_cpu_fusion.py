@@ -71,7 +71,7 @@ def test_second_process_reuses_the_compiled_kernel(tmp_path: Path) -> None:
         "g.output(g.tanh(x * 3.0 + 1.0) * x)\n"
         "exe = Session('cpu').compile(g.build())\n"
         "(mod,) = fused._MODULES.values()\n"
-        "k = mod.k_serial\n"
+        "k = mod.k_rows\n"
         "print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))\n"
     )
     env = {"RLX_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "nb")}

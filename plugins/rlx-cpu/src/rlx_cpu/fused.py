@@ -1,8 +1,9 @@
 """Fused elementwise kernels: Numba-compiled from the shared renderer, cached on disk.
 
 Small tensors run the fused program as a sequence of NumPy ufunc calls into one scratch buffer
-(no compile latency); tensors of at least ``NUMBA_MIN`` elements run one generated, parallel
-Numba loop — a single pass over memory with the intermediates kept in registers. The generated
+(no compile latency); tensors of at least ``NUMBA_MIN`` elements run one generated nogil Numba
+loop over rows — a single pass over memory with the intermediates in registers — split over the
+cores by :mod:`rlx_cpu.parallel`. The generated
 module is written to the RLX cache directory and compiled with ``cache=True``, so a second
 process pays no compile time.
 """
@@ -27,10 +28,9 @@ from rlx_core.fusion import decode
 from rlx_core.ir.schema import REGISTRY
 from rlx_core.ir.types import Attrs
 
+from .parallel import split_rows
+
 NUMBA_MIN = int(os.environ.get("RLX_CPU_NUMBA_MIN", "8192"))
-#: Parallel loops only for large tensors: next to BLAS, an OpenMP pool costs more than it gives.
-PARALLEL_MIN = 1 << 21
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 CODEGEN_DTYPES = frozenset({DType.F32, DType.F64, DType.BOOL, DType.I32, DType.I64})
 _LOCK = threading.Lock()
 
@@ -90,20 +90,12 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
     args = ", ".join(f"x{k}" for k in range(len(lays)))
     body = "\n".join("            " + ln for ln in lines)
     src = [
-        "import math", "import numpy as np", "from numba import njit, prange", "",
+        "import math", "import numpy as np", "from numba import njit", "",
         NUMBA_PRELUDE,
         "",
-        "@njit(cache=True, nogil=True, fastmath=False, error_model='numpy')",
-        f"def {name}_serial(o, {args}):",
-        "    for r in range(o.shape[0]):",
-        "        for c in range(o.shape[1]):",
-        body,
-        f"            o[r, c] = {res}",
-        "",
-        "",
-        "@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model='numpy')",
-        f"def {name}_parallel(o, {args}):",
-        "    for r in prange(o.shape[0]):",
+        "@njit(cache=True, nogil=True, fastmath={'contract'}, error_model='numpy')",
+        f"def {name}_rows(o, {args}, lo, hi):",
+        "    for r in range(lo, hi):",
         "        for c in range(o.shape[1]):",
         body,
         f"            o[r, c] = {res}",
@@ -113,8 +105,10 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
 
 
 CHUNK = 512
-#: Transcendental ops evaluated by the vectorisable chunk helpers of :mod:`rlx_cpu.vecmath`.
-VEC32 = {"exp": "vexp32", "erf": "verf32", "tanh": "vtanh32", "sigmoid": "vsigmoid32"}
+#: Transcendental ops evaluated by the vectorisable chunk helpers of :mod:`rlx_cpu.vecmath` (they
+#: build 2**n from integer bits, which needs an array view). erf is plain arithmetic in the
+#: renderer's prelude, so erf-only programs stay one vectorised loop.
+VEC32 = {"exp": "vexp32", "tanh": "vtanh32", "sigmoid": "vsigmoid32"}
 
 
 def _temp_dtypes(program: str, dtypes: Sequence[DType]) -> list[DType]:
@@ -178,18 +172,15 @@ def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], 
     res = ref(out) if out.startswith("i") else f"b{out[1:]}[i]"
     body += ["            for i in range(m):", f"                o[r, c0 + i] = {res}"]
 
-    def kernel(par: bool) -> list[str]:
-        loop = "prange" if par else "range"
-        deco = f"@njit(cache=True, nogil=True, parallel={par}, fastmath={{'contract'}}, error_model='numpy')"
-        return [deco,
-                f"def {name}_{'parallel' if par else 'serial'}(o, {args}):",
-                f"    for r in {loop}(o.shape[0]):", *head,
-                f"        for c0 in range(0, o.shape[1], {CHUNK}):",
-                f"            m = min({CHUNK}, o.shape[1] - c0)", *body, "", ""]
-
-    return "\n".join(["import math", "import numpy as np", "from numba import njit, prange",
-                      "from rlx_cpu.vecmath import vexp32, verf32, vtanh32, vsigmoid32", NUMBA_PRELUDE, "",
-                      *kernel(False), *kernel(True)])
+    deco = "@njit(cache=True, nogil=True, fastmath={'contract'}, error_model='numpy')"
+    # Scratch is allocated once per call (one call = one thread's rows), not once per row.
+    kernel = [deco, f"def {name}_rows(o, {args}, lo, hi):", *[h[4:] for h in head],
+              "    for r in range(lo, hi):",
+              f"        for c0 in range(0, o.shape[1], {CHUNK}):",
+              f"            m = min({CHUNK}, o.shape[1] - c0)", *body, "", ""]
+    return "\n".join(["import math", "import numpy as np", "from numba import njit",
+                      "from rlx_cpu.vecmath import vexp32, vtanh32, vsigmoid32", NUMBA_PRELUDE, "",
+                      *kernel])
 
 
 def _module_dir() -> Path:
@@ -314,6 +305,5 @@ def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs,
             views.append(x.reshape(outer, 1))
     dtypes = [DType.parse(x.dtype) for x in ins]
     mod = compiled_kernel(program, dtypes, lays)
-    fn = mod.k_parallel if o.size >= PARALLEL_MIN else mod.k_serial
-    fn(o2, *views)  # compile now (bind time), not on the first run
-    return lambda: fn(o2, *views)
+    mod.k_rows(o2, *views, 0, 0)  # compile now (bind time), not on the first run
+    return split_rows(mod.k_rows, outer, (o2, *views), o.size)

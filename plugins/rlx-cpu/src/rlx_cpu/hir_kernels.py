@@ -60,8 +60,10 @@ def k_layer_norm(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
         nb = _numba_kernels()
         xr, orow = x.reshape(-1, n), o.reshape(-1, n)
         g, b = gamma.reshape(n), beta.reshape(n)
-        nb.layer_norm_rows(xr, g, b, orow, eps)
-        return lambda: nb.layer_norm_rows(xr, g, b, orow, eps)
+        from .parallel import split_rows
+
+        nb.layer_norm_rows(xr, g, b, orow, eps, 0, 0)  # compile at bind time
+        return split_rows(nb.layer_norm_rows, xr.shape[0], (xr, g, b, orow, eps), x.size)
     axes = tuple(range(ax, x.ndim))
 
     def run() -> None:
@@ -127,6 +129,9 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     elif mask == "padding":
         pm = ins[3]
         keep_src = pm
+    if (dt in (np.float32, np.float64) and mask in ("none", "causal", "padding")
+            and all(x.flags.c_contiguous for x in (q, k, v, o))):
+        return _attention_numba(q, k, v, o, mask, ins[3] if mask == "padding" else None, scale, neg)
     qs = np.empty_like(q)
     sc = np.asarray(scale, dt)
 
@@ -145,6 +150,28 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
         np.exp(scores, out=scores)
         np.divide(scores, scores.sum(axis=-1, keepdims=True), out=scores)
         np.matmul(scores, v, out=o)
+    return run
+
+
+def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, mask: str,
+                     pad: np.ndarray | None, scale: float, neg: float) -> Any:
+    from . import _attention as na
+    from .parallel import split_rows
+    from .vecmath import vexp32
+
+    bsz, h, sq, _ = q.shape
+    n = bsz * h * ((sq + na.QBLOCK - 1) // na.QBLOCK)
+    keep = np.ones((bsz, k.shape[2]), np.bool_)
+    mode = {"none": na.MASK_NONE, "causal": na.MASK_CAUSAL, "padding": na.MASK_PADDING}[mask]
+    expfn = vexp32 if q.dtype == np.float32 else na.vexp64
+    args = (q, k, v, keep.view(np.uint8), mode, q.dtype.type(scale), q.dtype.type(neg), expfn, o)
+    body = split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2])
+    if pad is None:
+        return body
+
+    def run() -> None:
+        np.not_equal(pad, 0, out=keep)
+        body()
     return run
 
 

@@ -1,19 +1,15 @@
-"""Vectorisable float32 exp / erf / tanh / sigmoid over chunks, for generated fused kernels.
+"""Vectorisable float32 exp / tanh / sigmoid over chunks, for generated fused kernels.
 
-Numba cannot vectorise calls into libm, and libm's scalar ``erf`` costs ~12 ns an element; these
-loops contain only arithmetic, so LLVM turns them into AVX2 code (exp ~0.4 ns an element).
+Numba cannot vectorise calls into libm (scalar ``exp`` ~5 ns an element); these loops contain only
+arithmetic, so LLVM turns them into AVX2 code (exp ~0.4 ns an element).
 
-Accuracy (max relative error vs float64, measured over the float32 range): exp 8e-8; erf 3e-7;
+Accuracy (max relative error vs float64, measured over the float32 range): exp 8e-8;
 tanh 3e-7; sigmoid 2e-7 — all within the conformance tolerances for float32 library functions.
 exp flushes results below ~1.2e-38 (the denormal range) to 0; inf and NaN behave as IEEE.
 Signature of every helper: ``f(x, out, ibuf, s1, s2)`` with chunk-sized scratch buffers.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 from numba import njit
@@ -52,33 +48,6 @@ def vexp32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
         r = np.float32(np.inf) if v > _HI else r
         r = np.float32(0.0) if v < _LO else r
         out[i] = v if v != v else r
-
-
-@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def verf32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
-    n = x.shape[0]
-    arg = np.empty(n, np.float32)
-    tt = np.empty(n, np.float32)
-    for i in range(n):
-        av = abs(x[i])
-        t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.5) * av)
-        tt[i] = t
-        arg[i] = -av * av - np.float32(1.26551223) + t * (np.float32(1.00002368) + t * (
-            np.float32(0.37409196) + t * (np.float32(0.09678418) + t * (np.float32(-0.18628806) + t * (
-                np.float32(0.27886807) + t * (np.float32(-1.13520398) + t * (np.float32(1.48851587) + t * (
-                    np.float32(-0.82215223) + t * np.float32(0.17087277)))))))))
-    vexp32(arg, out, ibuf, s1, s2)
-    for i in range(n):
-        xv = x[i]
-        av = abs(xv)
-        x2 = xv * xv
-        small = xv * (np.float32(1.1283791670955126) + x2 * (np.float32(-0.37612638903183754) + x2 * (
-            np.float32(0.11283791670955126) + x2 * (np.float32(-0.026866170645131252) + x2 * (
-                np.float32(0.005223977625442188) + x2 * np.float32(-0.0008548327023450852))))))
-        big = np.float32(1.0) - tt[i] * out[i]
-        big = big if xv >= 0 else -big
-        r = small if av < np.float32(0.5) else big
-        out[i] = xv if xv != xv else r
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
