@@ -1,0 +1,137 @@
+"""A private, single-threaded OpenBLAS instance: rlx-cpu's GEMMs, parallelised by the row pool.
+
+Why private: NumPy's OpenBLAS has its own worker threads, which spin for ~0.1 s after every GEMM.
+On a 2-core machine they sit on the core the row pool wants next, so elementwise, layer-norm and
+attention kernels split over threads ran no faster than on one. A second copy of the same library,
+loaded under another file name with ``RTLD_LOCAL``, has separate globals: it is set to one thread
+here and never touches NumPy's instance (user code keeps NumPy's threading as it was). All rlx-cpu
+parallelism then comes from :mod:`rlx_cpu.parallel`, whose workers block instead of spinning.
+
+The library is the one NumPy ships (``numpy.libs/libscipy_openblas64_*``); it is copied once into
+the RLX cache. Where it cannot be found (another NumPy build) :func:`available` is false and
+kernels use ``np.matmul``. ``RLX_CPU_PRIVATE_BLAS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import shutil
+import threading
+from typing import Any
+
+import numpy as np
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {}
+
+
+def _library() -> str | None:
+    base = os.path.dirname(np.__file__)
+    for pat in (os.path.join(base, os.pardir, "numpy.libs", "libscipy_openblas64_*.so*"),):
+        hits = sorted(glob.glob(pat))
+        if hits:
+            return os.path.realpath(hits[0])
+    return None
+
+
+def _private_copy(src: str) -> str:
+    from rlx_core.cache import default_cache_dir
+
+    d = default_cache_dir() / "cpu-blas"
+    d.mkdir(parents=True, exist_ok=True)
+    st = os.stat(src)
+    tag = hashlib.sha256(f"{src}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    dst = d / f"rlx_openblas_{tag}.so"
+    if not dst.exists():
+        tmp = d / f".{dst.name}.{os.getpid()}"
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    return str(dst)
+
+
+def _load() -> dict[str, Any]:
+    with _LOCK:
+        if _STATE:
+            return _STATE
+        _STATE["ok"] = False
+        if os.environ.get("RLX_CPU_PRIVATE_BLAS", "1") == "0":
+            _STATE["why"] = "RLX_CPU_PRIVATE_BLAS=0"
+            return _STATE
+        src = _library()
+        if src is None:
+            _STATE["why"] = "NumPy's bundled OpenBLAS was not found (not a PyPI NumPy wheel)"
+            return _STATE
+        try:
+            lib = ctypes.CDLL(_private_copy(src), mode=os.RTLD_LOCAL)
+            setn = lib.scipy_openblas_set_num_threads64_
+            sg, dg = lib.scipy_cblas_sgemm64_, lib.scipy_cblas_dgemm64_
+        except (OSError, AttributeError) as e:
+            _STATE["why"] = f"could not load a private OpenBLAS: {e}"
+            return _STATE
+        setn.argtypes, setn.restype = [ctypes.c_int], None
+        setn(1)
+        i64, ci, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        for fn, real in ((sg, ctypes.c_float), (dg, ctypes.c_double)):
+            fn.restype = None
+            fn.argtypes = [ci, ci, ci, i64, i64, i64, real, vp, i64, vp, i64, real, vp, i64]
+        _STATE.update(ok=True, lib=lib, gemm={np.dtype(np.float32): sg, np.dtype(np.float64): dg})
+        return _STATE
+
+
+def available() -> bool:
+    return bool(_load()["ok"])
+
+
+def status() -> str:
+    s = _load()
+    return "private single-threaded OpenBLAS" if s["ok"] else f"NumPy BLAS ({s['why']})"
+
+
+def _ld(a: np.ndarray) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) of a 2-D operand, or None if BLAS cannot read it."""
+    isz = a.itemsize
+    s0, s1 = a.strides
+    if s1 == isz and s0 % isz == 0 and s0 >= max(1, a.shape[1]) * isz:
+        return _NO_TRANS, s0 // isz
+    if s0 == isz and s1 % isz == 0 and s1 >= max(1, a.shape[0]) * isz:
+        return _TRANS, s1 // isz
+    return None
+
+
+def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
+    """A closure ``f(lo, hi, axis)`` computing ``c = a @ b`` on rows (axis 0) or columns (axis 1)
+    ``lo:hi`` of ``c`` through the private BLAS (GIL released), or None if it cannot."""
+    st = _load()
+    if not st["ok"] or a.dtype != b.dtype or a.dtype != c.dtype or a.dtype not in st["gemm"]:
+        return None
+    if a.ndim != 2 or b.ndim != 2 or c.ndim != 2 or c.strides[1] != c.itemsize:
+        return None
+    la, lb = _ld(a), _ld(b)
+    if la is None or lb is None or c.strides[0] % c.itemsize:
+        return None
+    fn = st["gemm"][a.dtype]
+    (ta, lda), (tb, ldb) = la, lb
+    ldc = c.strides[0] // c.itemsize
+    k = a.shape[1]
+    isz = a.itemsize
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
+    # Moving to row lo of a (or column lo of b) is a pointer offset that depends on the layout.
+    a_row = (lda if ta == _NO_TRANS else 1) * isz
+    b_col = (1 if tb == _NO_TRANS else ldb) * isz
+
+    keep = (a, b, c)  # the raw pointers below stay valid while this closure lives
+
+    def run(lo: int, hi: int, axis: int) -> None:
+        if hi <= lo or keep is None:
+            return
+        if axis == 0:
+            fn(_ROW_MAJOR, ta, tb, hi - lo, c.shape[1], k, 1.0, pa + lo * a_row, lda, pb, ldb, 0.0,
+               pc + lo * ldc * isz, ldc)
+        else:
+            fn(_ROW_MAJOR, ta, tb, c.shape[0], hi - lo, k, 1.0, pa, lda, pb + lo * b_col, ldb, 0.0,
+               pc + lo * isz, ldc)
+    return run

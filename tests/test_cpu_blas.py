@@ -1,0 +1,54 @@
+"""rlx-cpu's private BLAS: every layout, split by rows or by columns, equals NumPy's product."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from rlx_cpu import blas
+
+RNG = np.random.default_rng(5)
+
+
+def _operand(rows: int, cols: int, layout: str, dt: type) -> np.ndarray:
+    if layout == "C":
+        return RNG.standard_normal((rows, cols)).astype(dt)
+    return np.asfortranarray(RNG.standard_normal((rows, cols)).astype(dt))  # read transposed
+
+
+@pytest.mark.skipif(not blas.available(), reason="no private OpenBLAS on this NumPy build: not certified")
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("la", ["C", "F"])
+@pytest.mark.parametrize("lb", ["C", "F"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_split_gemm_matches_numpy(dt: type, la: str, lb: str, axis: int) -> None:
+    m, k, n = 37, 19, 53
+    a, b = _operand(m, k, la, dt), _operand(k, n, lb, dt)
+    c = np.full((m, n), np.nan, dt)
+    run = blas.gemm_fn(a, b, c)
+    assert run is not None
+    edge = (m if axis == 0 else n)
+    cuts = [0, 5, edge // 2, edge]  # uneven parts, one of them empty-adjacent
+    for lo, hi in itertools.pairwise(cuts):
+        run(lo, hi, axis)
+    tol = 1e-5 if dt is np.float32 else 1e-12
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol * k)
+
+
+def test_unreadable_operands_fall_back() -> None:
+    a = RNG.standard_normal((8, 6)).astype(np.float32)[:, ::2]  # neither row- nor column-contiguous
+    b = RNG.standard_normal((3, 4)).astype(np.float32)
+    assert blas.gemm_fn(a, b, np.empty((8, 4), np.float32)) is None
+    assert blas.gemm_fn(a.astype(np.float16), b.astype(np.float16), np.empty((8, 4), np.float16)) is None
+
+
+def test_disabled_by_environment(tmp_path: object) -> None:
+    import subprocess
+    import sys
+
+    code = "from rlx_cpu import blas; print(blas.available(), blas.status())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"RLX_CPU_PRIVATE_BLAS": "0", "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False NumPy BLAS (RLX_CPU_PRIVATE_BLAS=0)"
