@@ -197,6 +197,11 @@ class ResidentTrainer:
             assert views is not None
             self._views = views
             self._data = [views[d] for d in self.data_names]
+            # rlx-cpu can point its kernels at the caller's batch instead of copying it in
+            bind = getattr(self.compiled, "bind_input", None)
+            self._feeders = [(lambda a, d=d: bind(d, a)) if bind is not None else
+                             (lambda a, v=v: np.copyto(v, a, casting="same_kind"))
+                             for d, v in zip(self.data_names, self._data)]
             self._runs = tuple(self.compiled.runs)
             self._copies = [(views[i], views[o]) for i, o in self.carry.items()
                             if not np.shares_memory(views[i], views[o])]
@@ -277,8 +282,8 @@ class ResidentTrainer:
         """One training step on the model's data inputs (by name); returns the loss."""
         feed = {**dict(inputs or {}), **data}
         if self.resident:
-            for name, view in zip(self.data_names, self._data):
-                np.copyto(view, feed[name], casting="same_kind")
+            for name, put in zip(self.data_names, self._feeders):
+                put(feed[name])
             self._step_view[...] = self.steps
             with np.errstate(all="ignore"):
                 for r in self._runs:
@@ -581,24 +586,25 @@ def train(rt: Any, x: np.ndarray, y: np.ndarray, sel: Sequence[np.ndarray | slic
 
 def choose_fusion(arch: Sequence[int], params: Params, x: np.ndarray, y: np.ndarray,
                   sel: Sequence[np.ndarray | slice], batch: int, lr: float, momentum: float,
-                  device: str = "cpu", trials: int = 6) -> tuple[bool, dict[str, float]]:
-    """Time the RLX train step with and without elementwise fusion on throw-away instances (best
-    of ``trials`` steps after two warm-up steps) and return the faster choice with the timings.
+                  device: str = "cpu", trials: int = 12) -> tuple[bool, dict[str, float]]:
+    """Time the RLX train step with and without elementwise fusion on throw-away instances and
+    return the faster choice with the timings: both are warmed up (three steps), then their steps
+    alternate over the same batches and the best of ``trials`` steps of each counts, so a burst of
+    load on the machine hits both.
 
-    Neither wins everywhere on rlx-cpu today: unfused, every momentum update runs in place (no
-    copy-back) and small elementwise ops are single NumPy calls, but ``where`` (ReLU's backward) is a
-    slow masked copy; fused, that chain is one Numba loop for large tensors, but small fused
-    kernels run as NumPy programs and the fused update is not in place."""
-    times: dict[str, float] = {}
-    for fusion in (False, True):
-        rt = RlxMLP(arch, params, batch, lr, momentum, device, fusion=fusion)
-        best = math.inf
-        for k, s in enumerate(sel[:trials + 2]):
+    On rlx-cpu the unfused program is normally the faster: its elementwise kernels are what the
+    backend's bind-time fusion (:mod:`rlx_cpu.train_fuse`) turns into GEMMs with ``beta``, in-place
+    AXPY updates and one-call loss kernels, and every update runs in place; fused, the graph-level
+    elementwise kernels hide those patterns and the fused updates are copied back."""
+    rts = {f: RlxMLP(arch, params, batch, lr, momentum, device, fusion=f) for f in (False, True)}
+    best = {False: math.inf, True: math.inf}
+    for k, s in enumerate(sel[:trials + 3]):
+        for f, rt in rts.items():
             t0 = time.perf_counter()
             rt.step(x[s], y[s])
-            if k >= 2:
-                best = min(best, time.perf_counter() - t0)
-        times["fusion" if fusion else "nofusion"] = best
+            if k >= 3:
+                best[f] = min(best[f], time.perf_counter() - t0)
+    times = {"nofusion": best[False], "fusion": best[True]}
     return times["fusion"] < times["nofusion"], times
 
 
@@ -634,6 +640,9 @@ def run_one(runtime: str, arch: Sequence[int], params: Params, x: np.ndarray, y:
         res.extra["resident"] = rt.trainer.resident
         res.extra["carried_copies"] = len(getattr(rt.trainer, "_copies", ()))
         res.extra["kernels"] = len(rt.trainer.program.kernels)
+        if getattr(rt.trainer, "resident", False):
+            res.extra["runs"] = len(rt.trainer._runs)  # after the backend's bind-time fusion
+            res.extra["bound_inputs"] = sorted(getattr(rt.trainer.compiled, "_bound", ()))
     return res, rt
 
 
@@ -732,10 +741,11 @@ def format_report(res: dict[str, Any]) -> str:
         trial = rl.get("fusion_trial_s")
         how = (f"auto: best step {1e3 * trial['nofusion']:.3f} ms unfused, "
                f"{1e3 * trial['fusion']:.3f} ms fused" if trial else "as asked")
-        lines.append(f"rlx: one train-step graph, {rl.get('kernels')} kernels, compiled once in "
+        runs = f" ({rl['runs']} calls after bind-time fusion)" if rl.get("runs") is not None else ""
+        lines.append(f"rlx: one train-step graph, {rl.get('kernels')} kernels{runs}, compiled once in "
                      f"{rl['compile_s']:.2f} s, fusion {'on' if rl.get('fusion') else 'off'} ({how}); state "
                      f"resident: {rl.get('resident')}, tensors copied back per step: "
-                     f"{rl.get('carried_copies')}")
+                     f"{rl.get('carried_copies')}, inputs read in place: {rl.get('bound_inputs') or 'none'}")
     if res["first10_max_abs_loss_diff_vs_rlx"]:
         lines.append("loss agreement over the first 10 steps (max |diff| vs rlx): " + ", ".join(
             f"{k} {v:.2e}" for k, v in res["first10_max_abs_loss_diff_vs_rlx"].items())

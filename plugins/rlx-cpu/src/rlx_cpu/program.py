@@ -36,8 +36,12 @@ class CpuProgram:
         runs = []
         for s in program.kernels:
             runs.append(self._bind(s, factories))
-        self.runs = tuple(runs)
-        self.kernel_names = tuple(s.kernel for s in program.kernels)
+        from .train_fuse import fuse
+
+        # Bind-time fusion (GEMMs on transposed views, momentum in the GEMM, in-place AXPY updates):
+        # fewer runs over the same planned buffers; kernel_names follows the runs.
+        self.runs, self.kernel_names, self._slots = fuse(program, views, runs)
+        self._bound: set[str] = set()
 
     def _bind(self, s: Step, factories: Mapping[str, Any]) -> Any:
         ins = [self.views[i] for i in s.inputs]
@@ -45,7 +49,34 @@ class CpuProgram:
         with np.errstate(all="ignore"):
             return factories[s.kernel](ins, outs, s.attrs)
 
+    def bind_input(self, name: str, array: np.ndarray) -> bool:
+        """Give input ``name`` its value for the next runs. When every kernel reads it through a
+        BLAS pointer and ``array`` has the planned view's dtype, shape and strides, the kernels are
+        pointed at ``array`` itself (no copy: the caller keeps it alive and unchanged until the run
+        is over) and True is returned; otherwise it is copied into the planned buffer."""
+        view = self.views[name]
+        slots = self._slots.get(name)
+        if (slots is not None and type(array) is np.ndarray and array.dtype == view.dtype
+                and array.shape == view.shape and array.strides == view.strides):
+            p = array.ctypes.data
+            for ptrs, i in slots:
+                ptrs[i] = p
+            self._bound.add(name)
+            return True
+        np.copyto(view, array, casting="same_kind")
+        if name in self._bound:
+            self._unbind(name)
+        return False
+
+    def _unbind(self, name: str) -> None:
+        p = self.views[name].ctypes.data
+        for ptrs, i in self._slots[name]:
+            ptrs[i] = p
+        self._bound.discard(name)
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name in list(self._bound):
+            self._unbind(name)
         for name, view in self.inputs:
             np.copyto(view, inputs[name])
         with np.errstate(all="ignore"):
@@ -57,6 +88,8 @@ class CpuProgram:
     def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
         """Like ``run``, counting kernel calls by claim name (a separate loop keeps ``run`` lean)."""
         counts: Counter[str] = Counter()
+        for name in list(self._bound):
+            self._unbind(name)
         for name, view in self.inputs:
             np.copyto(view, inputs[name])
         with np.errstate(all="ignore"):
