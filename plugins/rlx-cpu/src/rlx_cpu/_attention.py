@@ -26,14 +26,36 @@ def vexp64(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
         out[i] = np.exp(x[i])
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _rowmax(row):  # type: ignore[no-untyped-def]
+    # Eight independent running maxima: one chain would wait out the latency of every compare.
+    n = row.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+    j = 0
+    while j + 8 <= n:
+        m0 = max(m0, row[j])
+        m1 = max(m1, row[j + 1])
+        m2 = max(m2, row[j + 2])
+        m3 = max(m3, row[j + 3])
+        m4 = max(m4, row[j + 4])
+        m5 = max(m5, row[j + 5])
+        m6 = max(m6, row[j + 6])
+        m7 = max(m7, row[j + 7])
+        j += 8
+    while j < n:
+        m0 = max(m0, row[j])
+        j += 1
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
 def attention_items(q, k, v, keep, mode, scale, neg, expfn, o, lo, hi):  # type: ignore[no-untyped-def]
     bsz, h, sq, d = q.shape
     sk = k.shape[2]
     nblk = (sq + QBLOCK - 1) // QBLOCK
     s = np.empty((QBLOCK, sk), q.dtype)
+    pb = np.empty((QBLOCK, sk), q.dtype)
     qs = np.empty((QBLOCK, d), q.dtype)
-    e = np.empty(sk, q.dtype)
     ib = np.empty(sk, np.int32)
     s1 = np.empty(sk, np.float32)
     s2 = np.empty(sk, np.float32)
@@ -57,19 +79,17 @@ def attention_items(q, k, v, keep, mode, scale, neg, expfn, o, lo, hi):  # type:
                 for j in range(sk):
                     if keep[b, j] == 0:
                         row[j] = neg
-            mx = row[0]
-            for j in range(1, sk):
-                mx = max(mx, row[j])
+            mx = _rowmax(row)
             for j in range(sk):
                 row[j] = row[j] - mx
+            e = pb[i]
             expfn(row, e, ib, s1, s2)
             tot = 0.0
             for j in range(sk):
-                row[j] = e[j]
                 tot += e[j]
             inv[i] = 1.0 / tot
         ob = o[b, hh, i0:i0 + m]
-        np.dot(sc, v[b, hh], ob)
+        np.dot(pb[:m], v[b, hh], ob)
         for i in range(m):
             for c in range(d):
                 ob[i, c] *= inv[i]
