@@ -205,6 +205,53 @@ def test_transpose_permute_kernel(dt: str) -> None:
             np.testing.assert_array_equal(got, x.transpose(perm))
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_head_split_merge_reshape_copies_elided(shared: bool) -> None:
+    """BERT's head split (reshape -> transpose) and merge (transpose -> reshape) drop the reshape's
+    copy (its neighbour writes or reads the other buffer); a split whose value has another reader
+    (``shared``) keeps it. All give the reference's result, eager and replayed."""
+    g = GraphBuilder("heads")
+    x = g.input("x", "f32", (2, 5, 96))
+    split = x.reshape(2, 5, 12, 8)
+    q = split.transpose(0, 2, 1, 3)
+    ctx = g.op("attention", q, q, q, mask="none").transpose(0, 2, 1, 3).reshape(2, 5, 96)
+    g.output(ctx + (split.reshape(2, 5, 96) if shared else x), "y")
+    graph = g.build()
+    exe = Session("cuda").compile(graph)
+    prog = _compiled(exe)
+    names = prog.kernel_names
+    assert names[:5] == ("cuda.reshape", "cuda.transpose", "cuda.attention", "cuda.transpose", "cuda.reshape")
+    if shared:
+        assert 0 not in prog.elided, (names, prog.elided)
+    else:
+        assert {0, 4} <= prog.elided, (names, prog.elided)
+    for _ in range(3):
+        xv = RNG.standard_normal((2, 5, 96)).astype(np.float32)
+        np.testing.assert_allclose(exe.run(x=xv)["y"], evaluate(graph, {"x": xv})["y"], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_reshape_chains_match_reference(fusion: bool) -> None:
+    """Reshapes between elementwise ops, a transpose, a matmul and a reduction (many reshape
+    neighbours, in-place steps, reused buffers): whatever copies are dropped, results are exact."""
+    g = GraphBuilder("chain")
+    x = g.input("x", "f32", (4, 6, 8))
+    a = g.exp(x * 0.1).reshape(24, 8)
+    b = (a * 2.0).reshape(4, 48) + x.reshape(4, 48)
+    c = b.reshape(4, 6, 8).transpose(0, 2, 1).reshape(32, 6)
+    d = (c @ g.param("w", RNG.standard_normal((6, 6)).astype(np.float32))).reshape(4, 48)
+    g.output(d.sum(axes=1).reshape(2, 2), "s")
+    g.output(d.reshape(192) - 1.0, "flat")
+    graph = g.build()
+    exe = Session("cuda", use_cache=False, fusion=fusion).compile(graph)
+    assert _compiled(exe).elided, _compiled(exe).kernel_names
+    for _ in range(3):
+        xv = RNG.standard_normal((4, 6, 8)).astype(np.float32)
+        got, want = exe.run(x=xv), evaluate(graph, {"x": xv})
+        for k in ("s", "flat"):
+            np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("n", [7, 384, 1000, 1500])
 def test_layer_norm_warp_and_block_rows(n: int) -> None:
     """Rows up to 1024 take the warp-per-row kernel, longer rows the block-per-row one."""
