@@ -55,3 +55,19 @@ def test_thread_count_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLX_CPU_THREADS", "many")
     with pytest.raises(ValueError, match="RLX_CPU_THREADS"):
         default_threads()
+
+
+@pytest.mark.parametrize("n,chunks", [(10, 8), (1000, 8), (5, 40)])
+def test_chunked_runs_cover_every_row_once(n: int, chunks: int) -> None:
+    pool = RowPool(2)
+    out = np.zeros(n, np.int64)
+    seen: list[tuple[int, int]] = []
+
+    def mark(o: np.ndarray, lo: int, hi: int) -> None:
+        seen.append((lo, hi))
+        o[lo:hi] += 1
+
+    pool.run(mark, n, (out,), 2, chunks)
+    assert (out == 1).all()
+    c = min(chunks, n)
+    assert sorted(seen) == [(n * k // c, n * (k + 1) // c) for k in range(c)]  # the fixed cuts

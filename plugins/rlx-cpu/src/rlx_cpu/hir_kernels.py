@@ -117,17 +117,19 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         def rows(lo: int, hi: int) -> None:
             gemm(lo, hi, 0)
             np.add(o[lo:hi], b, out=o[lo:hi])
-        fn, units = rows, m
+        # Pieces of >= 256 rows keep OpenBLAS near its single-core peak; more pieces than threads
+        # let a thread on a shared core take fewer of them.
+        fn, units, chunks = rows, m, max(parts, min(4 * parts, m // ROW_SPLIT_MIN))
     else:
         def cols(lo: int, hi: int) -> None:
             lo, hi = lo * 16, min(n, hi * 16)  # 16-column units: whole vectors per part
             gemm(lo, hi, 1)
             np.add(o[:, lo:hi], b[lo:hi], out=o[:, lo:hi])
-        fn, units = cols, -(-n // 16)
+        fn, units, chunks = cols, -(-n // 16), parts
     if parts == 1:
         return lambda: fn(0, units)
     p = pool()
-    return lambda: p.run(fn, units, (), parts)
+    return lambda: p.run(fn, units, (), parts, chunks)
 
 
 def attention_supported(v: Any) -> str | None:

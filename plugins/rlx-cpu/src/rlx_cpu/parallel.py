@@ -3,14 +3,15 @@
 Why not Numba's ``parallel=True``: its OpenMP/TBB pool and OpenBLAS's pool are two sets of threads
 that each spin for the cores between kernels; on a 2-core machine that cost 10-30x. These workers
 block in a C queue (no spinning), the caller runs the first share itself, and every kernel is a
-nogil function ``f(*args, lo, hi)`` over rows ``lo:hi``, so the split is deterministic: the same
-rows always go to the same computation and results never depend on timing.
+nogil function ``f(*args, lo, hi)`` over rows ``lo:hi`` with cuts fixed in advance, so results
+never depend on timing or on which thread took which piece.
 
 Thread count: ``RLX_CPU_THREADS`` if set, else the cores this process may run on.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -58,22 +59,42 @@ class RowPool:
             else:
                 self._done.put(None)
 
-    def run(self, fn: Callable[..., Any], n: int, args: Sequence[Any], parts: int) -> None:
-        """``fn(*args, lo, hi)`` over ``0:n`` split in ``parts`` contiguous ranges."""
+    def run(self, fn: Callable[..., Any], n: int, args: Sequence[Any], parts: int, chunks: int = 0) -> None:
+        """``fn(*args, lo, hi)`` over ``0:n`` on ``parts`` threads.
+
+        The range is cut into ``chunks`` fixed contiguous pieces (default: one per thread) that the
+        threads take in turn: on a busy machine a thread whose core is shared takes fewer pieces
+        instead of holding every other thread up. The cuts never depend on timing, so neither
+        do the results."""
         parts = max(1, min(parts, self.threads, n))
         if parts == 1:
             fn(*args, 0, n)
             return
-        bounds = [n * k // parts for k in range(parts + 1)]
+        chunks = max(parts, min(chunks or parts, n))
+        bounds = [n * k // chunks for k in range(chunks + 1)]
+        if chunks == parts:
+            work: Callable[[], None] | None = None
+        else:
+            ticket = itertools.count()  # next() on a count is atomic under the GIL
+
+            def work() -> None:
+                while (c := next(ticket)) < chunks:
+                    fn(*args, bounds[c], bounds[c + 1])
         # One caller at a time: two sessions running in two threads share the workers.
         with self._lock:
             if not self._queues:
                 self._start()
             for k in range(1, parts):
-                self._queues[k - 1].put((fn, (*args, bounds[k], bounds[k + 1])))
+                if work is None:
+                    self._queues[k - 1].put((fn, (*args, bounds[k], bounds[k + 1])))
+                else:
+                    self._queues[k - 1].put((work, ()))
             err: BaseException | None = None
             try:
-                fn(*args, bounds[0], bounds[1])
+                if work is None:
+                    fn(*args, bounds[0], bounds[1])
+                else:
+                    work()
             except BaseException as e:
                 err = e
             for _ in range(1, parts):
@@ -98,11 +119,14 @@ def parts_for(work_elems: int) -> int:
     return max(1, min(pool().threads, work_elems // MIN_ELEMS_PER_THREAD))
 
 
-def split_rows(fn: Callable[..., Any], n: int, args: Sequence[Any], work_elems: int) -> Callable[[], None]:
-    """A bound closure running ``fn`` over ``0:n`` rows on as many threads as the work is worth."""
+def split_rows(fn: Callable[..., Any], n: int, args: Sequence[Any], work_elems: int,
+               chunks_per_thread: int = 4) -> Callable[[], None]:
+    """A bound closure running ``fn`` over ``0:n`` rows on as many threads as the work is worth,
+    in ``chunks_per_thread`` pieces a thread (see :meth:`RowPool.run`)."""
     parts = parts_for(work_elems)
     p = pool()
     if parts == 1:
         a = tuple(args)
         return lambda: fn(*a, 0, n)
-    return lambda: p.run(fn, n, args, parts)
+    chunks = parts * chunks_per_thread
+    return lambda: p.run(fn, n, args, parts, chunks)
