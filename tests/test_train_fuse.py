@@ -24,6 +24,7 @@ def _one_thread() -> object:
 def _curve(arch: tuple[int, ...], batch: int, steps: int, monkeypatch: pytest.MonkeyPatch, fuse: bool,
            strided: bool = False) -> tuple[list[float], RlxMLP]:
     monkeypatch.setenv("RLX_CPU_FUSE_BIND", "1" if fuse else "0")
+    monkeypatch.setenv("RLX_CPU_WEIGHT_LAYOUT", "1" if fuse else "0")
     rng = np.random.default_rng(1)
     x = rng.random((batch * steps, arch[0]), dtype=np.float32)
     y = rng.integers(0, arch[-1], batch * steps)
@@ -51,6 +52,21 @@ def test_fused_train_step_matches_unfused(arch: tuple[int, ...], monkeypatch: py
     if len(arch) > 3:
         assert "cpu.relu_backward" in names
     assert rf.trainer.compiled._bound == {"x"}  # the batch is read where the caller keeps it
+    views = rf.trainer.compiled.views
+    for k in range(len(arch) - 1):  # weights, momenta and updates kept column-major
+        for v in (f"w{k}", f"w{k}.momentum_buffer", f"w{k}.next"):
+            assert views[v].flags.f_contiguous and not views[v].flags.c_contiguous, v
+        assert rf.params()[k][0].shape == (arch[k + 1], arch[k])
+    assert all(v.flags.c_contiguous for v in rp.trainer.compiled.views.values())
+
+
+def test_column_major_weights_load_and_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    arch = (9, 7, 4)
+    rt = RlxMLP(arch, init_params(arch, seed=1), 4, 0.1, 0.9)
+    w = np.arange(63, dtype=np.float32).reshape(7, 9)
+    rt.trainer.load({"w0": w})
+    np.testing.assert_array_equal(rt.trainer.values()["w0"], w)
+    assert rt.trainer.values()["w0"].flags.c_contiguous
 
 
 def test_strided_batch_is_copied_in(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -261,7 +261,7 @@ class ResidentTrainer:
                 self._feed[k] = np.array(v, self.graph.types[k].dtype.np, copy=True)
 
     def _get(self, k: str) -> np.ndarray:
-        return np.array(self._views[k] if self.resident else self._feed[k], copy=True)
+        return np.array(self._views[k] if self.resident else self._feed[k], copy=True, order="C")
 
     def values(self) -> dict[str, np.ndarray]:
         """Copies of the current parameters."""

@@ -28,6 +28,12 @@ class CpuProgram:
             t = g.types[name]
             n = t.nbytes()
             views[name] = self.arena[off:off + n].view(t.dtype.np).reshape(t.shape)
+        from .train_fuse import transposed_layout
+
+        for name in transposed_layout(program):  # weights and their kin kept column-major
+            t = g.types[name]
+            off = plan.offsets[name]
+            views[name] = self.arena[off:off + t.nbytes()].view(t.dtype.np).reshape(t.shape[::-1]).T
         for p in g.params:
             views[p.name] = np.asarray(g.weights[p.name])
         self.views = views
@@ -40,7 +46,11 @@ class CpuProgram:
 
         # Bind-time fusion (GEMMs on transposed views, momentum in the GEMM, in-place AXPY updates):
         # fewer runs over the same planned buffers; kernel_names follows the runs.
-        self.runs, self.kernel_names, self._slots = fuse(program, views, runs)
+        def rebind(s: Step, ins: Any) -> Any:
+            with np.errstate(all="ignore"):
+                return factories[s.kernel](list(ins), [self.views[o] for o in s.outputs], s.attrs)
+
+        self.runs, self.kernel_names, self._slots = fuse(program, views, runs, rebind)
         self._bound: set[str] = set()
 
     def _bind(self, s: Step, factories: Mapping[str, Any]) -> Any:

@@ -92,6 +92,8 @@ def gemm_call(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.0,
     not overlapping ``a``/``b``), or None when BLAS cannot take these operands as they are."""
     if not available() or out.ndim != 2 or a.ndim != 2 or b.ndim != 2:
         return None
+    if out.flags.f_contiguous and not out.flags.c_contiguous:
+        return gemm_call(b.T, a.T, out.T, alpha, beta)  # (a @ b)^T = b^T @ a^T, row-major
     dt = out.dtype
     if dt not in (np.float32, np.float64) or a.dtype != dt or b.dtype != dt:
         return None
@@ -126,6 +128,8 @@ def axpy_call(x: np.ndarray, y: np.ndarray, alpha: float) -> Any:
     """A bound in-place ``y += alpha * x`` over contiguous arrays of one float dtype, or None."""
     if not available() or x.shape != y.shape or x.dtype != y.dtype or x.dtype not in (np.float32, np.float64):
         return None
+    if x.ndim == 2 and x.flags.f_contiguous and y.flags.f_contiguous and not y.flags.c_contiguous:
+        x, y = x.T, y.T  # the same elements in the same memory order
     if not (x.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable) or x.size == 0:
         return None
     if np.shares_memory(x, y):

@@ -41,7 +41,7 @@ def enabled() -> bool:
 class _Fuser:
     def __init__(self, program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run]) -> None:
         self.steps = list(program.kernels)
-        self.views = views
+        self.views = dict(views)  # folded constants are read from private copies
         self.runs: list[Run | None] = list(runs)
         self.names = [s.kernel for s in self.steps]
         self.keep = {v for _, v in program.outputs}
@@ -52,6 +52,7 @@ class _Fuser:
             if w.size == 1 and w.dtype.kind == "f":
                 self.consts[p.name] = float(w.reshape(()))
         self.types = g.types
+        self.graph_params = list(g.params)
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
         for i, s in enumerate(self.steps):
@@ -147,13 +148,15 @@ class _Fuser:
         ptrs = getattr(run, "ptrs", None)
         if ptrs is None:
             return out
-        for idx, arr in ((0, a), (1, b)):
+        for arr in (a, b):
             for name in self.input_names:
                 v = self.views[name]
                 same = arr.shape == v.shape and arr.strides == v.strides
                 flipped = arr.shape == v.shape[::-1] and arr.strides == v.strides[::-1]
                 if v.ndim == 2 and arr.ctypes.data == v.ctypes.data and (same or flipped):
-                    out.setdefault(name, []).append((ptrs, idx))
+                    for idx in (0, 1):  # the run may have swapped the operands (a column-major output)
+                        if ptrs[idx] == v.ctypes.data and (ptrs, idx) not in out.get(name, []):
+                            out.setdefault(name, []).append((ptrs, idx))
         return out
 
     def patchable(self) -> dict[str, list[tuple[list[int], int]]]:
@@ -179,6 +182,36 @@ class _Fuser:
         return out
 
     # -- patterns -----------------------------------------------------------------------------------
+    def fold_constants(self, bind: Callable[[Any, Sequence[np.ndarray]], Run]) -> None:
+        """Steps computing from constants only (``1 / batch`` broadcast for a mean's gradient) run
+        once, here; their results are kept in private arrays and their readers re-bound to them."""
+        params = {p: self.views[p] for p in self.consts} | {
+            p.name: self.views[p.name] for p in self.graph_params}
+        folded: dict[str, np.ndarray] = {}
+        for i, s in enumerate(self.steps):
+            if s.kernel not in _FOLDABLE or not s.inputs or len(s.outputs) != 1 or s.outputs[0] in self.keep:
+                continue
+            if not all(x in params or x in folded for x in s.inputs):
+                continue
+            o = self.views[s.outputs[0]]
+            if o.size > 65536:
+                continue
+            run = bind(s, [folded.get(x, params.get(x)) for x in s.inputs])  # type: ignore[misc]
+            with np.errstate(all="ignore"):
+                run()
+            folded[s.outputs[0]] = np.array(o, copy=True, order="C")
+            self.dropped.add(i)
+            self.runs[i] = None
+        if not folded:
+            return
+        for i, s in enumerate(self.steps):
+            if i in self.dropped or not any(x in folded for x in s.inputs):
+                continue
+            self.runs[i] = bind(s, [folded.get(x, self.views[x]) for x in s.inputs])
+            self.reads[i] = {x: None for x in s.inputs if x not in folded}
+        self.views.update(folded)
+
+
     def transposes(self) -> None:
         for t, s in enumerate(self.steps):
             if s.kernel != "cpu.transpose" or self.views[s.inputs[0]].ndim != 2:
@@ -507,17 +540,104 @@ class _Fuser:
             self.replace(i, (lambda k=k, xf=xf, vf=vf, of=of: k(xf, vf, of)), "cpu.relu_backward", [pg])
 
     def result(self) -> tuple[tuple[Run, ...], tuple[str, ...]]:
+        for k, s in enumerate(self.steps):  # a reshape planned in place moves nothing: no call at all
+            if s.kernel == "cpu.reshape" and k not in self.dropped and k not in self.reads:
+                x, o = self.views[s.inputs[0]], self.views[s.outputs[0]]
+                if x.ctypes.data == o.ctypes.data and x.size == o.size and (
+                        (x.flags.c_contiguous and o.flags.c_contiguous)
+                        or (x.shape == o.shape and x.strides == o.strides)):
+                    self.dropped.add(k)
         keep = [k for k in range(len(self.steps)) if k not in self.dropped]
         return tuple(self.runs[k] for k in keep), tuple(self.names[k] for k in keep)  # type: ignore[misc]
 
 
-def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run]
+#: kernels that compute the same values whatever the (2-D) strides of their operands
+_LAYOUT_FREE = frozenset({"cpu.add", "cpu.sub", "cpu.mul", "cpu.neg", "cpu.reshape", "cpu.matmul",
+                          "cpu.linear", "cpu.transpose"})
+_ELEMENTWISE = frozenset({"cpu.add", "cpu.sub", "cpu.mul", "cpu.neg", "cpu.reshape"})
+
+
+def transposed_layout(program: Any) -> set[str]:
+    """Values to store column-major (their planned bytes hold the transpose; the view is an
+    F-ordered ``(out, in)`` array, so callers see the usual shape and values).
+
+    A linear's weight ``W`` (out, in) read row-major makes every forward GEMM ``x @ W^T`` a
+    transposed-B product, which OpenBLAS runs ~10% slower here than ``x @ Wt`` with ``Wt``
+    contiguous, and its gradient ``dZ^T @ X`` lands in the slower of the two output layouts.
+    Stored column-major, both GEMMs take the fast form and nothing is ever transposed: the choice
+    spreads to every same-shape value joined to a weight program input by elementwise ops (its
+    gradient, momentum, updates), and is made only when every kernel touching those values
+    computes by index whatever the strides (``_LAYOUT_FREE``). ``RLX_CPU_WEIGHT_LAYOUT=0`` keeps
+    everything row-major."""
+    if os.environ.get("RLX_CPU_WEIGHT_LAYOUT", "1") == "0":
+        return set()
+    g = program.graph
+    steps = list(program.kernels)
+    inputs = {v.name for v in program.inputs}
+    seeds = {s.inputs[1] for s in steps if s.kernel == "cpu.linear" and len(s.inputs) >= 2
+             and s.inputs[1] in inputs and len(g.types[s.inputs[1]].shape) == 2}
+    if not seeds:
+        return set()
+    parent: dict[str, str] = {}
+
+    def find(v: str) -> str:
+        while parent.get(v, v) != v:
+            v = parent[v]
+        return v
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    for s in steps:
+        if s.kernel not in _ELEMENTWISE or len(s.outputs) != 1:
+            continue
+        shape = g.types[s.outputs[0]].shape
+        if len(shape) != 2:
+            continue
+        for x in s.inputs:
+            if g.types[x].shape == shape:
+                union(x, s.outputs[0])
+    comps: dict[str, set[str]] = {}
+    for v in g.types:
+        if len(g.types[v].shape) == 2:
+            comps.setdefault(find(v), set()).add(v)
+    out: set[str] = set()
+    for root in {find(w) for w in seeds}:
+        comp = comps.get(root, set())
+        shape = g.types[root].shape
+        if any(g.types[v].shape != shape or not g.types[v].dtype.is_float for v in comp) \
+                or shape[0] == shape[1] == 1:
+            continue
+        ok = True
+        for s in steps:
+            touched = [v for v in (*s.inputs, *s.outputs) if v in comp]
+            if not touched:
+                continue
+            if s.kernel not in _LAYOUT_FREE or (s.kernel == "cpu.linear" and (
+                    s.inputs[0] in comp or (s.inputs[2:3] and s.inputs[2] in comp) or s.outputs[0] in comp)):
+                ok = False
+                break
+            if s.kernel == "cpu.reshape" and g.types[s.inputs[0]].shape != g.types[s.outputs[0]].shape:
+                ok = False
+                break
+        if ok:
+            out |= comp
+    return out
+
+
+def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
+         bind: Callable[[Any, Sequence[np.ndarray]], Run] | None = None
          ) -> tuple[tuple[Run, ...], tuple[str, ...], dict[str, list[tuple[list[int], int]]]]:
     """The runs (and their kernel names) of ``program`` after bind-time fusion, and the inputs that
-    are read only through re-pointable BLAS operands (input -> pointer slots)."""
+    are read only through re-pointable BLAS operands (input -> pointer slots). ``bind(step,
+    input_arrays)`` binds a step's kernel to other input arrays (for constant folding)."""
     f = _Fuser(program, views, runs)
     if not enabled() or not any(s.kernel in _STARTS for s in f.steps):
         return (*f.result(), {})
+    if bind is not None:
+        f.fold_constants(bind)
     f.transposes()
     if train_blas.available():
         f.gemm_accumulate()
@@ -540,6 +660,10 @@ class _LazyRows:
 
         return getattr(train_rows, name)
 
+
+#: kernels that may be run once at bind time when all their inputs are constants
+_FOLDABLE = frozenset({"cpu.div", "cpu.mul", "cpu.add", "cpu.sub", "cpu.neg", "cpu.reshape", "cpu.expand",
+                       "cpu.cast", "cpu.transpose", "cpu.reciprocal", "cpu.sqrt"})
 
 #: kernels that end some pattern: without one, there is nothing to fuse
 _STARTS = frozenset({"cpu.transpose", "cpu.add", "cpu.sub", "cpu.reduce_mean", "cpu.where", "cpu.cast",
