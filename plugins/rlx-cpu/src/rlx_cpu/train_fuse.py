@@ -342,14 +342,19 @@ class _Fuser:
                 continue
             self.replace(i, run, "cpu.axpy", [pm])
 
-    def input_linears(self) -> None:
-        """``linear(X, W, b)`` on a 2-D program input ``X``: the bias copied into the output and one
-        GEMM with ``beta = 1`` on ``W``'s transposed view, so ``X`` is read only through a BLAS
-        pointer (and can be bound to the caller's array)."""
+    def blas_linears(self) -> None:
+        """``linear(X, W, b)`` on a 2-D program input ``X``, or with a column-major weight (a
+        training step, whose other GEMMs run here too): the bias copied into the output and one GEMM
+        with ``beta = 1`` on ``W``'s transposed view. ``X`` is then read only through a BLAS pointer
+        (and can be bound to the caller's array), and every GEMM of the step runs on the same BLAS
+        threads: a second set of threads splitting the other linears would fight them for cores."""
         for i, s in enumerate(self.steps):
-            if s.kernel != "cpu.linear" or i in self.dropped or s.inputs[0] not in self.input_names:
+            if s.kernel != "cpu.linear" or i in self.dropped:
                 continue
             x, w, b = (self.views[v] for v in s.inputs)
+            if s.inputs[0] not in self.input_names and not (w.ndim == 2 and w.flags.f_contiguous
+                                                          and not w.flags.c_contiguous):
+                continue
             o = self.views[s.outputs[0]]
             if x.ndim != 2 or w.ndim != 2 or b.shape != (o.shape[-1],) or np.may_share_memory(o, b):
                 continue
@@ -642,7 +647,7 @@ def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
     if train_blas.available():
         f.gemm_accumulate()
         f.axpy_updates()
-        f.input_linears()
+        f.blas_linears()
     rows = _LazyRows()
     f.log_softmax_backward(rows)
     f.neg_mean_rowdot(rows)
