@@ -10,13 +10,14 @@ partial batch is dropped, and every runtime sees exactly the same batches.
 * **rlx** — the whole training step (forward, backward, momentum update) is ONE compiled graph
   (:func:`rlx_core.optim.train_step_graph`) run by :class:`ResidentTrainer`: parameters and
   optimizer state live in the compiled program's own buffers between steps (on rlx-cpu), a step
-  writes the batch into the input buffers and runs the bound kernels — no per-step validation,
-  dictionaries or output copies. ``--fusion auto`` (the default) times a few steps with and without
-  elementwise fusion and keeps the faster: unfused, every update of the momentum SGD is an in-place
-  kernel, so the planner puts each ``<p>.next`` in ``<p>``'s own buffer and nothing is copied back;
-  fused, rlx-cpu's fused kernel is not claimed in place (one copy per tensor per step) and small
-  fused kernels run as NumPy programs, but large elementwise chains (ReLU's backward) become one
-  Numba loop instead of a slow masked ``where``;
+  points the program at the batch (or copies it in), runs the bound kernels and reads the loss — no
+  per-step validation, dictionaries or output copies. On rlx-cpu the unfused graph (``--fusion
+  auto`` times both and normally keeps it) is what the backend's bind-time fusion
+  (``rlx_cpu.train_fuse``) compiles into few calls: weights, gradients and momenta stored
+  column-major so every GEMM takes OpenBLAS's fast layout, the momentum ``m = mu*m + g`` as the
+  gradient GEMM's ``beta`` (no gradient buffer), each parameter update one in-place AXPY, the
+  softmax cross-entropy and ReLU backward as single Numba calls, the batch read by the GEMMs where
+  the caller keeps it;
 * **numpy** — forward, backward and momentum SGD written by hand over preallocated float32 buffers
   (BLAS GEMMs on transposed views, in-place elementwise updates);
 * **torch** — ``torch.nn`` layers, ``F.cross_entropy`` and ``torch.optim.SGD`` in eager mode.
@@ -150,7 +151,8 @@ class ResidentTrainer:
     memory planner ran an update in place, ``<p>.next`` already occupies ``<p>``'s bytes and nothing
     moves; every other carried input is kept live for the whole run (the program is re-planned so),
     and its ``<p>.next`` is copied onto it after the kernels ran (one ``memcpy``, no allocation). A
-    step is: copy the batch into the data buffers, call the bound kernels, read the loss. Other
+    step is: copy the batch into the data buffers (rlx-cpu's ``bind_input`` points its GEMMs at
+    the caller's array instead when it can), call the bound kernels, read the loss. Other
     backends get the generic path: ``compiled.run(feed)`` with the feed dict reused and the outputs
     fed back, still without per-step validation.
 
