@@ -1,4 +1,5 @@
-"""Float conv2d for rlx-cpu: im2col plus one GEMM per group."""
+"""Float conv2d for rlx-cpu: im2col plus one GEMM per group (NumPy's threaded BLAS: with few output
+channels a thread, splitting the spatial axis over the row pool measured no faster)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     out = o.reshape(g, og, p) if n == 1 else np.empty((g, og, p), o.dtype)
     if kh == kw == 1 and sh == sw == 1 and not any(pads) and n == 1:
         cols_view = x.reshape(g, ci, h * wd)
-        return _gemm(wmat, cols_view, out, None) or (lambda: np.matmul(wmat, cols_view, out=out))
+        return lambda: np.matmul(wmat, cols_view, out=out)
     if any(pads):
         padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), x.dtype)
         inner = padded[:, :, pt:pt + h, pl:pl + wd]
@@ -41,52 +42,11 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     res = None if n == 1 else out.reshape(g, og, n, ho, wo).transpose(2, 0, 1, 3, 4).reshape(n, oc, ho, wo)
     assert res is None or np.shares_memory(res, out)  # a view, so each run sees the new GEMM result
 
-    def pre() -> None:
+    def run() -> None:
         if inner is not None:
             np.copyto(inner, x)
         np.copyto(dst, src)
-
-    def post() -> None:
+        np.matmul(wmat, cols, out=out)
         if res is not None:
             np.copyto(o, res)
-
-    par = _gemm(wmat, cols, out, pre)
-    if par is not None:
-        def run_par() -> None:
-            par()
-            post()
-        return run_par
-
-    def run() -> None:
-        pre()
-        np.matmul(wmat, cols, out=out)
-        post()
-    return run
-
-
-def _gemm(wmat: np.ndarray, cols: np.ndarray, out: np.ndarray, pre: Run | None) -> Run | None:
-    """One group: ``out = W @ cols`` on the private BLAS, split over the pool by 16-column units of
-    the (large) spatial axis; None where the private BLAS is unavailable or groups > 1."""
-    from . import blas
-    from .parallel import parts_for, pool
-
-    if wmat.shape[0] != 1:
-        return None
-    gemm = blas.gemm_fn(wmat[0], cols[0], out[0])
-    if gemm is None:
-        return None
-    og, k = wmat.shape[1:]
-    p = out.shape[2]
-    units = -(-p // 16)
-    parts = parts_for(og * p * k // 64)
-
-    def part(lo: int, hi: int) -> None:
-        gemm(lo * 16, min(p, hi * 16), 1)
-
-    rp = pool()
-
-    def run() -> None:
-        if pre is not None:
-            pre()
-        rp.run(part, units, (), parts)
     return run

@@ -95,41 +95,38 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     return run
 
 
-#: Rows per thread below which a GEMM is split by output columns instead (measured here: at 128
-#: rows, halving N keeps OpenBLAS at ~87 GFLOP/s a core, halving M drops it to ~70).
+#: Rows per thread from which a GEMM runs on the private BLAS split by rows over the pool. Below
+#: it (MiniLM at batch 1: 128 rows) NumPy's threaded OpenBLAS was faster here (22.7-23.8 vs
+#: 25.9 ms end to end), above it the row split was (146-150 vs 156-161 ms at batch 8).
 ROW_SPLIT_MIN = 256
 
 
 def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
-    """``o = x @ wt + b`` split over the row pool, each part one single-threaded private-BLAS GEMM
-    plus its share of the bias add while that part of ``o`` is still in cache."""
+    """``o = x @ wt + b`` split by rows over the row pool, each piece one single-threaded
+    private-BLAS GEMM plus its rows of the bias add while they are still in cache; None where the
+    rows are too few (the caller then uses NumPy's threaded BLAS)."""
     from . import blas
     from .parallel import parts_for, pool
 
     if x.ndim != 2 or o.ndim != 2 or b.ndim != 1:
         return None
+    m = o.shape[0]
+    parts = parts_for(m * o.shape[1] * max(1, x.shape[1]) // 64)
+    if parts < 2 or m < ROW_SPLIT_MIN * parts:
+        return None
     gemm = blas.gemm_fn(x, wt, o)
     if gemm is None:
         return None
-    m, n = o.shape
-    parts = parts_for(m * n * max(1, x.shape[1]) // 64)
-    if m >= ROW_SPLIT_MIN * parts or n < 32 * parts:
-        def rows(lo: int, hi: int) -> None:
-            gemm(lo, hi, 0)
-            np.add(o[lo:hi], b, out=o[lo:hi])
-        # Pieces of >= 256 rows keep OpenBLAS near its single-core peak; more pieces than threads
-        # let a thread on a shared core take fewer of them.
-        fn, units, chunks = rows, m, max(parts, min(4 * parts, m // ROW_SPLIT_MIN))
-    else:
-        def cols(lo: int, hi: int) -> None:
-            lo, hi = lo * 16, min(n, hi * 16)  # 16-column units: whole vectors per part
-            gemm(lo, hi, 1)
-            np.add(o[:, lo:hi], b[lo:hi], out=o[:, lo:hi])
-        fn, units, chunks = cols, -(-n // 16), parts
-    if parts == 1:
-        return lambda: fn(0, units)
+
+    def rows(lo: int, hi: int) -> None:
+        gemm(lo, hi, 0)
+        np.add(o[lo:hi], b, out=o[lo:hi])
+
+    # Pieces of >= 256 rows keep OpenBLAS near its single-core peak; more pieces than threads let
+    # a thread on a shared core take fewer of them.
+    chunks = max(parts, min(4 * parts, m // ROW_SPLIT_MIN))
     p = pool()
-    return lambda: p.run(fn, units, (), parts, chunks)
+    return lambda: p.run(rows, m, (), parts, chunks)
 
 
 def attention_supported(v: Any) -> str | None:
