@@ -122,9 +122,10 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         gemm(lo, hi, 0)
         np.add(o[lo:hi], b, out=o[lo:hi])
 
-    # Pieces of >= 256 rows keep OpenBLAS near its single-core peak; more pieces than threads let
-    # a thread on a shared core take fewer of them.
-    chunks = max(parts, min(4 * parts, m // ROW_SPLIT_MIN))
+    # Pieces of >= 512 rows keep OpenBLAS at its single-core peak (MiniLM batch 8: two 512-row
+    # pieces 139-143 ms, four 146-152, eight 158-160); beyond that, more pieces than threads let a
+    # thread on a shared core take fewer of them.
+    chunks = max(parts, min(4 * parts, m // 512))
     p = pool()
     return lambda: p.run(rows, m, (), parts, chunks)
 
