@@ -69,6 +69,20 @@ def test_column_major_weights_load_and_read_back(monkeypatch: pytest.MonkeyPatch
     assert rt.trainer.values()["w0"].flags.c_contiguous
 
 
+def test_paired_gemms_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer's dX and dW GEMMs run at once (opt-in) compute what they compute one after the other."""
+    arch = (40, 24, 12, 5)
+    plain, _ = _curve(arch, 8, 8, monkeypatch, True)
+    monkeypatch.setenv("RLX_CPU_PAIR_MIN_FLOPS", "1")
+    with thread_limits(2):
+        paired, rt = _curve(arch, 8, 8, monkeypatch, True)
+    np.testing.assert_allclose(paired, plain, rtol=1e-6, atol=1e-7)
+    from rlx_cpu.parallel import pool
+
+    if pool().threads > 1:
+        assert "cpu.gemm_pair" in rt.trainer.compiled.kernel_names
+
+
 def test_strided_batch_is_copied_in(monkeypatch: pytest.MonkeyPatch) -> None:
     arch = (40, 16, 5)
     a, ra = _curve(arch, 8, 6, monkeypatch, True)

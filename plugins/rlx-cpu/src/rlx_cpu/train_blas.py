@@ -24,6 +24,8 @@ SGEMM: Any = None
 DGEMM: Any = None
 SAXPY: Any = None
 DAXPY: Any = None
+SET_LOCAL: Any = None
+GET_THREADS: Any = None
 
 
 def _candidates() -> list[str]:
@@ -64,6 +66,14 @@ def _load() -> None:
                 fn.restype = None
                 fn.argtypes = [i64, real, vp, i64, vp, i64]
             _LIB, SGEMM, DGEMM, SAXPY, DAXPY = lib, sg, dg, sa, da
+            global SET_LOCAL, GET_THREADS
+            try:
+                SET_LOCAL = lib.openblas_set_num_threads_local
+                GET_THREADS = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}")
+                SET_LOCAL.argtypes, SET_LOCAL.restype = [ctypes.c_int], ctypes.c_int
+                GET_THREADS.argtypes, GET_THREADS.restype = [], ctypes.c_int
+            except AttributeError:
+                SET_LOCAL = GET_THREADS = None
             return
 
 
@@ -121,6 +131,7 @@ def gemm_call(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.0,
         fn(_ROW_MAJOR, ta, tb, m, n, k, al, ptrs[0], lda, ptrs[1], ldb, be, ptrs[2], ldc)
     run.keep = (a, b, out)  # type: ignore[attr-defined]  # the arrays stay alive with the run
     run.ptrs = ptrs  # type: ignore[attr-defined]
+    run.flops = 2 * m * n * k  # type: ignore[attr-defined]
     return run
 
 
@@ -144,4 +155,35 @@ def axpy_call(x: np.ndarray, y: np.ndarray, alpha: float) -> Any:
     return run
 
 
-__all__ = ["available", "axpy_call", "gemm_call"]
+def pair_call(first: Any, second: Any) -> Any:
+    """A run doing two independent GEMM runs at once, each on one BLAS thread (two small GEMMs on
+    one core each beat one after the other on two: OpenBLAS splits a 128-row GEMM poorly), the
+    second on rlx-cpu's row pool. Falls back to one after the other when BLAS is limited to one
+    thread (``threadpoolctl``) or the pool has one thread."""
+    if not available() or SET_LOCAL is None or GET_THREADS is None:
+        return None
+    from .parallel import pool
+
+    p = pool()
+    if p.threads < 2:
+        return None
+    setl, nthreads = SET_LOCAL, GET_THREADS
+
+    def part(lo: int, hi: int) -> None:
+        prev = setl(1)
+        try:
+            (first if lo == 0 else second)()
+        finally:
+            setl(prev)
+
+    def run() -> None:
+        if nthreads() < 2:
+            first()
+            second()
+        else:
+            p.run(part, 2, (), 2)
+    run.parts = (first, second)  # type: ignore[attr-defined]
+    return run
+
+
+__all__ = ["available", "axpy_call", "gemm_call", "pair_call"]

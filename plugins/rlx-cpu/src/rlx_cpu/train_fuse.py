@@ -34,6 +34,13 @@ Run = Callable[[], Any]
 SMALL_ROWS = 16384
 
 
+def pair_min_flops() -> int:
+    """Two adjacent independent GEMMs of at least this many flops each run at once, a core each
+    (``RLX_CPU_PAIR_MIN_FLOPS``). Off unless set: on the shared 2-core machine it was measured it
+    has not helped (the two single-threaded GEMMs did not overlap)."""
+    return int(os.environ.get("RLX_CPU_PAIR_MIN_FLOPS", 1 << 62))
+
+
 def enabled() -> bool:
     return os.environ.get("RLX_CPU_FUSE_BIND", "1") != "0"
 
@@ -65,6 +72,7 @@ class _Fuser:
         #: replaced run -> the program values it reads, each with the pointer slots that hold its
         #: address (a BLAS run whose operand may be re-pointed) or None (bound to the planned view)
         self.reads: dict[int, dict[str, list[tuple[list[int], int]] | None]] = {}
+        self.writes: dict[int, list[str]] = {}
         #: matmul step -> its operands as BLAS will read them (a transposed view where one was skipped)
         self.operands: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -136,6 +144,8 @@ class _Fuser:
             if src in reads:
                 reads[src] = list(sl)
         self.reads[at] = reads
+        self.writes[at] = [o for k in group for o in self.steps[k].outputs
+                           if o in self.keep or not set(self.consumers[o]) <= group]
         self.runs[at] = run
         self.names[at] = name
         for d in drop:
@@ -544,6 +554,59 @@ class _Fuser:
             xf, vf, of = x.reshape(-1), v.reshape(-1), o.reshape(-1)
             self.replace(i, (lambda k=k, xf=xf, vf=vf, of=of: k(xf, vf, of)), "cpu.relu_backward", [pg])
 
+    def _flops(self, k: int) -> int:
+        run, s = self.runs[k], self.steps[k]
+        if self.names[k] in ("cpu.gemm_accumulate", "cpu.linear_blas"):
+            return int(getattr(run, "flops", 0))
+        if self.names[k] in ("cpu.matmul", "cpu.matmul_t"):
+            a, b = (self.types[x].shape for x in s.inputs)
+            if len(a) == 2 and len(b) == 2:
+                return 2 * int(a[0]) * int(a[1]) * int(b[1])
+        return 0
+
+    def pairs(self) -> None:
+        """Two adjacent, independent GEMMs of at least :func:`pair_min_flops` each (a layer's dX and dW)
+        run at once, one BLAS thread each (:func:`rlx_cpu.train_blas.pair_call`)."""
+        live = [k for k in range(len(self.steps)) if k not in self.dropped]
+        least = pair_min_flops()
+        k = 0
+        while k + 1 < len(live):
+            a, b = live[k], live[k + 1]
+            if min(self._flops(a), self._flops(b)) < least or not self._independent(a, b):
+                k += 1
+                continue
+            run = train_blas.pair_call(self.runs[a], self.runs[b])
+            if run is None:
+                return
+            reads: dict[str, list[tuple[list[int], int]] | None] = {}
+            for k2 in (a, b):
+                for x, sl in (self.reads.get(k2) or {x: None for x in self.steps[k2].inputs}).items():
+                    if sl is None or (x in reads and reads[x] is None):
+                        reads[x] = None
+                    else:
+                        reads[x] = [*(reads.get(x) or []), *sl]
+            self.reads[a] = reads
+            self.writes[a] = self.writes.get(a, list(self.steps[a].outputs)) + self.writes.get(
+                b, list(self.steps[b].outputs))
+            self.runs[a] = run
+            self.names[a] = "cpu.gemm_pair"
+            self.dropped.add(b)
+            self.runs[b] = None
+            k += 2
+
+    def _independent(self, a: int, b: int) -> bool:
+        ra = list(self.reads[a]) if a in self.reads else list(self.steps[a].inputs)
+        rb = list(self.reads[b]) if b in self.reads else list(self.steps[b].inputs)
+        wa = self.writes.get(a, list(self.steps[a].outputs))
+        wb = self.writes.get(b, list(self.steps[b].outputs))
+        for w in wa:
+            if any(np.may_share_memory(self.views[w], self.views[x]) for x in (*rb, *wb)):
+                return False
+        for w in wb:
+            if any(np.may_share_memory(self.views[w], self.views[x]) for x in ra):
+                return False
+        return True
+
     def result(self) -> tuple[tuple[Run, ...], tuple[str, ...]]:
         for k, s in enumerate(self.steps):  # a reshape planned in place moves nothing: no call at all
             if s.kernel == "cpu.reshape" and k not in self.dropped and k not in self.reads:
@@ -654,7 +717,9 @@ def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
     f.one_hot(rows)
     f.relu_backward(rows)
     f.small_log_softmax(rows)
-    return (*f.result(), f.patchable())
+    slots = f.patchable()  # before pairing: a paired run keeps its parts' pointer slots
+    f.pairs()
+    return (*f.result(), slots)
 
 
 class _LazyRows:
