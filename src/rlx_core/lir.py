@@ -111,9 +111,11 @@ def plan_memory(graph: Graph, steps: list[Step], keep: set[str]) -> tuple[Buffer
             o = s.outputs[0]
             for x in s.inputs:
                 root = alias.get(x, x)
+                # A reshape keeps the row-major bytes, so its output may take over its input even
+                # though the shape differs; other ops must match element for element.
+                same_layout = graph.types[x].shape == graph.types[o].shape or s.op == "reshape"
                 if (x not in params and x in last and last[x] == i and sizes[x] == sizes[o]
-                        and s.inputs.count(x) == 1 and graph.types[x].shape == graph.types[o].shape
-                        and last.get(root, -2) <= i):
+                        and s.inputs.count(x) == 1 and same_layout and last.get(root, -2) <= i):
                     alias[o] = root
                     last[root] = max(last[root], last[o])
                     done = True
