@@ -89,9 +89,9 @@ class CudaProgram:
                               ) -> set[int]:
         """Drop the copy of a reshape by letting its neighbour step use the other buffer.
 
-        The planner never aliases a reshape (its in-place rule wants equal shapes), so BERT's head
-        split ``linear -> reshape -> transpose`` and merge ``transpose -> reshape -> linear`` each
-        cost one extra full copy (MiniLM: 24 per run). For a reshape ``x -> y`` at step k:
+        The planner aliases a reshape only when its input dies there; where it did not (the input
+        lives on, or the buffers could not be shared), a reshape is one extra full copy. For a
+        reshape ``x -> y`` at step k:
 
         1. the step before, when it alone makes ``x`` and ``x`` has no other reader, writes ``y``
            (viewed in ``x``'s shape) directly; or else
