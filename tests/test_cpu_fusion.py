@@ -29,7 +29,10 @@ def _gelu_bias(rows: int, cols: int, dtype: str = "f32") -> object:
 
 
 @pytest.mark.parametrize("rows", [4, 256])  # 4x384 runs the NumPy path, 256x384 the Numba kernel
-def test_fused_matches_reference(rows: int) -> None:
+@pytest.mark.parametrize("split", [False, True])  # True: rows split over the row pool
+def test_fused_matches_reference(rows: int, split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if split:
+        monkeypatch.setattr("rlx_cpu.parallel.MIN_ELEMS_PER_THREAD", 256)
     graph = _gelu_bias(rows, 384)
     x = RNG.standard_normal((rows, 384)).astype(np.float32)
     exe = Session("cpu", use_cache=False).compile(graph)

@@ -32,7 +32,10 @@ def test_row_ops(shape: tuple[int, ...], op: str, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("shape", SIZES)
-def test_layer_norm(shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_layer_norm(shape: tuple[int, ...], split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if split:
+        monkeypatch.setattr("rlx_cpu.parallel.MIN_ELEMS_PER_THREAD", 256)
     g = GraphBuilder("ln")
     x = g.input("x", "f32", shape)
     gam = g.param("g", RNG.standard_normal(shape[-1]).astype(np.float32))
@@ -57,8 +60,11 @@ def test_linear() -> None:
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "padding", "bias", "sliding_window"])
-@pytest.mark.parametrize("seq", [6, 128, 130])  # 130: a partial last query block, rows split over threads
-def test_attention(mask: str, seq: int) -> None:
+@pytest.mark.parametrize("seq", [6, 128, 130])  # 130: a partial last query block
+@pytest.mark.parametrize("split", [False, True])  # True: small work already split over the row pool
+def test_attention(mask: str, seq: int, split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if split:
+        monkeypatch.setattr("rlx_cpu.parallel.MIN_ELEMS_PER_THREAD", 256)
     b, h, d = 2, 3, 16
     g = GraphBuilder("attn")
     q = g.input("q", "f32", (b, h, seq, d))
