@@ -4,14 +4,16 @@ Each item is two small GEMMs around an in-register softmax: ``s = (q*scale) @ k^
 with the vectorised exp, ``o = p @ v``. A query block has ``QBLOCK`` rows so every GEMM stays under
 OpenBLAS's threading threshold (m*n*k <= 262144 at head size 32 and 128 keys): each call runs
 single-threaded and the row pool, not BLAS, spreads the items over the cores. Scores live in a
-per-call scratch block, so nothing of size (B, H, Sq, Sk) is ever materialised. ``expfn`` is
-:func:`rlx_cpu.vecmath.vexp32` for float32 and :func:`vexp64` for float64.
+per-call scratch block, so nothing of size (B, H, Sq, Sk) is ever materialised.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
+
+from .vecmath import vexp32
 
 QBLOCK = 64
 
@@ -24,6 +26,20 @@ MASK_PADDING = 2
 def vexp64(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
     for i in range(x.shape[0]):
         out[i] = np.exp(x[i])
+
+
+def vexp_rows(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+    """exp of a row: the vectorised float32 helper, or libm for float64 (chosen at compile time)."""
+    raise NotImplementedError("only callable from Numba-compiled code")
+
+
+@overload(vexp_rows)
+def _vexp_rows(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+    # Resolved by type while compiling, so the kernel stays cacheable on disk (a function passed
+    # as an argument made Numba recompile attention in every process: ~3 s on the first run).
+    if x.dtype == types.float32:
+        return lambda x, out, ibuf, s1, s2: vexp32(x, out, ibuf, s1, s2)
+    return lambda x, out, ibuf, s1, s2: vexp64(x, out, ibuf, s1, s2)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -49,7 +65,7 @@ def _rowmax(row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
-def attention_items(q, k, v, keep, mode, scale, neg, expfn, o, lo, hi):  # type: ignore[no-untyped-def]
+def attention_items(q, k, v, keep, mode, scale, neg, o, lo, hi):  # type: ignore[no-untyped-def]
     bsz, h, sq, d = q.shape
     sk = k.shape[2]
     nblk = (sq + QBLOCK - 1) // QBLOCK
@@ -83,7 +99,7 @@ def attention_items(q, k, v, keep, mode, scale, neg, expfn, o, lo, hi):  # type:
             for j in range(sk):
                 row[j] = row[j] - mx
             e = pb[i]
-            expfn(row, e, ib, s1, s2)
+            vexp_rows(row, e, ib, s1, s2)
             tot = 0.0
             for j in range(sk):
                 tot += e[j]

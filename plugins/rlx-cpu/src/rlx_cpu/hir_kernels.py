@@ -196,14 +196,12 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
                      pad: np.ndarray | None, scale: float, neg: float) -> Any:
     from . import _attention as na
     from .parallel import split_rows
-    from .vecmath import vexp32
-
     bsz, h, sq, _ = q.shape
     n = bsz * h * ((sq + na.QBLOCK - 1) // na.QBLOCK)
     keep = np.ones((bsz, k.shape[2]), np.bool_)
     mode = {"none": na.MASK_NONE, "causal": na.MASK_CAUSAL, "padding": na.MASK_PADDING}[mask]
-    expfn = vexp32 if q.dtype == np.float32 else na.vexp64
-    args = (q, k, v, keep.view(np.uint8), mode, q.dtype.type(scale), q.dtype.type(neg), expfn, o)
+    args = (q, k, v, keep.view(np.uint8), mode, q.dtype.type(scale), q.dtype.type(neg), o)
+    na.attention_items(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     body = split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2])
     if pad is None:
         return body
