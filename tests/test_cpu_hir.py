@@ -88,3 +88,28 @@ def test_attention(mask: str, seq: int, split: bool, monkeypatch: pytest.MonkeyP
     expected = "common_ir" if mask == "sliding_window" else "native"
     assert report.entries[0].path == expected
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_kernel_loads_from_disk_cache_in_a_second_process(tmp_path: object) -> None:
+    """The Numba attention kernel must be cacheable: a first-class function argument once made it
+    recompile (~3 s) in every process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from rlx_core import GraphBuilder, Session\n"
+        "from rlx_cpu import _attention as na\n"
+        "g = GraphBuilder('a'); q = g.input('q', 'f32', (1, 2, 8, 4))\n"
+        "g.output(g.attention(q, q, q, mask='causal'), 'y')\n"
+        "Session('cpu', use_cache=False).compile(g.build()).run(q=np.ones((1, 2, 8, 4), np.float32))\n"
+        "k = na.attention_items\n"
+        "print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))\n"
+    )
+    env = {"RLX_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path), "NUMBA_CACHE_DIR": f"{tmp_path}/nb"}
+    stats = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        stats.append(tuple(int(v) for v in r.stdout.split()))
+    assert stats[0] == (0, 1) and stats[1] == (1, 0), stats
