@@ -175,3 +175,21 @@ def test_one_hot_cross_entropy_with_out_of_range_label(monkeypatch: pytest.Monke
     fused, _ = _run(g, feed, True, monkeypatch)
     plain, _ = _run(g, feed, False, monkeypatch)
     np.testing.assert_allclose(fused["loss"], plain["loss"], rtol=1e-5)
+
+
+def test_profile_counts_every_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused call counts for each claim whose work it does: every LIR kernel is accounted for."""
+    arch = (12, 6, 3)
+    rt = ResidentTrainer(mlp_graph(arch, init_params(arch), 4), "loss", SGD(lr=0.1, momentum=0.9),
+                         param_names(2), fusion=False)
+    prog = rt.compiled
+    assert len(prog.runs) < len(rt.program.kernels)
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.random((4, 12), dtype=np.float32), "y": rng.integers(0, 3, 4),
+            "step": np.asarray(0, np.int64), **rt.values(),
+            **rt.optimizer.init_state(rt.values())}
+    _, counts = prog.profile(feed)
+    want: dict[str, int] = {}
+    for s in rt.program.kernels:
+        want[s.kernel] = want.get(s.kernel, 0) + 1
+    assert dict(counts) == want

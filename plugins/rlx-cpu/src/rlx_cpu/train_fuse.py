@@ -73,6 +73,8 @@ class _Fuser:
         #: address (a BLAS run whose operand may be re-pointed) or None (bound to the planned view)
         self.reads: dict[int, dict[str, list[tuple[list[int], int]] | None]] = {}
         self.writes: dict[int, list[str]] = {}
+        #: dropped step -> the step whose run now does its work
+        self.owner: dict[int, int] = {}
         #: matmul step -> its operands as BLAS will read them (a transposed view where one was skipped)
         self.operands: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -150,6 +152,7 @@ class _Fuser:
         self.names[at] = name
         for d in drop:
             self.dropped.add(d)
+            self.owner[d] = at
             self.runs[d] = None
 
     def gemm_slots(self, run: Run, a: np.ndarray, b: np.ndarray) -> dict[str, list[tuple[list[int], int]]]:
@@ -250,6 +253,7 @@ class _Fuser:
                 self.runs[j] = (lambda a=a, b=b, o=o: np.matmul(a, b, out=o))
                 self.names[j] = "cpu.matmul_t"
             self.dropped.add(t)
+            self.owner[t] = min(users)
             self.runs[t] = None
 
     def _accumulator(self, i: int, at: int) -> tuple[np.ndarray, np.ndarray, float, list[int]] | None:
@@ -476,8 +480,8 @@ class _Fuser:
             if pq is None or pq in self.dropped or self.steps[pq].kernel != "cpu.equal" or o.ndim != 2 \
                     or not self.only_for(s.inputs[0], {i}) or not o.flags.c_contiguous:
                 continue
-            if o.dtype.kind not in "fiu":
-                continue
+            if o.dtype not in (np.float32, np.float64) and o.dtype.kind not in "iu":
+                continue  # Numba has no float16/bfloat16
             lab_name, io_name = self.steps[pq].inputs
             pl = self.producer.get(lab_name)
             if pl is not None and self.steps[pl].kernel == "cpu.iota":
@@ -545,8 +549,8 @@ class _Fuser:
             if self.consts.get(zero, 1.0) != 0.0:
                 continue
             x, v, o = self.views[x_name], self.views[v_name], self.views[s.outputs[0]]
-            if not (x.shape == v.shape == o.shape) or o.dtype != v.dtype or o.dtype.kind != "f" \
-                    or x.dtype.kind != "f" or not (x.flags.c_contiguous and v.flags.c_contiguous):
+            if not (x.shape == v.shape == o.shape) or o.dtype != v.dtype or o.dtype not in _NB_FLOATS \
+                    or x.dtype not in _NB_FLOATS or not (x.flags.c_contiguous and v.flags.c_contiguous):
                 continue
             if not self._out_ok(o, [x, v]) or not self.clean(pg, i, [x], {i, pg}):
                 continue
@@ -591,6 +595,7 @@ class _Fuser:
             self.runs[a] = run
             self.names[a] = "cpu.gemm_pair"
             self.dropped.add(b)
+            self.owner[b] = a
             self.runs[b] = None
             k += 2
 
@@ -607,7 +612,9 @@ class _Fuser:
                 return False
         return True
 
-    def result(self) -> tuple[tuple[Run, ...], tuple[str, ...]]:
+    def result(self) -> tuple[tuple[Run, ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
+        """Live runs, their names, and for each the kernel claims of the LIR steps whose work it
+        does (its own, those fused into it, and constant or no-op steps before it)."""
         for k, s in enumerate(self.steps):  # a reshape planned in place moves nothing: no call at all
             if s.kernel == "cpu.reshape" and k not in self.dropped and k not in self.reads:
                 x, o = self.views[s.inputs[0]], self.views[s.outputs[0]]
@@ -616,7 +623,17 @@ class _Fuser:
                         or (x.shape == o.shape and x.strides == o.strides)):
                     self.dropped.add(k)
         keep = [k for k in range(len(self.steps)) if k not in self.dropped]
-        return tuple(self.runs[k] for k in keep), tuple(self.names[k] for k in keep)  # type: ignore[misc]
+        covers: dict[int, list[str]] = {k: [] for k in keep}
+        for k, s in enumerate(self.steps):
+            j = k
+            while j in self.owner:
+                j = self.owner[j]
+            if j not in covers:  # folded at bind time or a no-op: counted with the next call
+                j = next((q for q in keep if q > k), keep[-1] if keep else -1)
+            if j in covers:
+                covers[j].append(s.kernel)
+        return (tuple(self.runs[k] for k in keep), tuple(self.names[k] for k in keep),  # type: ignore[misc]
+                tuple(tuple(covers[k]) for k in keep))
 
 
 #: kernels that compute the same values whatever the (2-D) strides of their operands
@@ -697,13 +714,16 @@ def transposed_layout(program: Any) -> set[str]:
 
 def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
          bind: Callable[[Any, Sequence[np.ndarray]], Run] | None = None
-         ) -> tuple[tuple[Run, ...], tuple[str, ...], dict[str, list[tuple[list[int], int]]]]:
-    """The runs (and their kernel names) of ``program`` after bind-time fusion, and the inputs that
-    are read only through re-pointable BLAS operands (input -> pointer slots). ``bind(step,
-    input_arrays)`` binds a step's kernel to other input arrays (for constant folding)."""
+         ) -> tuple[tuple[Run, ...], tuple[str, ...], dict[str, list[tuple[list[int], int]]],
+                    tuple[tuple[str, ...], ...]]:
+    """The runs (and their kernel names) of ``program`` after bind-time fusion, the inputs that are
+    read only through re-pointable BLAS operands (input -> pointer slots), and for each run the
+    kernel claims whose work it does (what ``profile`` counts). ``bind(step, input_arrays)`` binds
+    a step's kernel to other input arrays (for constant folding)."""
     f = _Fuser(program, views, runs)
     if not enabled() or not any(s.kernel in _STARTS for s in f.steps):
-        return (*f.result(), {})
+        r, n, c = f.result()
+        return r, n, {}, c
     if bind is not None:
         f.fold_constants(bind)
     f.transposes()
@@ -719,7 +739,8 @@ def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
     f.small_log_softmax(rows)
     slots = f.patchable()  # before pairing: a paired run keeps its parts' pointer slots
     f.pairs()
-    return (*f.result(), slots)
+    r, n, c = f.result()
+    return r, n, slots, c
 
 
 class _LazyRows:
@@ -730,6 +751,8 @@ class _LazyRows:
 
         return getattr(train_rows, name)
 
+
+_NB_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: kernels that may be run once at bind time when all their inputs are constants
 _FOLDABLE = frozenset({"cpu.div", "cpu.mul", "cpu.add", "cpu.sub", "cpu.neg", "cpu.reshape", "cpu.expand",
