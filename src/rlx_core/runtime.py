@@ -121,6 +121,15 @@ class Session:
         program = lower(legal, self.device)
         return self.report_for(legal, program, b, cached)
 
+    def lower(self, graph: Graph, bindings: Mapping[str, int] | None = None) -> Program:
+        """Dispatch and lower ``graph`` for the (first) device without compiling it: the LIR
+        program a whole-program code generator (``rlx export``) turns into source. Symbolic dims
+        must be bound by ``bindings`` or the session's shape hints."""
+        b = {**self._hints(graph), **(bindings or {})}
+        g = graph.specialize(b) if graph.symbols else graph
+        legal, _ = self.legalize(g)
+        return lower(legal, self.device)
+
     def check(self, graph: Graph, bindings: Mapping[str, int] | None = None) -> DispatchReport:
         """Resolve every node's dispatch path without emitting or lowering anything; raises
         :class:`DispatchError` listing every illegal node. Cheap: plans are memoised per variant."""

@@ -63,25 +63,15 @@ clean:
 def lower_graph(graph: Any, *, index: int = 0, bindings: Mapping[str, int] | None = None,
                 hub: Any = None) -> Any:
     """Dispatch and lower ``graph`` for Cortex-M device ``index`` (no toolchain needed): the LIR
-    program. Symbols not in ``bindings`` are bound to 1."""
+    program.
+    Symbols not in ``bindings`` are bound to 1; no fusion, no compile cache (the exported program
+    is exactly what the backend's claims give)."""
     import rlx_core.quant  # noqa: F401  (the quantized ops)
-    from rlx_core.cost import kernel_cost
-    from rlx_core.dispatch import Dispatcher, legalize
-    from rlx_core.hub import Hub
-    from rlx_core.lir import lower
-    from rlx_core.records import Decomposition, Rewrite
+    from rlx_core.runtime import Session
 
-    h = hub or Hub()
-    backend = h.load("cortexm")
-    device = backend.devices()[index]
     bind = {s: 1 for s in graph.symbols}
     bind.update(bindings or {})
-    g = graph.specialize(bind) if graph.symbols else graph
-    disp = Dispatcher(backend, device, cost=lambda c, v: kernel_cost(backend, c, v, device.caps),
-                      decompositions=backend.list_of("rlx_decompositions", Decomposition)
-                      + h.core_decompositions(),
-                      rewrites=backend.list_of("rlx_rewrites", Rewrite) + h.core_rewrites())
-    return lower(legalize(g, disp), device)
+    return Session(f"cortexm:{index}", hub=hub, use_cache=False, fusion=False).lower(graph, bind)
 
 
 def makefile(graph_name: str, t: Target, stack_bytes: int = 1024) -> str:
