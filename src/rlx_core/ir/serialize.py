@@ -125,11 +125,22 @@ def _register_optional_ops(structure: Mapping[str, Any]) -> None:
         return
     import importlib
 
+    # The core's own op modules first (cheap), then the installed plugins' ``rlx_ops`` hooks,
+    # loading plugins only until every op of the file is known.
     for module in ("rlx_core.fusion", "rlx_core.quant", "rlx_core.qat"):
         try:
             importlib.import_module(module)
         except ImportError:
             continue
+    missing = {o for o in missing if o not in REGISTRY}
+    if missing:
+        from ..hub import hub as get_hub
+
+        hub = get_hub()
+        for name in hub.names():
+            hub.try_load(name)  # a broken plugin is reported by `rlx doctor`, not here
+            if all(o in REGISTRY for o in missing):
+                break
 
 
 def graph_from_structure(structure: Mapping[str, Any], weights: Mapping[str, Any], *,
