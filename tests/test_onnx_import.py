@@ -399,6 +399,12 @@ case("slice_negative_steps", [node("Slice", ["x", "st", "en", "ax", "sp"], ["y"]
 case("gather_scalar_and_negative", [node("Gather", ["x", "i"], ["a"], axis=1),
                                     node("Gather", ["a", "j"], ["y"], axis=-1)], [X], x4,
      inits={"i": np.array(-1, np.int64), "j": np.array([[0, -1], [2, 3]], np.int64)})
+case("gathernd_embedding_and_pairs", [
+    node("Unsqueeze", ["ids", "last"], ["ids1"]), node("GatherND", ["table", "ids1"], ["e"]),
+    node("GatherND", ["cube", "pairs"], ["p"]), node("Add", ["e", "p"], ["y"])],
+    [("ids", I64, [2, 3])], [{"ids": np.array([[1, 2, 9], [4, 5, 0]], np.int64)}],
+    inits={"table": rand(10, 4, seed=1), "last": np.array([-1], np.int64), "cube": rand(3, 5, 4, seed=2),
+           "pairs": np.array([[[0, 1], [2, 4], [1, 0]], [[2, 2], [0, 0], [1, 3]]], np.int64)})
 case("transpose_concat_split", [node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
                                 node("Split", ["t", "sizes"], ["a", "b"], axis=3),
                                 node("Concat", ["b", "a", "b"], ["y"], axis=-1)],

@@ -84,9 +84,16 @@ class Session:
             if hit is not None:
                 return hit, True
         disp = self.dispatcher(backend, device)
+        att_groups: list[list[str]] = []
+        if self.fusion:
+            from .patterns import fuse_attention
+
+            graph, att_groups = fuse_attention(
+                graph, accept=lambda g, n: _native_plan(disp, g, n) is not None)
         legal = legalize(graph, disp)
         if self.fusion:
             legal = _fuse_legalized(legal, disp)
+            legal.extra["fused"] = [*att_groups, *legal.extra.get("fused", [])]
         if self.cache is not None:
             self.cache.store(graph, backend, device, legal, variant)
         return legal, False

@@ -1784,6 +1784,48 @@ def _gather(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     return [g.op("gather", imp.t(data), ids, axis=axis)]
 
 
+@_handler("GatherND")
+def _gather_nd(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    """``batch_dims = 0``: the last index axis (length k) addresses the first k data axes. k == 1 is
+    a gather on axis 0 (an embedding lookup for a float table: what exporters emit for
+    ``nn.Embedding``); k > 1 flattens the addressed axes into one and linearises the index."""
+    g = imp.g
+    data, idx = ins
+    if int(attrs.get("batch_dims", 0)) != 0:
+        raise imp.unsupported(f"GatherND batch_dims={attrs['batch_dims']} is not supported",
+                              fix="export with batch_dims=0 or rewrite it as Gather")
+    ids = imp.t(idx)
+    x = imp.t(data)
+    k = ids.shape[-1] if ids.rank else None
+    if not isinstance(k, int) or k < 1 or k > x.rank:
+        raise imp.unsupported(f"GatherND with indices {ids.shape} on data {x.shape}",
+                              fix="the last index axis must be a static length between 1 and the data rank")
+    if ids.dtype not in (DType.I32, DType.I64):
+        ids = g.op("cast", ids, to=DType.I64)
+    lead = [_sym_of(d) for d in ids.shape[:-1]]
+    if k == 1:
+        flat = imp.reshape(ids, lead)
+    else:
+        addressed = x.shape[:k]
+        if not all(isinstance(d, int) for d in addressed):
+            raise imp.symbolic(f"GatherND over the symbolic data axes {addressed}",
+                               [str(d) for d in addressed if isinstance(d, str)])
+        flat = None
+        stride = 1
+        for j in range(k - 1, -1, -1):
+            col = g.op("slice", ids, starts=(j,), stops=(j + 1,), axes=(ids.rank - 1,), steps=(1,))
+            term = imp.reshape(col, lead)
+            if stride != 1:
+                term = term * g.const(stride, term.dtype)
+            flat = term if flat is None else flat + term
+            stride *= int(addressed[j])  # type: ignore[arg-type]
+        x = imp.reshape(x, [stride, *(_sym_of(d) for d in x.shape[k:])])
+    table = isinstance(data, _Const) and k == 1 and data.array.ndim == 2 and data.array.dtype.kind == "f"
+    if table and not isinstance(idx, _Const):
+        return [g.op("embedding", x, flat)]
+    return [g.op("gather", x, flat, axis=0)]
+
+
 def _broadcast_dims(imp: _Importer, a: Sequence[SymLike], b: Sequence[SymLike], what: str) -> list[SymLike]:
     r = max(len(a), len(b))
     a = [1] * (r - len(a)) + list(a)

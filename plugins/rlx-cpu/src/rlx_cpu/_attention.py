@@ -20,6 +20,7 @@ QBLOCK = 64
 MASK_NONE = 0
 MASK_CAUSAL = 1
 MASK_PADDING = 2
+MASK_BIAS = 3
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -65,7 +66,7 @@ def _rowmax(row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
-def attention_items(q, k, v, keep, mode, scale, neg, o, lo, hi):  # type: ignore[no-untyped-def]
+def attention_items(q, k, v, keep, bias, mode, scale, neg, o, lo, hi):  # type: ignore[no-untyped-def]
     bsz, h, sq, d = q.shape
     sk = k.shape[2]
     nblk = (sq + QBLOCK - 1) // QBLOCK
@@ -95,6 +96,9 @@ def attention_items(q, k, v, keep, mode, scale, neg, o, lo, hi):  # type: ignore
                 for j in range(sk):
                     if keep[b, j] == 0:
                         row[j] = neg
+            elif mode == MASK_BIAS:  # bias is broadcast to (B, H, Sq, Sk) (zero strides)
+                for j in range(sk):
+                    row[j] += bias[b, hh, i0 + i, j]
             mx = _rowmax(row)
             for j in range(sk):
                 row[j] = row[j] - mx

@@ -168,9 +168,10 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     elif mask == "padding":
         pm = ins[3]
         keep_src = pm
-    if (dt in (np.float32, np.float64) and mask in ("none", "causal", "padding")
+    if (dt in (np.float32, np.float64) and mask in ("none", "causal", "padding", "bias")
             and all(x.flags.c_contiguous for x in (q, k, v, o))):
-        return _attention_numba(q, k, v, o, mask, ins[3] if mask == "padding" else None, scale, neg)
+        return _attention_numba(q, k, v, o, mask, ins[3] if mask in ("padding", "bias") else None,
+                                scale, neg)
     qs = np.empty_like(q)
     sc = np.asarray(scale, dt)
 
@@ -199,11 +200,15 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     bsz, h, sq, _ = q.shape
     n = bsz * h * ((sq + na.QBLOCK - 1) // na.QBLOCK)
     keep = np.ones((bsz, k.shape[2]), np.bool_)
-    mode = {"none": na.MASK_NONE, "causal": na.MASK_CAUSAL, "padding": na.MASK_PADDING}[mask]
-    args = (q, k, v, keep.view(np.uint8), mode, q.dtype.type(scale), q.dtype.type(neg), o)
+    mode = {"none": na.MASK_NONE, "causal": na.MASK_CAUSAL, "padding": na.MASK_PADDING,
+            "bias": na.MASK_BIAS}[mask]
+    # The bias as a (B, H, Sq, Sk) view (zero strides where it broadcasts); a dummy otherwise.
+    bias = np.broadcast_to(pad if mask == "bias" else np.zeros((1,) * 4, q.dtype),
+                           (bsz, h, sq, k.shape[2]) if mask == "bias" else (1,) * 4)
+    args = (q, k, v, keep.view(np.uint8), bias, mode, q.dtype.type(scale), q.dtype.type(neg), o)
     na.attention_items(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     body = split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2])
-    if pad is None:
+    if pad is None or mask == "bias":
         return body
 
     def run() -> None:
