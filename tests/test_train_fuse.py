@@ -46,7 +46,7 @@ def test_fused_train_step_matches_unfused(arch: tuple[int, ...], monkeypatch: py
         np.testing.assert_allclose(b0, b1, rtol=1e-5, atol=1e-6)
     names = set(rf.trainer.compiled.kernel_names)
     assert {"cpu.gemm_accumulate", "cpu.axpy", "cpu.log_softmax_backward", "cpu.neg_mean_rowdot",
-            "cpu.one_hot", "cpu.linear_blas"} <= names, names
+            "cpu.one_hot", "cpu.linear_blas", "cpu.linear_relu"} <= names, names
     assert "cpu.transpose" not in names and "cpu.transpose" in set(rp.trainer.compiled.kernel_names)
     assert len(rf.trainer.compiled.runs) < len(rp.trainer.compiled.runs)
     if len(arch) > 3:

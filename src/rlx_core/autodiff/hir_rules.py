@@ -65,7 +65,9 @@ def _activation(op: str, apply: Any) -> None:
 
 
 def _relu(b: GraphBuilder, v: Tensor, x: Tensor, y: Tensor, attrs: Attrs) -> Tensor:
-    return b.op("where", b.op("greater", x, _c(b, 0.0, x)), v, _c(b, 0.0, v))
+    # Masked by the output (y > 0 exactly when x > 0, NaN included): the pre-activation is then
+    # dead after the forward relu, which may overwrite it in place.
+    return b.op("where", b.op("greater", y, _c(b, 0.0, y)), v, _c(b, 0.0, v))
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

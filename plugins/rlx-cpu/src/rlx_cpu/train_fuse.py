@@ -381,6 +381,39 @@ class _Fuser:
                 gemm()
             self.replace(i, run, "cpu.linear_blas", [], self.gemm_slots(gemm, x, w.T))
 
+    def linear_relus(self, rows: object) -> None:
+        """``maximum(linear(X, W, b), 0)`` after :meth:`blas_linears`, the linear read by nothing
+        else: one GEMM, then bias and ReLU in one Numba pass over the output (instead of a bias
+        copy, the GEMM and a maximum pass)."""
+        for i, s in enumerate(self.steps):
+            if s.kernel != "cpu.maximum" or i in self.dropped or len(s.inputs) != 2:
+                continue
+            l_name, z = s.inputs
+            if self.consts.get(z, 1.0) != 0.0:
+                l_name, z = z, l_name
+            if self.consts.get(z, 1.0) != 0.0:
+                continue
+            pl = self.producer.get(l_name)
+            if pl is None or pl in self.dropped or self.names[pl] != "cpu.linear_blas" \
+                    or not self.only_for(l_name, {i}):
+                continue
+            x, w, b = (self.views[v] for v in self.steps[pl].inputs)
+            o = self.views[s.outputs[0]]
+            if o.dtype not in _NB_FLOATS or not o.flags.c_contiguous or b.shape != (o.shape[1],) \
+                    or np.may_share_memory(o, b):
+                continue
+            if not self.clean(pl, i, [x, w, b], {pl, i}):
+                continue
+            gemm = train_blas.gemm_call(x, w.T, o, 1.0, 0.0)
+            if gemm is None:
+                continue
+            k = rows.bias_relu  # type: ignore[attr-defined]
+
+            def run(gemm: Run = gemm, k: Any = k, o: np.ndarray = o, b: np.ndarray = b) -> None:
+                gemm()
+                k(o, b)
+            self.replace(i, run, "cpu.linear_relu", [pl], self.gemm_slots(gemm, x, w.T))
+
     # -- small chains as one Numba call ------------------------------------------------------------
     def _same(self, a: np.ndarray, b: np.ndarray) -> bool:
         return a.ctypes.data == b.ctypes.data and a.strides == b.strides and a.shape == b.shape
@@ -732,6 +765,8 @@ def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
         f.axpy_updates()
         f.blas_linears()
     rows = _LazyRows()
+    if train_blas.available():
+        f.linear_relus(rows)
     f.log_softmax_backward(rows)
     f.neg_mean_rowdot(rows)
     f.one_hot(rows)

@@ -70,3 +70,13 @@ def log_softmax(x, o):  # type: ignore[no-untyped-def]
         ls = math.log(s)
         for c in range(cols):
             o[r, c] = (x[r, c] - m) - ls
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bias_relu(o, b):  # type: ignore[no-untyped-def]
+    """``o = maximum(o + b, 0)`` in place over 2-D rows (NaN stays NaN, as ``np.maximum``)."""
+    rows, cols = o.shape
+    for r in range(rows):
+        for c in range(cols):
+            v = o[r, c] + b[c]
+            o[r, c] = v if (v > 0 or v != v) else 0
