@@ -160,26 +160,33 @@ _CUBLAS: list[Any] = []
 _TLS = threading.local()
 
 
+def _loaded_library(stem: str) -> Any:
+    """A ctypes handle on ``stem`` (e.g. ``libcublas``): the copy this process already mapped (the
+    one CuPy uses, found in /proc/self/maps), else the CUDA 13 / 12 / unversioned soname; or None."""
+    import ctypes
+
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            paths = [ln.split()[-1] for ln in f if f"/{stem}.so" in ln]
+    except OSError:
+        pass
+    for name in [*dict.fromkeys(paths), f"{stem}.so.13", f"{stem}.so.12", f"{stem}.so"]:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 def _cublas_lib() -> Any:
     """ctypes handle on libcublas (the copy CuPy loaded), or None (then GEMMs run eagerly via CuPy)."""
     if _CUBLAS:
         return _CUBLAS[0]
     import ctypes
 
-    lib = None
     cp.cuda.device.get_cublas_handle()  # make CuPy load libcublas
-    paths = []
-    try:
-        with open("/proc/self/maps") as f:
-            paths = [ln.split()[-1] for ln in f if "/libcublas.so" in ln]
-    except OSError:
-        pass
-    for name in [*dict.fromkeys(paths), "libcublas.so.13", "libcublas.so.12", "libcublas.so"]:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    lib = _loaded_library("libcublas")
     if lib is not None:
         vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
@@ -327,18 +334,7 @@ def _cublaslt_lib() -> Any:
 
     lib = None
     if _cublas_lib() is not None:  # loads libcublas, which loads libcublasLt
-        paths = []
-        try:
-            with open("/proc/self/maps") as f:
-                paths = [ln.split()[-1] for ln in f if "/libcublasLt.so" in ln]
-        except OSError:
-            pass
-        for name in [*dict.fromkeys(paths), "libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]:
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
+        lib = _loaded_library("libcublasLt")
     if lib is not None:
         vp, i, sz, u64, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
         pvp = ctypes.POINTER(vp)
