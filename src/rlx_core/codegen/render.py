@@ -18,6 +18,8 @@ from ..ir.schema import REGISTRY
 from ..ir.types import TensorType
 
 Expr = str
+#: ``rule(op, args, in_types, out, attrs)``: a dialect's own expression for one op, or ``None``
+Rule = Callable[[str, Sequence[Expr], Sequence[DType], DType, dict], Expr | None]
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,14 @@ class Dialect:
     #: how a float literal of a dtype is written
     literal: Callable[[float, DType], str] = lambda v, dt: repr(float(v))
     has_erf: bool = True
+    #: how ``div`` with an integer result (i8/i16/i32/i64/u8) is written, with ``{a}`` and ``{b}``,
+    #: e.g. ``"rlx_idiv({a}, {b})"`` for a helper giving the reference's semantics (zero divisor,
+    #: ``MIN / -1``); ``None`` (the default): the C operator, ``({a} / {b})``, as for floats
+    idiv: str | None = None
+    #: per-op override consulted before the shared rules (see :data:`Rule`): returns the
+    #: expression, or ``None`` to fall through to the shared rule; it may raise :class:`IRError` to
+    #: refuse an op/dtype the target cannot compute. ``None`` (the default): shared rules only
+    rule: Rule | None = None
 
     def ctype(self, dt: DType) -> str:
         try:
@@ -112,6 +122,12 @@ def render_op(d: Dialect, op: str, args: Sequence[Expr], in_types: Sequence[DTyp
     dt = in_types[0] if in_types else out
     lit = d.literal
     numba = d.name == "numba"
+    if d.rule is not None:
+        own = d.rule(op, args, in_types, out, attrs)
+        if own is not None:
+            return own
+    if op == "div" and d.idiv is not None and out.is_int:
+        return d.idiv.format(a=a, b=b)
     if op in _BINOP:
         return f"({a} {_BINOP[op]} {b})"
     if op == "neg":
@@ -190,10 +206,13 @@ def _erf_f32(x):
 '''
 
 
-def render_program(program: str, in_exprs: Sequence[Expr], in_dtypes: Sequence[DType], dialect: str,
-                   *, prefix: str = "t") -> tuple[list[str], Expr, DType]:
-    """Statements computing a fused program from input expressions; returns (lines, result, dtype)."""
-    d = DIALECTS[dialect]
+def render_program(program: str, in_exprs: Sequence[Expr], in_dtypes: Sequence[DType],
+                   dialect: str | Dialect, *, prefix: str = "t") -> tuple[list[str], Expr, DType]:
+    """Statements computing a fused program from input expressions; returns (lines, result, dtype).
+
+    ``dialect``: a name in :data:`DIALECTS`, or a :class:`Dialect` (typically a backend's
+    ``dataclasses.replace`` of a shared one, with its own ``math``/``literal``/``idiv``/``rule``)."""
+    d = dialect if isinstance(dialect, Dialect) else DIALECTS[dialect]
     ops, out = decode(program)
     env: dict[str, tuple[Expr, DType]] = {f"i{k}": (e, t)
                                           for k, (e, t) in enumerate(zip(in_exprs, in_dtypes))}

@@ -2,7 +2,7 @@
 this module can emit with ``nvcc -ptx`` on machines without a GPU.
 
 * **Elementwise** (every elementwise MIR op and ``fused_elementwise``): the body comes from the shared
-  renderer (:func:`rlx_core.codegen.render_program`, dialect ``"cuda"``); this module adds the
+  renderer (:func:`rlx_core.codegen.render_program`, dialect :data:`CUDA`); this module adds the
   skeleton: a grid-stride loop, one load per input (``f`` same shape as the output: flat index;
   ``s`` one element; ``b`` broadcast: strided index math over the collapsed output dims) and the
   store. f16/bf16 live in memory as 16-bit patterns and in registers as ``float``: loads widen
@@ -21,11 +21,13 @@ No kernel includes a header: NVRTC compiles them as they are (no CUDA toolkit ne
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
 
 from rlx_core.codegen import render_program
+from rlx_core.codegen.render import DIALECTS
 from rlx_core.dtypes import DType
 from rlx_core.errors import IRError
 from rlx_core.fusion import decode, encode
@@ -172,29 +174,12 @@ def _ctype_in_registers(dt: DType) -> str:
 #: Elements per thread per loop trip: their loads are all issued before any store (memory-level
 #: parallelism without ``__restrict__``, which in-place steps would make a lie).
 UNROLL = 4
-_INT_CTYPES = frozenset(STORAGE[d] for d in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8))
 
 
-def _patch(lines: list[str], ops: list, in_names: list[str], in_dtypes: Sequence[DType], prefix: str
-           ) -> list[str]:
-    """Where the shared renderer's C differs from the MIR reference, patch its statements:
-
-    * float ``sign(NaN)`` renders as 0; the reference (``np.sign``) keeps NaN;
-    * integer ``div`` renders as C's ``/`` (undefined for a zero divisor and ``MIN / -1``); the
-      reference truncates ``|a| // |b|`` computed in wrapping int64 and gives 0 for a zero divisor.
-    """
-    out: list[str] = []
-    for j, (op, args, _) in enumerate(ops):
-        line = lines[j]
-        xs = [in_names[int(a[1:])] if a.startswith("i") else prefix + a[1:] for a in args]
-        decl = line.split(" = ", 1)[0]
-        if op == "div" and decl.rsplit(" ", 1)[0] in _INT_CTYPES:
-            line = f"{decl} = rlx_idiv({xs[0]}, {xs[1]});"
-        out.append(line)
-        arg_dt = in_dtypes[int(args[0][1:])] if args and args[0].startswith("i") else None
-        if op == "sign" and (arg_dt is None or arg_dt.is_float):
-            out.append(f"{prefix}{j} = ({xs[0]} != {xs[0]}) ? {xs[0]} : {prefix}{j};")
-    return out
+#: The shared CUDA dialect with integer ``div`` as the MIR reference defines it (``rlx_idiv`` in the
+#: preamble): ``|a| // |b|`` computed in wrapping int64, times the signs, 0 for a zero divisor
+#: (C's ``/`` is undefined for a zero divisor and ``MIN / -1``).
+CUDA = dataclasses.replace(DIALECTS["cuda"], idiv="rlx_idiv({a}, {b})")
 
 
 @lru_cache(maxsize=4096)
@@ -245,8 +230,7 @@ def elementwise_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DT
                 ref = f"x{k}[{i}]" if lay == "f" else f"x{k}[o{k}_{u}]"
                 body.append(f"    const {ct} {names[k]} = {i} < n ? ({ct}){load(dt, ref)} : ({ct})0;")
         # Each copy lives in its own block, so the renderer's t<j> names can repeat.
-        lines, res, rdt = render_program(prog, names, list(in_dtypes), "cuda")
-        lines = _patch(lines, ops, names, in_dtypes, "t")
+        lines, res, rdt = render_program(prog, names, list(in_dtypes), CUDA)
         computes.append(f"    if ({i} < n) {{")
         computes += ["      " + ln for ln in lines]
         computes.append(f"      y[{i}] = {store(out_dtype, res, rdt)};")

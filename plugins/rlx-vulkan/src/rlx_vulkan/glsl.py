@@ -1,21 +1,22 @@
 """GLSL compute-shader sources. Elementwise bodies come from the shared renderer
-(:func:`rlx_core.codegen.render_program`, dialect ``"glsl"``); matmul, reductions, row kernels and
-movement are hand-written templates. Every shader sees the arena (binding 0, ``uint A[]``), the
-weights (binding 1, ``uint W[]``) and the per-program metadata (binding 2, ``int M[]``); the push
-constant is the step's offset into ``M`` where its shapes, strides and byte offsets live.
+(:func:`rlx_core.codegen.render_program`, dialect :data:`GLSL`: the shared ``"glsl"`` one with this
+backend's helpers); matmul, reductions, row kernels and movement are hand-written templates. Every
+shader sees the arena (binding 0, ``uint A[]``), the weights (binding 1, ``uint W[]``) and the
+per-program metadata (binding 2, ``int M[]``); the push constant is the step's offset into ``M``
+where its shapes, strides and byte offsets live.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from functools import cache, lru_cache
 
 from rlx_core.codegen import render_program
-from rlx_core.codegen.render import DIALECTS, render_op
+from rlx_core.codegen.render import DIALECTS
 from rlx_core.dtypes import DType
 from rlx_core.errors import IRError
-from rlx_core.fusion import decode
 
 WG = 64
 TYPES = {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool", DType.I64: "int64_t"}
@@ -137,89 +138,57 @@ def load(dt: DType, b: str, a: str) -> str:
     return {DType.F32: "ldf", DType.I32: "ldi", DType.BOOL: "ldb"}[dt] + f"({b}, {a})"
 
 
-#: The shared GLSL dialect plus ``int64_t`` (GL_ARB_gpu_shader_int64) for i64 results; used only for
-#: programs with an i64 value, through the shared ``render_op`` rules.
-GLSL64 = dataclasses.replace(DIALECTS["glsl"], name="glsl", types={**DIALECTS["glsl"].types,
-                                                                    DType.I64: "int64_t"})
+_GLSL = DIALECTS["glsl"]
+#: GLSL built-ins replaced by this module's helpers (:data:`HEADER`, :data:`WIDE`): ``exp``/``log``
+#: with IEEE overflow, underflow and special values, ``tanh`` saturating, ``sin``/``cos`` with
+#: Payne-Hanek reduction and ``pow`` with the reference's special cases (drivers' built-ins differ).
+HELPERS = {"exp": "rlx_exp", "log": "rlx_log", "tanh": "rlx_tanh", "sin": "rlx_sin", "cos": "rlx_cos",
+           "pow": "rlx_pow"}
 #: ops allowed to produce i64 values (integer wrap-around matches the reference)
 I64_OPS = frozenset({"add", "sub", "mul", "neg", "maximum", "minimum", "where", "cast"})
 
 
-def _render64(program: str, in_exprs: list[str], in_dtypes: tuple[DType, ...]
-              ) -> tuple[list[str], str, DType]:
-    """:func:`render_program` with :data:`GLSL64` (same statements, one more type)."""
-    from rlx_core.ir.schema import REGISTRY
-    from rlx_core.ir.types import TensorType
-
-    ops, out = decode(program)
-    env = {f"i{k}": (e, t) for k, (e, t) in enumerate(zip(in_exprs, in_dtypes))}
-    lines = []
-    for j, (op, args, attrs) in enumerate(ops):
-        schema = REGISTRY.get(op)
-        arg_types = [TensorType(env[x][1], ()) for x in args]
-        out_dt = schema.infer(arg_types, schema.check_attrs(attrs, f"fused {op}"))[0].dtype
-        if out_dt is DType.I64 and (op not in I64_OPS or (op == "cast" and env[args[0]][1].is_float)):
-            raise IRError(f"{op} with an i64 result has no GLSL rule here", fix="compute in i32/f32")
-        expr = render_op(GLSL64, op, [env[x][0] for x in args], [env[x][1] for x in args], out_dt, attrs)
-        lines.append(GLSL64.statement.format(type=GLSL64.ctype(out_dt), name=f"t{j}", expr=expr))
-        env[f"t{j}"] = (f"t{j}", out_dt)
-    res, dt = env[out]
-    return lines, res, dt
+def _math(op: str, dt: DType) -> str:
+    if op == "pow" and not dt.is_float:
+        raise IRError("integer pow has no GLSL rule", fix="compute pow in f32")
+    return HELPERS.get(op) or _GLSL.math(op, dt)
 
 
-def _lit(m: re.Match) -> str:
-    return {"inf": "rlx_inf()", "nan": "rlx_nan()"}[m.group(1)]
+def _literal(v: float, dt: DType) -> str:
+    s = _GLSL.literal(v, dt)  # GLSL has no inf/nan literals: bit-pattern helpers instead
+    return {"inf": "rlx_inf()", "-inf": "-rlx_inf()", "nan": "rlx_nan()"}.get(s, s)
 
 
-def _patch(lines: list[str], program: str, in_dtypes: tuple[DType, ...]) -> list[str]:
-    ops, _ = decode(program)
-    env: dict[str, DType] = {f"i{k}": d for k, d in enumerate(in_dtypes)}
-    out = []
-    for j, (op, args, _a) in enumerate(ops):
-        line = re.sub(r"(?<![\w.])(inf|nan)(?![\w.])", _lit, lines[j])
-        decl, expr = line.split(" = ", 1)
-        ty = decl.split(" ")[0]
-        dt = {"float": DType.F32, "int": DType.I32, "bool": DType.BOOL,
-              "int64_t": DType.I64}.get(ty)
-        if dt is None:
-            raise IRError(f"no GLSL storage for {ty} results", fix="compute in f32/i32/bool")
-        adt = env.get(args[0]) if args else None
-        if dt is DType.I64 and op not in I64_OPS:
-            raise IRError(f"{op} with an i64 result has no GLSL rule here", fix="compute in i32/f32")
-        if op == "div" and ty == "int":
-            xs = [f"x{a[1:]}" if a.startswith("i") else f"t{a[1:]}" for a in args]
-            line = f"{decl} = rlx_idiv({xs[0]}, {xs[1]});"
-        elif op == "pow":
-            if ty != "float":
-                raise IRError("integer pow has no GLSL rule", fix="compute pow in f32")
-            line = line.replace("pow(", "rlx_pow(", 1)
-        elif op in ("sin", "cos"):
-            line = re.sub(rf"(?<![\w]){op}\(", f"rlx_{op}(", line)
-        elif op == "tanh":
-            line = line.replace("tanh(", "rlx_tanh(", 1)
-        elif op in ("exp", "log", "sigmoid", "rsqrt"):
-            line = re.sub(r"(?<![\w])exp\(", "rlx_exp(", line)
-            line = re.sub(r"(?<![\w])log\(", "rlx_log(", line)
-        elif op == "erf":
-            line = re.sub(r"(?<![\w])exp\(", "rlx_exp(", line)
-        elif op == "cast" and adt is DType.BOOL and dt is DType.BOOL:
-            line = f"{decl} = {'x' if args[0].startswith('i') else 't'}{args[0][1:]};"
-        out.append(line)
-        env[f"t{j}"] = dt
-    return out
+def _rule(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict) -> str | None:
+    if op == "cast" and out is DType.BOOL and in_types[0] is DType.BOOL:
+        return args[0]  # GLSL cannot compare a bool with 0
+    return None
+
+
+def _rule64(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict
+            ) -> str | None:
+    if out is DType.I64 and (op not in I64_OPS or (op == "cast" and in_types[0].is_float)):
+        raise IRError(f"{op} with an i64 result has no GLSL rule here", fix="compute in i32/f32")
+    return _rule(op, args, in_types, out, attrs)
+
+
+#: The shared GLSL dialect with this backend's helpers: ``rlx_*`` math, inf/nan literals, integer
+#: division as the reference defines it (``rlx_idiv``) and the bool->bool cast.
+GLSL = dataclasses.replace(_GLSL, math=_math, literal=_literal, idiv="rlx_idiv({a}, {b})", rule=_rule)
+#: :data:`GLSL` plus ``int64_t`` (GL_ARB_gpu_shader_int64) for i64 results, only for programs with
+#: an i64 value; ops other than :data:`I64_OPS` (and float->i64 casts) are refused for i64.
+GLSL64 = dataclasses.replace(GLSL, types={**_GLSL.types, DType.I64: "int64_t"}, rule=_rule64)
 
 
 @lru_cache(maxsize=4096)
 def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
     """Meta: n, rank, out_off, 0, shape[rank], then per input: buf, off, strides[rank]."""
     nin = len(in_dtypes)
-    if DType.I64 in in_dtypes or out_dtype is DType.I64:  # (any i64 value: the int64_t table)
-        lines, res, rdt = _render64(program, [f"x{k}" for k in range(nin)], in_dtypes)
-    else:
-        lines, res, rdt = render_program(program, [f"x{k}" for k in range(nin)], in_dtypes, "glsl")
+    i64 = DType.I64 in in_dtypes or out_dtype is DType.I64  # (any i64 value: the int64_t table)
+    lines, res, rdt = render_program(program, [f"x{k}" for k in range(nin)], in_dtypes,
+                                     GLSL64 if i64 else GLSL)
     if rdt is not out_dtype:
         raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
-    lines = _patch(lines, program, in_dtypes)
     ot = TYPES[out_dtype]
     wide = (DType.I64 in in_dtypes or out_dtype is DType.I64
             or any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines))
