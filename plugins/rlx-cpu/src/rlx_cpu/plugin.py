@@ -97,7 +97,18 @@ def _caps() -> DeviceCaps:
 def rlx_probe_devices() -> list[DeviceInfo]:
     return [DeviceInfo(backend="cpu", name="cpu:0", available=True, caps=_caps(), host_memory=True,
                        details={"machine": platform.machine(), "processor": platform.processor() or "?",
-                                "cores": str(os.cpu_count())})]
+                                "cores": str(os.cpu_count()), "threads": str(_pool_threads()),
+                                "threads_from": "RLX_CPU_THREADS" if os.environ.get("RLX_CPU_THREADS")
+                                else "cores available to this process"})]
+
+
+def _pool_threads() -> int | str:
+    from .parallel import default_threads  # stdlib only: discovery stays fast
+
+    try:
+        return default_threads()
+    except ValueError as e:  # a bad RLX_CPU_THREADS is reported here, and raised when compiling
+        return f"invalid ({e})"
 
 
 def _int_div_pred(v: Any) -> str | None:
