@@ -143,7 +143,8 @@ def _torch_mlp(seed: int = 0) -> Any:
                          nn.Linear(256, 10), nn.Softmax(dim=-1)).eval()
 
 
-def _inputs(model: str, batch: int, seq: int) -> dict[str, Any]:
+def inputs(model: str, batch: int, seq: int) -> dict[str, Any]:
+    """The seeded inputs every runtime gets (MiniLM: token ids framed by [CLS]/[SEP], full mask)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -190,7 +191,7 @@ def onnx_path(model: str) -> Path:
     if p.exists():
         return p
     m = torch_model(model)
-    feed = _inputs(model, 2, 16)
+    feed = inputs(model, 2, 16)
     args = tuple(torch.from_numpy(v) for v in feed.values())
     names = list(feed)
     dyn = {n: {0: "batch"} for n in names}
@@ -228,7 +229,9 @@ def model_flops(model: str, batch: int, seq: int) -> float:
 
 # -- one measurement, in its own process ---------------------------------------------------------
 
-def _measure(fn: Any, min_reps: int, min_time: float) -> list[float]:
+def measure(fn: Any, min_reps: int, min_time: float, max_reps: int = 200) -> list[float]:
+    """Seconds per call of ``fn`` (after two warm-up calls): at least ``min_reps`` calls and
+    ``min_time`` seconds, at most ``max_reps`` calls."""
     fn()
     fn()
     times: list[float] = []
@@ -237,14 +240,14 @@ def _measure(fn: Any, min_reps: int, min_time: float) -> list[float]:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-        if len(times) >= 200:
+        if len(times) >= max_reps:
             break
     return times
 
 
 def worker(runtime: str, model: str, batch: int, seq: int, min_reps: int, min_time: float) -> dict[str, Any]:
     threads = _threads()
-    feed = _inputs(model, batch, seq)
+    feed = inputs(model, batch, seq)
     out: dict[str, Any] = {"runtime": runtime, "model": model, "batch": batch, "seq": seq, "threads": threads}
     if runtime == "rlx":
         from .runtime import Session
@@ -278,7 +281,7 @@ def worker(runtime: str, model: str, batch: int, seq: int, min_reps: int, min_ti
         def fn() -> Any:
             with torch.inference_mode():
                 return m(*args)
-    times = _measure(fn, min_reps, min_time)
+    times = measure(fn, min_reps, min_time)
     out["p50_s"] = statistics.median(times)
     out["p90_s"] = sorted(times)[int(0.9 * (len(times) - 1))]
     out["reps"] = len(times)
@@ -301,7 +304,7 @@ def gemm_roofline(n: int = 1024) -> float:
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-    ts = _measure(lambda: a @ a, 5, 1.0)
+    ts = measure(lambda: a @ a, 5, 1.0)
     return 2 * n**3 / min(ts)
 
 

@@ -166,7 +166,7 @@ def bench_minilm(batches: list[int], seq: int, quick: bool) -> dict[str, Any]:
     import cupy as cp
     import torch
 
-    from rlx_core.bench import _inputs, _torch_bert
+    from rlx_core.bench import _torch_bert, inputs
     from rlx_core.models.bert import build_bert_encoder
     from rlx_core.runtime import Session
 
@@ -179,7 +179,7 @@ def bench_minilm(batches: list[int], seq: int, quick: bool) -> dict[str, Any]:
     reps = 10 if quick else 50
     rows = []
     for b in batches:
-        feed = _inputs("minilm", b, seq)
+        feed = inputs("minilm", b, seq)
         row: dict[str, Any] = {"batch": b, "seq": seq}
         t0 = time.perf_counter()
         exe = Session("cuda", use_cache=False).compile(graph)

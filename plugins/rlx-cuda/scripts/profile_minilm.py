@@ -99,7 +99,7 @@ def minilm(batches: list[int]) -> list[dict[str, Any]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from rlx_core.bench import _inputs, _torch_bert
+    from rlx_core.bench import _torch_bert, inputs
     from rlx_core.models.bert import build_bert_encoder
     from rlx_core.runtime import Session
 
@@ -111,7 +111,7 @@ def minilm(batches: list[int]) -> list[dict[str, Any]]:
     tmodel = _torch_bert(w, cfg).cuda().eval()
     res = []
     for b in batches:
-        feed = _inputs("minilm", b, 128)
+        feed = inputs("minilm", b, 128)
         row: dict[str, Any] = {"batch": b}
         for lt in ("1", "0"):
             os.environ["RLX_CUDA_LT"] = lt

@@ -25,27 +25,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _inputs(seq: int, batch: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1000, 20000, (batch, seq)).astype(np.int64)
-    ids[:, 0] = 101
-    ids[:, -1] = 102
-    return {"input_ids": ids, "attention_mask": np.ones((batch, seq), np.int64)}
-
-
-def _measure(fn: Callable[[], Any], min_reps: int, min_time: float) -> list[float]:
-    fn()
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 500:
-            break
-    return times
+from rlx_core.bench import inputs, measure
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -74,7 +54,7 @@ def run(seqs: list[int], min_reps: int, min_time: float, runtimes: list[str]) ->
                 sessions[r] = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     exes: dict[str, Any] = {}
     for seq in seqs:
-        feed = _inputs(seq)
+        feed = inputs("minilm", 1, seq)
         flops = model_flops("minilm", 1, seq)
         ref = None
         for r in runtimes:
@@ -92,7 +72,7 @@ def run(seqs: list[int], min_reps: int, min_time: float, runtimes: list[str]) ->
             first_s = time.perf_counter() - t0
             if ref is None:
                 ref = out
-            times = _measure(fn, min_reps, min_time)
+            times = measure(fn, min_reps, min_time, max_reps=500)
             p50 = statistics.median(times)
             rows.append({"runtime": r, "seq": seq, "first_run_s": first_s, "p50_ms": p50 * 1e3,
                          "p90_ms": sorted(times)[int(0.9 * (len(times) - 1))] * 1e3, "reps": len(times),

@@ -86,11 +86,6 @@ def available() -> bool:
     return bool(_load()["ok"])
 
 
-def status() -> str:
-    s = _load()
-    return "private single-threaded OpenBLAS" if s["ok"] else f"NumPy BLAS ({s['why']})"
-
-
 def _ld(a: np.ndarray) -> tuple[int, int] | None:
     """(transpose flag, leading dimension) of a 2-D operand, or None if BLAS cannot read it."""
     isz = a.itemsize
@@ -103,8 +98,8 @@ def _ld(a: np.ndarray) -> tuple[int, int] | None:
 
 
 def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
-    """A closure ``f(lo, hi, axis)`` computing ``c = a @ b`` on rows (axis 0) or columns (axis 1)
-    ``lo:hi`` of ``c`` through the private BLAS (GIL released), or None if it cannot."""
+    """A closure ``f(lo, hi)`` computing rows ``lo:hi`` of ``c = a @ b`` through the private BLAS
+    (GIL released), or None if it cannot."""
     st = _load()
     if not st["ok"] or a.dtype != b.dtype or a.dtype != c.dtype or a.dtype not in st["gemm"]:
         return None
@@ -116,22 +111,15 @@ def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
     fn = st["gemm"][a.dtype]
     (ta, lda), (tb, ldb) = la, lb
     ldc = c.strides[0] // c.itemsize
-    k = a.shape[1]
+    k, n = a.shape[1], c.shape[1]
     isz = a.itemsize
     pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
-    # Moving to row lo of a (or column lo of b) is a pointer offset that depends on the layout.
-    a_row = (lda if ta == _NO_TRANS else 1) * isz
-    b_col = (1 if tb == _NO_TRANS else ldb) * isz
-
+    a_row = (lda if ta == _NO_TRANS else 1) * isz  # moving to row lo of a is a layout-dependent offset
     keep = (a, b, c)  # the raw pointers below stay valid while this closure lives
 
-    def run(lo: int, hi: int, axis: int) -> None:
+    def run(lo: int, hi: int) -> None:
         if hi <= lo or keep is None:
             return
-        if axis == 0:
-            fn(_ROW_MAJOR, ta, tb, hi - lo, c.shape[1], k, 1.0, pa + lo * a_row, lda, pb, ldb, 0.0,
-               pc + lo * ldc * isz, ldc)
-        else:
-            fn(_ROW_MAJOR, ta, tb, c.shape[0], hi - lo, k, 1.0, pa, lda, pb + lo * b_col, ldb, 0.0,
-               pc + lo * isz, ldc)
+        fn(_ROW_MAJOR, ta, tb, hi - lo, n, k, 1.0, pa + lo * a_row, lda, pb, ldb, 0.0,
+           pc + lo * ldc * isz, ldc)
     return run

@@ -81,8 +81,8 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     o = outs[0]
     # A constant weight (read-only: the program's own copy never changes) is re-laid out once as
     # a C-contiguous (in, out) matrix: OpenBLAS runs x @ W faster than x @ W.T with W row-major
-    # (measured here: 187 vs 166 GFLOP/s at 128 x 384 x 384, +2-4% at 1024 rows; MiniLM end to end
-    # 3-4% faster) at the price of one more copy of the linear weights in memory.
+    # (`python bench/profile_cpu.py --gemm`: 5-10% at 128 rows, 1-4% at 1024; MiniLM end to end
+    # 3-4%) at the price of one more copy of the linear weights in memory.
     wt = np.ascontiguousarray(w.T) if not w.flags.writeable and w.ndim == 2 else w.T
     if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
         # One GEMM over all rows: NumPy runs a stacked matmul as one small GEMM per leading index.
@@ -123,7 +123,7 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         return None
 
     def rows(lo: int, hi: int) -> None:
-        gemm(lo, hi, 0)
+        gemm(lo, hi)
         np.add(o[lo:hi], b, out=o[lo:hi])
 
     # Pieces of >= 512 rows keep OpenBLAS at its single-core peak (MiniLM batch 8: two 512-row

@@ -41,6 +41,19 @@ STORAGE: dict[DType, str] = {
 #: Dtypes elementwise kernels compute in natively (f16/bf16 are loaded/stored only: casts).
 COMPUTE = frozenset(STORAGE) - HALF
 
+def _register_half(name: str, code: str, comment: str, extra: str = "") -> str:
+    """A half type held in a float register, rounded once to its storage precision (``code``:
+    ``h`` f16, ``b`` bf16) on construction from every C type the renderer may cast from."""
+    rnd = f"rlx_{code}2f(rlx_f2{code}"
+    ctors = [("float", "x"), ("double", "rlx_odd(x)"), ("long long", "rlx_odd(x)"),
+             ("int", "rlx_odd((double)x)"), ("short", "(float)x"), ("signed char", "(float)x"),
+             ("unsigned char", "(float)x")]
+    body = "".join(f"  __device__ {name}({t} x) : v({rnd}({e}))) {{}}\n" for t, e in ctors)
+    return (f"/* {comment} */\nstruct {name} {{\n  float v;\n  __device__ {name}() {{}}\n{body}"
+            f"  __device__ {name}(bool x) : v(x ? 1.0f : 0.0f) {{}}\n{extra}"
+            f"  __device__ operator float() const {{ return v; }}\n}};\n")
+
+
 PREAMBLE = r"""
 #ifndef RLX_CUDA_PREAMBLE
 #define RLX_CUDA_PREAMBLE
@@ -73,36 +86,12 @@ __device__ __forceinline__ float rlx_odd(long long x) {
   if ((long long)f != x) f = __uint_as_float(__float_as_uint(f) | 1u);
   return f;
 }
-/* f16 in a register: a float rounded to f16 on construction (intermediate casts in fused chains). */
-struct half {
-  float v;
-  __device__ half() {}
-  __device__ half(float x) : v(rlx_h2f(rlx_f2h(x))) {}
-  __device__ half(double x) : v(rlx_h2f(rlx_f2h(rlx_odd(x)))) {}
-  __device__ half(long long x) : v(rlx_h2f(rlx_f2h(rlx_odd(x)))) {}
-  __device__ half(int x) : v(rlx_h2f(rlx_f2h(rlx_odd((double)x)))) {}
-  __device__ half(short x) : v(rlx_h2f(rlx_f2h((float)x))) {}
-  __device__ half(signed char x) : v(rlx_h2f(rlx_f2h((float)x))) {}
-  __device__ half(unsigned char x) : v(rlx_h2f(rlx_f2h((float)x))) {}
-  __device__ half(bool x) : v(x ? 1.0f : 0.0f) {}
-  __device__ operator float() const { return v; }
-};
-/* bf16 in a register, for when the shared dialect names a bf16 type (today it has none). */
-struct __nv_bfloat16 {
-  float v;
-  __device__ __nv_bfloat16() {}
-  __device__ __nv_bfloat16(float x) : v(rlx_b2f(rlx_f2b(x))) {}
-  __device__ __nv_bfloat16(double x) : v(rlx_b2f(rlx_f2b(rlx_odd(x)))) {}
-  __device__ __nv_bfloat16(long long x) : v(rlx_b2f(rlx_f2b(rlx_odd(x)))) {}
-  __device__ __nv_bfloat16(int x) : v(rlx_b2f(rlx_f2b(rlx_odd((double)x)))) {}
-  __device__ __nv_bfloat16(short x) : v(rlx_b2f(rlx_f2b((float)x))) {}
-  __device__ __nv_bfloat16(signed char x) : v(rlx_b2f(rlx_f2b((float)x))) {}
-  __device__ __nv_bfloat16(unsigned char x) : v(rlx_b2f(rlx_f2b((float)x))) {}
-  __device__ __nv_bfloat16(bool x) : v(x ? 1.0f : 0.0f) {}
-  __device__ __nv_bfloat16(half x) : v(rlx_b2f(rlx_f2b(x.v))) {}
-  __device__ operator float() const { return v; }
-};
-/* Integer division as the MIR reference defines it: |a| // |b| (floor, wrapping int64 for i64;
+""" + _register_half(
+    "half", "h", "f16 in a register: a float rounded to f16 on construction (intermediate casts in "
+    "fused chains).") + _register_half(
+    "__nv_bfloat16", "b", "bf16 in a register, for when the shared dialect names a bf16 type (today "
+    "it has none).", "  __device__ __nv_bfloat16(half x) : v(rlx_b2f(rlx_f2b(x.v))) {}\n") + \
+    r"""/* Integer division as the MIR reference defines it: |a| // |b| (floor, wrapping int64 for i64;
    exact in int64 for narrower types) times sign(a) * sign(b); 0 for a zero divisor. */
 __device__ __forceinline__ long long rlx_idiv(long long a, long long b) {
   const long long aa = (long long)(a < 0 ? 0ull - (unsigned long long)a : (unsigned long long)a);

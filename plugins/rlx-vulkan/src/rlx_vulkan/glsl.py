@@ -254,6 +254,18 @@ void main() {
 """
 
 
+#: Every matmul shader's prologue: sizes, operand bases/offsets and the batch-broadcast offsets
+#: (ae, be) of this workgroup's batch index, decoded from the metadata words at pc.base.
+_MATMUL_META = """  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
+  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
+  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
+  for (int d = br - 1; d >= 0; --d) {
+    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
+    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
+  }
+"""
+
+
 @cache
 def matmul(dt: DType) -> str:
     """Tiled (16x16 shared memory) batched matmul. Meta: M, N, K, a_buf, a_off, b_buf, b_off,
@@ -265,14 +277,7 @@ def matmul(dt: DType) -> str:
 shared {t} As[16][16];
 shared {t} Bs[16][16];
 void main() {{
-  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
-  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
-  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
-  for (int d = br - 1; d >= 0; --d) {{
-    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
-    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
-  }}
-  int row = int(gl_WorkGroupID.y) * 16 + int(gl_LocalInvocationID.y);
+{_MATMUL_META}  int row = int(gl_WorkGroupID.y) * 16 + int(gl_LocalInvocationID.y);
   int col = int(gl_WorkGroupID.x) * 16 + int(gl_LocalInvocationID.x);
   int ly = int(gl_LocalInvocationID.y), lx = int(gl_LocalInvocationID.x);
   {t} acc = {t}(0);
@@ -449,14 +454,7 @@ def matmul_simple(dt: DType) -> str:
   acc += {cv}(BA[pa + uint(k)]) * bv; acc1 += {cv}(BA[pa + uint(K + k)]) * bv; \\
   acc2 += {cv}(BA[pa + uint(2 * K + k)]) * bv; acc3 += {cv}(BA[pa + uint(3 * K + k)]) * bv; }} }}
 void main() {{
-  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
-  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
-  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
-  for (int d = br - 1; d >= 0; --d) {{
-    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
-    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
-  }}
-  int row = int(gl_WorkGroupID.y) * 4;  // four rows per invocation: each B load feeds four FMAs
+{_MATMUL_META}  int row = int(gl_WorkGroupID.y) * 4;  // four rows per invocation: each B load feeds four FMAs
   int col = int(gl_GlobalInvocationID.x);
   if (col >= N) return;
   // rows past M read row M-1 again (in bounds) and are not stored
@@ -621,14 +619,7 @@ def matmul_4x4(dt: DType, bufs: str = "AA") -> str:
   c0 += {t}({cv}(BA[p])) * bv; c1 += {t}({cv}(BA[p + uint(K)])) * bv; \\
   c2 += {t}({cv}(BA[p + uint(2 * K)])) * bv; c3 += {t}({cv}(BA[p + uint(3 * K)])) * bv; }} }}
 void main() {{
-  int B = pc.base; int Mr = M[B], N = M[B + 1], K = M[B + 2];
-  int ab = M[B + 3], bb = M[B + 5]; uint ao = uint(M[B + 4]), bo = uint(M[B + 6]), co = uint(M[B + 7]);
-  int br = M[B + 8]; uint bi = gl_WorkGroupID.z; uint rem = bi; int ae = 0, be = 0;
-  for (int d = br - 1; d >= 0; --d) {{
-    uint s = uint(M[B + 9 + d]); int c = int(rem % s); rem /= s;
-    ae += c * M[B + 9 + br + d]; be += c * M[B + 9 + 2 * br + d];
-  }}
-  int row = int(gl_WorkGroupID.y) * 4; int col = int(gl_GlobalInvocationID.x) * 4;
+{_MATMUL_META}  int row = int(gl_WorkGroupID.y) * 4; int col = int(gl_GlobalInvocationID.x) * 4;
   if (col >= N) return;
   uint pa = (ao >> 2) + uint(ae + row * K), pb = (bo >> 2) + uint(be + col);
   {v} c0 = {v}(0), c1 = {v}(0), c2 = {v}(0), c3 = {v}(0);

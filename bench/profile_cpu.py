@@ -1,0 +1,81 @@
+"""Where rlx-cpu's time goes on a `rlx bench infer` workload, and the GEMM layouts it chooses between.
+
+    python bench/profile_cpu.py minilm --batch 8            # per-kernel time (sum of per-step minima)
+    python bench/profile_cpu.py --gemm                      # x @ W.T vs x @ W (C-contiguous) GFLOP/s
+
+Per-kernel times are the minimum over ``--reps`` runs of each step, summed by claim name: robust to
+other processes on a small shared machine (a benchmark, not a test; docs/BENCHMARKS.md cites it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+
+
+def profile(model: str, batch: int, seq: int, reps: int) -> None:
+    from rlx_core.bench import inputs, rlx_graph
+    from rlx_core.runtime import Session, bind_inputs
+
+    graph = rlx_graph(model)
+    feed = inputs(model, batch, seq)
+    exe = Session("cpu").compile(graph)
+    compiled, _, _ = exe._specialise(bind_inputs(graph, feed, "profile")[1])
+    for _ in range(3):
+        exe.run(feed)
+    best = [float("inf")] * len(compiled.runs)
+    for _ in range(reps):
+        for name, view in compiled.inputs:
+            np.copyto(view, feed[name])
+        for i, r in enumerate(compiled.runs):
+            t0 = time.perf_counter()
+            r()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    total: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter[str] = collections.Counter()
+    for kname, t in zip(compiled.kernel_names, best):
+        total[kname] += t
+        calls[kname] += 1
+    print(f"{model} batch {batch}: sum of per-step minima {sum(best) * 1e3:.1f} ms over {reps} runs")
+    for kname, t in sorted(total.items(), key=lambda kv: -kv[1]):
+        print(f"  {t * 1e3:9.2f} ms  {calls[kname]:4d} calls  {kname}")
+
+
+def gemm_layouts(reps: int) -> None:
+    rng = np.random.default_rng(0)
+    for m, k, n in [(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (1024, 384, 1536),
+                    (1024, 1536, 384)]:
+        x = rng.random((m, k), np.float32)
+        w = rng.random((n, k), np.float32)
+        wt = np.ascontiguousarray(w.T)
+        o = np.empty((m, n), np.float32)
+        operands = {"x @ W.T": w.T, "x @ W(in,out)": wt}
+        best = dict.fromkeys(operands, float("inf"))
+        for _ in range(reps):
+            for name, b in operands.items():
+                t0 = time.perf_counter()
+                np.matmul(x, b, out=o)
+                best[name] = min(best[name], time.perf_counter() - t0)
+        print(f"{m}x{k}x{n}: " + "  ".join(f"{name} {2 * m * k * n / t / 1e9:.0f} GFLOP/s"
+                                           for name, t in best.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", default="minilm", choices=["minilm", "resnet18", "mlp"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--gemm", action="store_true", help="compare the two weight layouts instead")
+    a = ap.parse_args()
+    if a.gemm:
+        gemm_layouts(max(a.reps, 30))
+    else:
+        profile(a.model, a.batch, a.seq, a.reps)
+
+
+if __name__ == "__main__":
+    main()
