@@ -51,6 +51,15 @@ def find_xfails(backend: Any) -> Path | None:
     return None
 
 
+def _shown(path: Path) -> str:
+    """The xfails file as a certificate records it: relative to the working directory when under
+    it, else ``<package>/<file>``, so a certificate names no machine's home or checkout path."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return f"{path.parent.name}/{path.name}"
+
+
 def keyword_filter(expr: str | None) -> Callable[[str], bool]:
     """pytest-like ``-k``: substrings combined with ``and``, ``or``, ``not`` and parentheses."""
     if not expr:
@@ -117,5 +126,5 @@ def run_suite(backend: str, *, hub: Hub | None = None, keyword: str | None = Non
         core_version=__import__("rlx_core").__version__, api_version=b.info.api_version,
         suite_version=f"{SUITE_VERSION} (rlx-conformance {__version__})", device=device.name,
         device_details=dict(device.details), date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        results=results, keyword=keyword, xfails_file=str(xf_path) if xf_path else None,
+        results=results, keyword=keyword, xfails_file=_shown(xf_path) if xf_path else None,
         stale_xfails=unused, seconds=time.perf_counter() - t0)
