@@ -20,6 +20,10 @@ command -v "$PYTHON" >/dev/null 2>&1 || need_apt+=(python3)
 if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
   need_apt+=(python3-venv)
 fi
+# rlx-cpu's float32 GEMMs (oneDNN) use the GNU OpenMP runtime; without it they fall back to OpenBLAS.
+if [ "$(uname -m)" = x86_64 ] && command -v ldconfig >/dev/null 2>&1; then
+  ldconfig -p | grep -q libgomp.so.1 || need_apt+=(libgomp1)
+fi
 if ((${#need_apt[@]})); then
   command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
   log "installing system packages: ${need_apt[*]}"

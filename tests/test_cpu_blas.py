@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import platform
+import sys
 
 import numpy as np
 import pytest
@@ -50,3 +53,31 @@ def test_disabled_by_environment(tmp_path: object) -> None:
                        env={"RLX_CPU_PRIVATE_BLAS": "0", "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False RLX_CPU_PRIVATE_BLAS=0"
+
+
+ONEDNN_HERE = platform.machine() == "x86_64" and sys.platform == "linux"
+
+
+@pytest.mark.skipif(not ONEDNN_HERE, reason="the onednn-cpu-gomp wheel exists for x86-64 Linux only")
+def test_float32_runs_on_onednn_and_keeps_the_callers_openmp_setting() -> None:
+    assert blas.library(np.float32) == "oneDNN sgemm", blas._load().get("dnnl_why")
+    assert blas.library(np.float64) == "private OpenBLAS"
+    omp = ctypes.CDLL("libgomp.so.1")
+    omp.omp_set_num_threads(3)
+    a, b = _operand(64, 40, "C", np.float32), _operand(40, 24, "F", np.float32)
+    c = np.empty((64, 24), np.float32)
+    run = blas.gemm_fn(a, b, c)
+    assert run is not None
+    run(0, 64)
+    assert omp.omp_get_max_threads() == 3  # set to 1 for the call only
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_onednn_switch(tmp_path: object) -> None:
+    import subprocess
+
+    code = "import numpy as np; from rlx_cpu import blas; print(blas.library(np.float32))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"RLX_CPU_ONEDNN": "0", "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "private OpenBLAS"

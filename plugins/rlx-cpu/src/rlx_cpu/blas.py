@@ -1,4 +1,12 @@
-"""A private, single-threaded OpenBLAS instance: rlx-cpu's GEMMs, parallelised by the row pool.
+"""rlx-cpu's own GEMMs: oneDNN's sgemm for float32, a private single-threaded OpenBLAS otherwise.
+
+Why oneDNN for float32: its JIT AVX-512/AVX2 sgemm runs 113-116 GFLOP/s a core on this project's
+2-core CI machine (an AMD EPYC with AVX-512) where OpenBLAS (NumPy's, MKL's too) stays at ~101, and
+``python bench/profile_cpu.py --gemm`` shows the same 12-15% on every MiniLM shape; ONNX Runtime's
+MLAS is in the same place as oneDNN. It comes from the pinned ``onednn-cpu-gomp`` wheel (Apache-2.0),
+loaded ``RTLD_LOCAL``; each call runs on the calling thread only (OpenMP's per-thread thread count is
+set to 1 around the call and restored), so the row pool, not OpenMP, spreads the work.
+``RLX_CPU_ONEDNN=0`` turns it off; where the wheel is missing (not x86-64 Linux) OpenBLAS does all.
 
 Why private: NumPy's OpenBLAS has its own worker threads, which spin for ~0.1 s after every GEMM.
 On a 2-core machine they sit on the core the row pool wants next, so elementwise, layer-norm and
@@ -9,7 +17,7 @@ parallelism then comes from :mod:`rlx_cpu.parallel`, whose workers block instead
 
 The library is the one NumPy ships (``numpy.libs/libscipy_openblas64_*``); it is copied once into
 the RLX cache. Where it cannot be found (another NumPy build) :func:`available` is false and
-kernels use ``np.matmul``. ``RLX_CPU_PRIVATE_BLAS=0`` turns it off.
+kernels use ``np.matmul``. ``RLX_CPU_PRIVATE_BLAS=0`` turns both libraries off.
 """
 
 from __future__ import annotations
@@ -79,7 +87,59 @@ def _load() -> dict[str, Any]:
             fn.restype = None
             fn.argtypes = [ci, ci, ci, i64, i64, i64, real, vp, i64, vp, i64, real, vp, i64]
         _STATE.update(ok=True, lib=lib, gemm={np.dtype(np.float32): sg, np.dtype(np.float64): dg})
+        _STATE["dnnl"], _STATE["dnnl_why"] = _load_dnnl()
         return _STATE
+
+
+def _load_dnnl() -> tuple[Any, str]:
+    """(a float32 row-piece GEMM through oneDNN or None, why not)."""
+    if os.environ.get("RLX_CPU_ONEDNN", "1") == "0":
+        return None, "RLX_CPU_ONEDNN=0"
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        files = distribution("onednn-cpu-gomp").files or []
+    except PackageNotFoundError:
+        return None, "the onednn-cpu-gomp wheel is not installed"
+    libs = sorted(str(f.locate()) for f in files if f.name.startswith("libdnnl.so"))
+    if not libs:
+        return None, "the onednn-cpu-gomp wheel has no libdnnl.so"
+    try:
+        lib = ctypes.CDLL(libs[-1], mode=os.RTLD_LOCAL)
+        omp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime libdnnl was linked against
+        sg, get_n, set_n = lib.dnnl_sgemm, omp.omp_get_max_threads, omp.omp_set_num_threads
+    except (OSError, AttributeError) as e:
+        return None, f"could not load oneDNN: {e}"
+    ch, i64, f32, vp = ctypes.c_char, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    sg.argtypes = [ch, ch, i64, i64, i64, f32, vp, i64, vp, i64, f32, vp, i64]
+    sg.restype = ctypes.c_int
+    get_n.argtypes, get_n.restype = [], ctypes.c_int
+    set_n.argtypes, set_n.restype = [ctypes.c_int], None
+
+    def gemm(ta: bytes, tb: bytes, m: int, n: int, k: int, pa: int, lda: int, pb: int, ldb: int,
+             pc: int, ldc: int) -> None:
+        prev = get_n()
+        if prev != 1:
+            set_n(1)
+        try:
+            status = sg(ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, 0.0, pc, ldc)
+        finally:
+            if prev != 1:
+                set_n(prev)
+        if status != 0:
+            raise RuntimeError(f"oneDNN sgemm returned status {status} for a {m}x{k}x{n} GEMM; "
+                               "set RLX_CPU_ONEDNN=0 to use OpenBLAS and report this")
+    return gemm, ""
+
+
+def library(dtype: Any) -> str:
+    """Which library runs rlx-cpu's GEMMs of ``dtype`` (for reports and ``rlx doctor``)."""
+    st = _load()
+    if not st["ok"]:
+        return f"NumPy (np.matmul): {st['why']}"
+    if np.dtype(dtype) == np.float32 and st["dnnl"] is not None:
+        return "oneDNN sgemm"
+    return "private OpenBLAS"
 
 
 def available() -> bool:
@@ -108,7 +168,6 @@ def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
     la, lb = _ld(a), _ld(b)
     if la is None or lb is None or c.strides[0] % c.itemsize:
         return None
-    fn = st["gemm"][a.dtype]
     (ta, lda), (tb, ldb) = la, lb
     ldc = c.strides[0] // c.itemsize
     k, n = a.shape[1], c.shape[1]
@@ -116,6 +175,16 @@ def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
     pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
     a_row = (lda if ta == _NO_TRANS else 1) * isz  # moving to row lo of a is a layout-dependent offset
     keep = (a, b, c)  # the raw pointers below stay valid while this closure lives
+    dnnl = st["dnnl"] if a.dtype == np.float32 else None
+    if dnnl is not None:
+        tra, trb = (b"N" if ta == _NO_TRANS else b"T"), (b"N" if tb == _NO_TRANS else b"T")
+
+        def run_dnnl(lo: int, hi: int) -> None:
+            if hi <= lo or keep is None:
+                return
+            dnnl(tra, trb, hi - lo, n, k, pa + lo * a_row, lda, pb, ldb, pc + lo * ldc * isz, ldc)
+        return run_dnnl
+    fn = st["gemm"][a.dtype]
 
     def run(lo: int, hi: int) -> None:
         if hi <= lo or keep is None:

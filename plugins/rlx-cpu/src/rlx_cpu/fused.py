@@ -306,4 +306,7 @@ def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs,
     dtypes = [DType.parse(x.dtype) for x in ins]
     mod = compiled_kernel(program, dtypes, lays)
     mod.k_rows(o2, *views, 0, 0)  # compile now (bind time), not on the first run
-    return split_rows(mod.k_rows, outer, (o2, *views), o.size)
+    rows_in = [v for v, lay in zip(views, lays) if lay in ("full", "col")]
+    whole_in = [v for v, lay in zip(views, lays) if lay not in ("full", "col")]
+    return split_rows(mod.k_rows, outer, (o2, *views), o.size,
+                      rows_in=rows_in, whole_in=whole_in, rows_out=[o2])

@@ -63,7 +63,8 @@ def k_layer_norm(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
         from .parallel import split_rows
 
         nb.layer_norm_rows(xr, g, b, orow, eps, 0, 0)  # compile at bind time
-        return split_rows(nb.layer_norm_rows, xr.shape[0], (xr, g, b, orow, eps), x.size)
+        return split_rows(nb.layer_norm_rows, xr.shape[0], (xr, g, b, orow, eps), x.size,
+                          rows_in=[xr], whole_in=[g, b], rows_out=[orow])
     axes = tuple(range(ax, x.ndim))
 
     def run() -> None:
@@ -99,25 +100,33 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     return run
 
 
-#: Rows per thread from which a GEMM runs on the private BLAS split by rows over the pool. Below
-#: it (MiniLM at batch 1: 128 rows) NumPy's threaded OpenBLAS was faster here (22.7-23.8 vs
-#: 25.9 ms end to end), above it the row split was (146-150 vs 156-161 ms at batch 8).
+#: Rows per thread from which a GEMM runs on the private OpenBLAS split by rows over the pool
+#: (without oneDNN). Below it (MiniLM at batch 1: 128 rows) NumPy's threaded OpenBLAS was faster
+#: here (22.7-23.8 vs 25.9 ms end to end), above it the row split was (146-150 vs 156-161 ms at
+#: batch 8).
 ROW_SPLIT_MIN = 256
+#: Multiply-adds from which a oneDNN GEMM is split over the pool when it runs alone: a hand-off
+#: to the second core costs 20-50 us here, a 128x384x384 GEMM ~330 us on one core.
+SPLIT_MIN_MACS = 4_000_000
 
 
 def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
-    """``o = x @ wt + b`` split by rows over the row pool, each piece one single-threaded
-    private-BLAS GEMM plus its rows of the bias add while they are still in cache; None where the
-    rows are too few (the caller then uses NumPy's threaded BLAS)."""
+    """``o = x @ wt + b`` as a :class:`~rlx_cpu.parallel.RowRun`: each row piece one
+    single-threaded GEMM plus its rows of the bias add while they are still in cache; None where
+    NumPy's threaded BLAS is the better choice."""
     from . import blas
-    from .parallel import parts_for, pool
+    from .parallel import RowRun, pool
 
     if x.ndim != 2 or o.ndim != 2 or b.ndim != 1:
         return None
-    m = o.shape[0]
-    parts = parts_for(m * o.shape[1] * max(1, x.shape[1]) // 64)
-    if parts < 2 or m < ROW_SPLIT_MIN * parts:
-        return None
+    m, k, n = o.shape[0], x.shape[1], o.shape[1]
+    threads = pool().threads
+    if blas.library(x.dtype) == "oneDNN sgemm":
+        parts = threads if m * n * k >= SPLIT_MIN_MACS and m >= 2 * threads else 1
+    else:
+        parts = threads if m >= ROW_SPLIT_MIN * threads and m * n * k >= 64 * 262144 * threads else 1
+        if parts < 2:
+            return None
     gemm = blas.gemm_fn(x, wt, o)
     if gemm is None:
         return None
@@ -126,12 +135,14 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         gemm(lo, hi)
         np.add(o[lo:hi], b, out=o[lo:hi])
 
-    # Pieces of >= 512 rows keep OpenBLAS at its single-core peak (MiniLM batch 8: two 512-row
-    # pieces 139-143 ms, four 146-152, eight 158-160); beyond that, more pieces than threads let a
-    # thread on a shared core take fewer of them.
-    chunks = max(parts, min(4 * parts, m // 512))
-    p = pool()
-    return lambda: p.run(rows, m, (), parts, chunks)
+    # Pieces of >= 512 rows keep the GEMM at its single-core peak (MiniLM batch 8 on OpenBLAS: two
+    # 512-row pieces 139-143 ms, four 146-152, eight 158-160); beyond that, more pieces than
+    # threads let a thread on a shared core take fewer of them.
+    cpt = max(1, min(4, m // (512 * threads)))
+    by_rows = x.flags.c_contiguous  # else x is read through a transposed BLAS operand
+    return RowRun(rows, m, (), m * n * k // 64, chunks_per_thread=cpt, parts=parts,
+                  rows_in=[x] if by_rows else [], whole_in=[wt, b] if by_rows else [wt, b, x],
+                  rows_out=[o])
 
 
 def attention_supported(v: Any) -> str | None:
@@ -211,7 +222,9 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
                            (bsz, h, sq, k.shape[2]) if mask == "bias" else (1,) * 4)
     args = (q, k, v, keep.view(np.uint8), bias, mode, q.dtype.type(scale), q.dtype.type(neg), o)
     na.attention_items(*args, 0, 0)  # compile (or load from the disk cache) at bind time
-    body = split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2])
+    # Work counted per score element times the head size: an item is two GEMMs and a softmax, so
+    # batch 1 (12 x 128 x 128 scores) already pays for the second core.
+    body = split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2] * q.shape[3] // 8)
     if pad is None or mask == "bias":
         return body
 

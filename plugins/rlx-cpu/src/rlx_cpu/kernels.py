@@ -34,6 +34,28 @@ def ufunc2(f: Any) -> Factory:
     return make
 
 
+def k_add(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    """``np.add``; a same-shape float add of at least ``ROWS_NUMBA_MIN`` elements (a residual
+    connection) runs as a Numba row kernel instead, so it can join its neighbours' row chain
+    (:func:`rlx_cpu.parallel.chain`)."""
+    from .hir_kernels import ROWS_NUMBA_MIN, _numba_kernels
+
+    a, b = ins
+    o = outs[0]
+    if (a.shape == b.shape == o.shape and o.ndim >= 1 and o.size >= ROWS_NUMBA_MIN
+            and a.dtype == b.dtype == o.dtype and o.dtype in (np.float32, np.float64)
+            and all(x.flags.c_contiguous for x in (a, b, o))):
+        from .parallel import split_rows
+
+        w = o.shape[-1]
+        a2, b2, o2 = a.reshape(-1, w), b.reshape(-1, w), o.reshape(-1, w)
+        nb = _numba_kernels()
+        nb.add_rows(a2, b2, o2, 0, 0)  # compile (or load from the disk cache) at bind time
+        return split_rows(nb.add_rows, o2.shape[0], (a2, b2, o2), o.size,
+                          rows_in=[a2, b2], rows_out=[o2])
+    return lambda: np.add(a, b, out=o)
+
+
 def k_rsqrt(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     x, o = ins[0], outs[0]
 

@@ -122,14 +122,228 @@ def parts_for(work_elems: int) -> int:
     return max(1, min(pool().threads, work_elems // MIN_ELEMS_PER_THREAD))
 
 
+class RowRun:
+    """A bound kernel over rows ``0:n``: ``fn(*args, lo, hi)``, run on as many threads as its
+    work is worth when called alone.
+
+    It also says which memory a row piece touches (``rows_in`` / ``rows_out``: C-contiguous 2-D
+    arrays of ``n`` rows, piece ``lo:hi`` reads or writes their rows ``lo:hi``; ``whole_in``: read
+    in full by every piece), so :func:`chain` can run consecutive row kernels as one dispatch in
+    which each thread carries its own rows through all of them."""
+
+    __slots__ = (
+        "_call",
+        "args",
+        "chunks_per_thread",
+        "fn",
+        "n",
+        "rows_in",
+        "rows_out",
+        "whole_in",
+        "work",
+    )
+
+    def __init__(self, fn: Callable[..., Any], n: int, args: Sequence[Any], work_elems: int, *,
+                 chunks_per_thread: int = 4, parts: int | None = None,
+                 rows_in: Sequence[Any] = (), whole_in: Sequence[Any] = (),
+                 rows_out: Sequence[Any] = ()) -> None:
+        self.fn, self.n, self.args = fn, n, tuple(args)
+        self.work, self.chunks_per_thread = work_elems, chunks_per_thread
+        self.rows_in, self.whole_in, self.rows_out = tuple(rows_in), tuple(whole_in), tuple(rows_out)
+        parts = parts_for(work_elems) if parts is None else max(1, min(parts, pool().threads))
+        a = self.args
+        if parts == 1:
+            self._call: Callable[[], None] = lambda: fn(*a, 0, n)
+        else:
+            p, chunks = pool(), parts * chunks_per_thread
+            self._call = lambda: p.run(fn, n, a, parts, chunks)
+
+    def __call__(self) -> None:
+        self._call()
+
+    def chainable(self) -> bool:
+        return bool(self.rows_out) and all(_rows_ok(x, self.n) for x in (*self.rows_in, *self.rows_out))
+
+
 def split_rows(fn: Callable[..., Any], n: int, args: Sequence[Any], work_elems: int,
-               chunks_per_thread: int = 4) -> Callable[[], None]:
-    """A bound closure running ``fn`` over ``0:n`` rows on as many threads as the work is worth,
-    in ``chunks_per_thread`` pieces a thread (see :meth:`RowPool.run`)."""
-    parts = parts_for(work_elems)
-    p = pool()
-    if parts == 1:
-        a = tuple(args)
-        return lambda: fn(*a, 0, n)
-    chunks = parts * chunks_per_thread
-    return lambda: p.run(fn, n, args, parts, chunks)
+               chunks_per_thread: int = 4, **access: Sequence[Any]) -> RowRun:
+    """A bound :class:`RowRun` of ``fn`` over ``0:n`` rows (``access``: see :class:`RowRun`)."""
+    return RowRun(fn, n, args, work_elems, chunks_per_thread=chunks_per_thread, **access)
+
+
+def _rows_ok(x: Any, n: int) -> bool:
+    return getattr(x, "ndim", 0) == 2 and x.shape[0] == n and x.flags.c_contiguous
+
+
+def _span(x: Any, lo: int, hi: int) -> tuple[int, int]:
+    """Byte interval of rows ``lo:hi`` of a C-contiguous 2-D array."""
+    rb = x.strides[0]
+    base = x.ctypes.data
+    return base + lo * rb, base + hi * rb
+
+
+def _whole(x: Any) -> tuple[int, int]:
+    from numpy.lib.array_utils import byte_bounds
+
+    lo, hi = byte_bounds(x)
+    return int(lo), int(hi)
+
+
+#: Marks a barrier between two stages of a :class:`_Chain`.
+BARRIER = None
+_POISON = 1 << 62
+
+
+class _Chain:
+    """Row kernels run back to back by each thread on its own rows: one dispatch instead of one
+    per kernel (MiniLM batch 1: ~60 hand-offs to the second core become 6). Where a later kernel
+    needs rows another thread wrote (or overwrites bytes another thread still reads: the memory
+    planner reuses dead buffers), the threads meet at a barrier first."""
+
+    def __init__(self, stages: Sequence[RowRun | None], parts: int) -> None:
+        import numpy as np
+
+        self.runs = [r for r in stages if r is not None]
+        self.parts = parts
+        self.steps = [None if r is None else (r.fn, r.args, r.n) for r in stages]
+        self.barriers = sum(r is None for r in stages)
+        self.arrived = np.zeros(parts, np.int64)
+        self.epoch = 0
+
+    def piece(self, p: int, _hi: int) -> None:
+        from ._spin import wait_all
+
+        parts, arrived = self.parts, self.arrived
+        e = self.epoch
+        try:
+            for step in self.steps:
+                if step is None:
+                    e += 1
+                    arrived[p] = e
+                    while not wait_all(arrived, e, 20000):
+                        os.sched_yield()  # the other thread lost its core: let it have ours
+                    continue
+                fn, args, n = step
+                fn(*args, n * p // parts, n * (p + 1) // parts)
+        except BaseException:
+            arrived[p] = _POISON  # nobody waits for this thread any more
+            raise
+
+    def __call__(self) -> None:
+        try:
+            pool().run(self.piece, self.parts, (), self.parts)
+        except BaseException:
+            self.arrived[:] = 0
+            self.epoch = 0
+            raise
+        self.epoch += self.barriers
+
+
+def _accesses(r: RowRun, p: int, parts: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    lo, hi = r.n * p // parts, r.n * (p + 1) // parts
+    reads = [_span(x, lo, hi) for x in r.rows_in] + [_whole(x) for x in r.whole_in]
+    writes = [_span(x, lo, hi) for x in r.rows_out]
+    return reads, writes
+
+
+def _hazard(group: Sequence[RowRun], r: RowRun, parts: int) -> bool:
+    """Would ``r`` appended to ``group`` let one thread touch bytes another thread writes?"""
+    def meet(a: tuple[int, int], b: tuple[int, int]) -> bool:
+        return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
+
+    for p in range(parts):
+        r_reads, r_writes = _accesses(r, p, parts)
+        for q in range(parts):
+            if q == p:
+                continue  # the same thread: program order holds
+            for g in group:
+                g_reads, g_writes = _accesses(g, q, parts)
+                if any(meet(w, x) for w in r_writes for x in (*g_reads, *g_writes)):
+                    return True
+                if any(meet(w, x) for w in g_writes for x in r_reads):
+                    return True
+    return False
+
+
+#: A chain is worth its dispatch from this much work (elements); below it kernels run alone.
+CHAIN_MIN_WORK = 2 * MIN_ELEMS_PER_THREAD
+#: How many unrelated steps (head-split transposes between the Q, K and V projections) a chain
+#: may run ahead of.
+CHAIN_LOOKAHEAD = 8
+
+Span = tuple[int, int]
+
+
+def _meet(a: Span, b: Span) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
+
+
+def _all_access(r: RowRun) -> tuple[list[Span], list[Span]]:
+    reads = [_whole(x) for x in (*r.rows_in, *r.whole_in)]
+    return reads, [_whole(x) for x in r.rows_out]
+
+
+def _commute(r: RowRun, other: tuple[list[Span], list[Span]]) -> bool:
+    """May ``r`` run before a step that came before it (reads/writes ``other``)?"""
+    r_reads, r_writes = _all_access(r)
+    o_reads, o_writes = other
+    return not (any(_meet(w, x) for w in r_writes for x in (*o_reads, *o_writes))
+                or any(_meet(w, x) for w in o_writes for x in r_reads))
+
+
+def chain(runs: Sequence[Any], ids: Sequence[Any],
+          access: Sequence[tuple[list[Span], list[Span]] | None] | None = None
+          ) -> tuple[list[Any], list[Any]]:
+    """Group chainable :class:`RowRun` steps into one dispatch each. ``ids``: one per run, a chain
+    gets the tuple of its members'. ``access[i]``: the byte spans plain run ``i`` reads and writes,
+    which lets a chain run ahead of it when they touch nothing in common (None: it never moves).
+    ``RLX_CPU_CHAIN=0`` turns chaining off."""
+    parts = pool().threads
+    if parts < 2 or os.environ.get("RLX_CPU_CHAIN", "1") == "0":
+        return list(runs), list(ids)
+    acc = list(access) if access is not None else [None] * len(runs)
+    out_runs: list[Any] = []
+    out_ids: list[Any] = []
+    stages: list[RowRun | None] = []
+    stage: list[RowRun] = []  # the kernels since the last barrier
+    gids: list[Any] = []
+    held: list[int] = []  # plain steps the open chain has run ahead of, in order
+
+    def ok(r: Any) -> bool:
+        return isinstance(r, RowRun) and r.chainable() and r.n >= parts
+
+    def flush() -> None:
+        members = [r for r in stages if r is not None]
+        if len(members) >= 2 and sum(r.work for r in members) >= CHAIN_MIN_WORK:
+            out_runs.append(_Chain(stages, parts))
+            out_ids.append(tuple(gids))
+        else:
+            out_runs.extend(members)
+            out_ids.extend(gids)
+        for i in held:
+            out_runs.append(runs[i])
+            out_ids.append(ids[i])
+        stages.clear()
+        stage.clear()
+        gids.clear()
+        held.clear()
+
+    for i, r in enumerate(runs):
+        if ok(r):
+            if stages and all(_commute(r, acc[h]) for h in held):  # type: ignore[arg-type]
+                if _hazard(stage, r, parts):
+                    stages.append(BARRIER)
+                    stage.clear()
+            else:
+                flush()
+            stages.append(r)
+            stage.append(r)
+            gids.append(ids[i])
+        elif stages and acc[i] is not None and len(held) < CHAIN_LOOKAHEAD:
+            held.append(i)
+        else:
+            flush()
+            out_runs.append(r)
+            out_ids.append(ids[i])
+    flush()
+    return out_runs, out_ids

@@ -42,7 +42,7 @@ def _factories() -> dict[str, Any]:
         "reciprocal": k.k_reciprocal, "sin": k.ufunc1(np.sin), "cos": k.ufunc1(np.cos),
         "tanh": k.ufunc1(np.tanh), "sigmoid": k.k_sigmoid, "erf": k.k_erf, "floor": k.ufunc1(np.floor),
         "ceil": k.ufunc1(np.ceil), "round": k.ufunc1(np.round), "logical_not": k.ufunc1(np.logical_not),
-        "add": k.ufunc2(np.add), "sub": k.ufunc2(np.subtract), "mul": k.ufunc2(np.multiply),
+        "add": k.k_add, "sub": k.ufunc2(np.subtract), "mul": k.ufunc2(np.multiply),
         "div": k.ufunc2(np.true_divide), "pow": k.ufunc2(np.power), "maximum": k.ufunc2(np.maximum),
         "minimum": k.ufunc2(np.minimum), "logical_and": k.ufunc2(np.logical_and),
         "logical_or": k.ufunc2(np.logical_or), "logical_xor": k.ufunc2(np.logical_xor),

@@ -17,6 +17,15 @@ def _aligned_arena(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[shift:shift + nbytes]
 
 
+def _spans(s: Step, views: Mapping[str, np.ndarray]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    from numpy.lib.array_utils import byte_bounds
+
+    def span(x: np.ndarray) -> tuple[int, int]:
+        lo, hi = byte_bounds(x)
+        return int(lo), int(hi)
+    return [span(views[i]) for i in s.inputs], [span(views[o]) for o in s.outputs]
+
+
 class CpuProgram:
     def __init__(self, program: Program, factories: Mapping[str, Any]) -> None:
         self.program = program
@@ -55,6 +64,17 @@ class CpuProgram:
                 return factories[s.kernel](list(ins), [self.views[o] for o in s.outputs], s.attrs)
 
         self.runs, self.kernel_names, self._slots, self.run_kernels = fuse(program, views, runs, rebind)
+        if not self._slots:  # inputs re-pointed at bind_input keep their own runs
+            from .parallel import chain
+
+            access = None
+            if len(self.runs) == len(program.kernels):  # one run a step: their buffers are known
+                access = [_spans(s, views) for s in program.kernels]
+            runs, groups = chain(self.runs, list(range(len(self.runs))), access)
+            idx = [g if isinstance(g, tuple) else (g,) for g in groups]
+            self.kernel_names = tuple("+".join(self.kernel_names[i] for i in g) for g in idx)
+            self.run_kernels = tuple(tuple(k for i in g for k in self.run_kernels[i]) for g in idx)
+            self.runs = tuple(runs)
         self._bound: set[str] = set()
 
     def _bind(self, s: Step, factories: Mapping[str, Any]) -> Any:

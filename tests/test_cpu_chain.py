@@ -1,0 +1,126 @@
+"""rlx-cpu row chains: consecutive row kernels in one dispatch, barriers exactly where a thread
+would touch rows another thread writes, plain steps moved only when they share no bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rlx_cpu import parallel
+from rlx_cpu.parallel import BARRIER, RowPool, RowRun, chain
+
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(autouse=True)
+def two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parallel, "_POOL", RowPool(2))
+    monkeypatch.setattr(parallel, "CHAIN_MIN_WORK", 0)
+
+
+def _scale(x: np.ndarray, o: np.ndarray, c: float, lo: int, hi: int) -> None:
+    o[lo:hi] = x[lo:hi] * c
+
+
+def _flip(x: np.ndarray, o: np.ndarray, lo: int, hi: int) -> None:
+    # Row r of o needs row n-1-r of x: another thread's rows.
+    n = x.shape[0]
+    o[lo:hi] = x[n - hi:n - lo][::-1]
+
+
+def _row_run(fn, x: np.ndarray, o: np.ndarray, *extra: float, whole: bool = False) -> RowRun:  # type: ignore[no-untyped-def]
+    return RowRun(fn, o.shape[0], (x, o, *extra), 1 << 20, parts=1,
+                  rows_in=[] if whole else [x], whole_in=[x] if whole else [], rows_out=[o])
+
+
+def _stages(run: object) -> list[object]:
+    return [None if s is None else s[0] for s in run.steps]  # type: ignore[attr-defined]
+
+
+def test_row_aligned_kernels_share_one_dispatch_without_barrier() -> None:
+    x = RNG.standard_normal((64, 8)).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    runs, ids = chain([_row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0)], ["s1", "s2"])
+    assert ids == [("s1", "s2")] and _stages(runs[0]) == [_scale, _scale]
+    runs[0]()
+    np.testing.assert_array_equal(b, x * 6.0)
+
+
+def test_reading_other_threads_rows_puts_a_barrier_first() -> None:
+    x = RNG.standard_normal((64, 8)).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    runs, _ = chain([_row_run(_scale, x, a, 2.0), _row_run(_flip, a, b, whole=True)], ["s", "f"])
+    assert _stages(runs[0]) == [_scale, BARRIER, _flip]
+    for _ in range(3):  # barriers reset between calls
+        b[:] = 0
+        runs[0]()
+        np.testing.assert_array_equal(b, (x * 2.0)[::-1])
+
+
+def test_reused_buffer_with_another_row_width_puts_a_barrier_first() -> None:
+    # The memory planner gives a dead buffer to a later value of another shape: thread 0's rows
+    # of the new value are bytes thread 1 still reads as the old one.
+    arena = np.zeros(64 * 16, np.float32)
+    x = RNG.standard_normal((64, 16)).astype(np.float32)
+    wide = arena.reshape(64, 16)
+    narrow = arena[:64 * 4].reshape(64, 4)  # rows 32:64 of it are rows 8:16 of `wide`
+    mid = np.empty((64, 4), np.float32)
+
+    def first_cols(src: np.ndarray, o: np.ndarray, lo: int, hi: int) -> None:
+        o[lo:hi] = src[lo:hi, :4] + 1.0
+
+    runs, _ = chain([_row_run(_scale, x, wide, 1.0), _row_run(first_cols, wide, mid),
+                     _row_run(_scale, mid, narrow, 2.0)], ["a", "b", "c"])
+    assert _stages(runs[0]) == [_scale, first_cols, BARRIER, _scale]
+    runs[0]()
+    np.testing.assert_array_equal(narrow, (x[:, :4] + 1.0) * 2.0)
+
+
+def test_plain_step_is_moved_after_the_chain_only_when_disjoint() -> None:
+    x = RNG.standard_normal((64, 8)).astype(np.float32)
+    a, b, c = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    order: list[str] = []
+
+    def plain() -> None:
+        order.append("plain")
+        c[:] = a  # reads a, written by the first kernel: fine after the whole chain
+
+    def span(arr: np.ndarray) -> tuple[int, int]:
+        return arr.ctypes.data, arr.ctypes.data + arr.nbytes
+
+    r1, r2 = _row_run(_scale, x, a, 2.0), _row_run(_scale, x, b, 3.0)
+    runs, ids = chain([r1, plain, r2], ["r1", "p", "r2"], [None, ([span(a)], [span(c)]), None])
+    assert ids == [("r1", "r2"), "p"]
+    for r in runs:
+        r()
+    np.testing.assert_array_equal(c, x * 2.0)
+    # A plain step writing what a later kernel reads keeps its place and ends the chain.
+    runs, ids = chain([r1, plain, _row_run(_scale, c, b, 1.0)], ["r1", "p", "r3"],
+                      [None, ([span(a)], [span(c)]), None])
+    assert ids == ["r1", "p", "r3"]
+
+
+def test_error_in_a_chain_reaches_the_caller_and_the_chain_still_works() -> None:
+    x = RNG.standard_normal((64, 8)).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    fail = {"on": True}
+
+    def maybe_fail(src: np.ndarray, o: np.ndarray, lo: int, hi: int) -> None:
+        if fail["on"] and lo > 0:
+            raise RuntimeError(f"rows {lo}:{hi} failed")
+        _scale(src, o, 1.0, lo, hi)
+
+    runs, _ = chain([_row_run(_scale, x, a, 2.0), _row_run(maybe_fail, a, b, whole=True),
+                     _row_run(_flip, b, a, whole=True)], ["s", "m", "f"])
+    with pytest.raises(RuntimeError, match="rows 32:64 failed"):
+        runs[0]()
+    fail["on"] = False
+    runs[0]()
+    np.testing.assert_array_equal(a, (x * 2.0)[::-1])
+
+
+def test_switch_turns_chaining_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_CHAIN", "0")
+    x = RNG.standard_normal((64, 8)).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    r1, r2 = _row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0)
+    assert chain([r1, r2], ["s1", "s2"]) == ([r1, r2], ["s1", "s2"])
