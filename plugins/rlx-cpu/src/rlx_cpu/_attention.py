@@ -66,7 +66,7 @@ def _rowmax(row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
-def attention_items(q, k, v, keep, bias, mode, scale, neg, o, lo, hi):  # type: ignore[no-untyped-def]
+def attention_items(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):  # type: ignore[no-untyped-def]
     bsz, h, sq, d = q.shape
     sk = k.shape[2]
     nblk = (sq + QBLOCK - 1) // QBLOCK
@@ -94,7 +94,7 @@ def attention_items(q, k, v, keep, bias, mode, scale, neg, o, lo, hi):  # type: 
                     row[j] = neg
             elif mode == MASK_PADDING:
                 for j in range(sk):
-                    if keep[b, j] == 0:
+                    if pad[b, j] == 0:  # (B, Sk) padding mask, nonzero = attend
                         row[j] = neg
             elif mode == MASK_BIAS:  # bias is broadcast to (B, H, Sq, Sk) (zero strides)
                 for j in range(sk):

@@ -26,9 +26,3 @@ def layer_norm_rows(x, g, b, o, eps, lo, hi):  # type: ignore[no-untyped-def]
         for c in range(n):
             o[r, c] = (x[r, c] - mu) * inv * g[c] + b[c]
 
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def add_rows(a, b, o, lo, hi):  # type: ignore[no-untyped-def]
-    for r in range(lo, hi):
-        for c in range(o.shape[1]):
-            o[r, c] = a[r, c] + b[r, c]

@@ -212,26 +212,24 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
                      pad: np.ndarray | None, scale: float, neg: float) -> Any:
     from . import _attention as na
     from .parallel import split_rows
-    bsz, h, sq, _ = q.shape
-    n = bsz * h * ((sq + na.QBLOCK - 1) // na.QBLOCK)
-    keep = np.ones((bsz, k.shape[2]), np.bool_)
+    bsz, h, sq, d = q.shape
+    nblk = (sq + na.QBLOCK - 1) // na.QBLOCK
+    n = bsz * h * nblk
     mode = {"none": na.MASK_NONE, "causal": na.MASK_CAUSAL, "padding": na.MASK_PADDING,
             "bias": na.MASK_BIAS}[mask]
+    keep = pad if mask == "padding" else np.ones((1, 1), np.uint8)
     # The bias as a (B, H, Sq, Sk) view (zero strides where it broadcasts); a dummy otherwise.
     bias = np.broadcast_to(pad if mask == "bias" else np.zeros((1,) * 4, q.dtype),
                            (bsz, h, sq, k.shape[2]) if mask == "bias" else (1,) * 4)
-    args = (q, k, v, keep.view(np.uint8), bias, mode, q.dtype.type(scale), q.dtype.type(neg), o)
+    args = (q, k, v, keep, bias, mode, q.dtype.type(scale), q.dtype.type(neg), o)
     na.attention_items(*args, 0, 0)  # compile (or load from the disk cache) at bind time
+    # Item it writes o[b, h, block]: with whole blocks those are rows of an (items, block) view,
+    # which lets attention join a row chain (it reads q, k, v and the mask whole).
+    rows_out = [o.reshape(n, -1)] if sq % na.QBLOCK == 0 else []
     # Work counted per score element times the head size: an item is two GEMMs and a softmax, so
     # batch 1 (12 x 128 x 128 scores) already pays for the second core.
-    body = split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2] * q.shape[3] // 8)
-    if pad is None or mask == "bias":
-        return body
-
-    def run() -> None:
-        np.not_equal(pad, 0, out=keep)
-        body()
-    return run
+    return split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2] * d // 8,
+                      whole_in=[q, k, v, keep, bias], rows_out=rows_out)
 
 
 def _dtype(npdt: np.dtype) -> Any:

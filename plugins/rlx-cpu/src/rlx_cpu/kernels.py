@@ -36,9 +36,9 @@ def ufunc2(f: Any) -> Factory:
 
 def k_add(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     """``np.add``; a same-shape float add of at least ``ROWS_NUMBA_MIN`` elements (a residual
-    connection) runs as a Numba row kernel instead, so it can join its neighbours' row chain
+    connection) is a row kernel, so it can join its neighbours' row chain
     (:func:`rlx_cpu.parallel.chain`)."""
-    from .hir_kernels import ROWS_NUMBA_MIN, _numba_kernels
+    from .hir_kernels import ROWS_NUMBA_MIN
 
     a, b = ins
     o = outs[0]
@@ -49,10 +49,10 @@ def k_add(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -
 
         w = o.shape[-1]
         a2, b2, o2 = a.reshape(-1, w), b.reshape(-1, w), o.reshape(-1, w)
-        nb = _numba_kernels()
-        nb.add_rows(a2, b2, o2, 0, 0)  # compile (or load from the disk cache) at bind time
-        return split_rows(nb.add_rows, o2.shape[0], (a2, b2, o2), o.size,
-                          rows_in=[a2, b2], rows_out=[o2])
+
+        def rows(lo: int, hi: int) -> None:
+            np.add(a2[lo:hi], b2[lo:hi], out=o2[lo:hi])
+        return split_rows(rows, o2.shape[0], (), o.size, rows_in=[a2, b2], rows_out=[o2])
     return lambda: np.add(a, b, out=o)
 
 
@@ -186,6 +186,21 @@ def k_reshape(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attr
 def k_transpose(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     x, o = ins[0], outs[0]
     src = np.transpose(x, attrs["perm"])
+    if 2 <= o.ndim <= 4 and o.flags.c_contiguous and o.size >= 32768 and o.dtype.kind in "fiub":
+        # A row kernel (rows: the first two output axes), so the head split/merge of attention
+        # joins the row chain of the projections around it instead of breaking it.
+        from .parallel import split_rows
+
+        pad = (1,) * (4 - o.ndim)
+        s4, o4 = src.reshape(pad + src.shape), o.reshape(pad + o.shape)
+        d1 = o4.shape[1]
+
+        def rows(lo: int, hi: int) -> None:  # NumPy's strided copy, a slab of the first axis at a time
+            for i0 in range(lo // d1, (hi + d1 - 1) // d1):
+                a, b = max(lo - i0 * d1, 0), min(hi - i0 * d1, d1)
+                np.copyto(o4[i0, a:b], s4[i0, a:b])
+        n = o4.shape[0] * d1
+        return split_rows(rows, n, (), o.size, whole_in=[x], rows_out=[o4.reshape(n, -1)])
     return lambda: np.copyto(o, src)
 
 
