@@ -81,3 +81,21 @@ def test_onednn_switch(tmp_path: object) -> None:
                        env={"RLX_CPU_ONEDNN": "0", "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "private OpenBLAS"
+
+
+@pytest.mark.skipif(not ONEDNN_HERE, reason="the onednn-cpu-gomp wheel exists for x86-64 Linux only")
+@pytest.mark.parametrize("la", ["C", "F"])
+@pytest.mark.parametrize("lb", ["C", "F"])
+def test_native_linear_rows_match_numpy(la: str, lb: str) -> None:
+    m, k, n = 37, 19, 53
+    x, w = _operand(m, k, la, np.float32), _operand(k, n, lb, np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    o = np.full((m, n), np.nan, np.float32)
+    call = blas.linear_rows(x, w, bias, o)
+    assert call is not None
+    fn, args = call
+    for lo, hi in itertools.pairwise([0, 5, 5, m // 2, m]):
+        fn(*args, lo, hi)
+    np.testing.assert_allclose(o, x.astype(np.float64) @ w + bias, rtol=1e-5, atol=1e-4)
+    assert blas.linear_rows(x.astype(np.float64), w.astype(np.float64), bias.astype(np.float64),
+                            o.astype(np.float64)) is None  # float64 stays on OpenBLAS

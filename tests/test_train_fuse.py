@@ -72,10 +72,20 @@ def test_column_major_weights_load_and_read_back(monkeypatch: pytest.MonkeyPatch
 def test_paired_gemms_match(monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer's dX and dW GEMMs run at once (opt-in) compute what they compute one after the other."""
     arch = (40, 24, 12, 5)
-    plain, _ = _curve(arch, 8, 8, monkeypatch, True)
-    monkeypatch.setenv("RLX_CPU_PAIR_MIN_FLOPS", "1")
-    with thread_limits(2):
-        paired, rt = _curve(arch, 8, 8, monkeypatch, True)
+    # The tight memory plan puts each layer's dX and dW GEMMs next to each other (with rlx-cpu's
+    # default reuse distance the momentum GEMM runs where the update was instead).
+    from rlx_core.hub import reset_hub
+
+    monkeypatch.setenv("RLX_CPU_REUSE_DISTANCE", "0")
+    reset_hub()  # devices are probed once per hub
+    try:
+        plain, _ = _curve(arch, 8, 8, monkeypatch, True)
+        monkeypatch.setenv("RLX_CPU_PAIR_MIN_FLOPS", "1")
+        with thread_limits(2):
+            paired, rt = _curve(arch, 8, 8, monkeypatch, True)
+    finally:
+        monkeypatch.undo()
+        reset_hub()
     np.testing.assert_allclose(paired, plain, rtol=1e-6, atol=1e-7)
     from rlx_cpu.parallel import pool
 
@@ -193,3 +203,24 @@ def test_profile_counts_every_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> N
     for s in rt.program.kernels:
         want[s.kernel] = want.get(s.kernel, 0) + 1
     assert dict(counts) == want
+
+
+def test_matmul_of_two_transposes_reads_both_sources() -> None:
+    # Both operands of one matmul come from transposes the bind-time pass folds into the GEMM:
+    # the second fold must keep the first (it once re-read the dropped transpose's buffer).
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from rlx_core.frontends.onnx import load_onnx
+
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.random(s, np.float32) for s in ((4, 3), (5, 4), (1, 5)))
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], alpha=0.25, beta=0.35, transA=1, transB=1)
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape))
+          for n, v in (("a", a), ("b", b), ("c", c))]
+    g = helper.make_graph([node], "g", vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    out = Session("cpu", use_cache=False).compile(load_onnx(model)).run({"a": a, "b": b, "c": c})
+    np.testing.assert_allclose(out["y"], 0.25 * a.T @ b.T + 0.35 * c, rtol=1e-5, atol=1e-6)
+    assert onnx is not None

@@ -85,8 +85,12 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan_memory(graph: Graph, steps: list[Step], keep: set[str]) -> tuple[BufferPlan, list[Step]]:
-    """Assign arena offsets by liveness (greedy by size, best offset), with in-place reuse."""
+def plan_memory(graph: Graph, steps: list[Step], keep: set[str],
+                reuse_distance: int = 0) -> tuple[BufferPlan, list[Step]]:
+    """Assign arena offsets by liveness (greedy by size, best offset), with in-place reuse.
+
+    ``reuse_distance``: steps a buffer stays reserved after its value's last use (the device's
+    :attr:`~rlx_core.records.DeviceInfo.reuse_distance`)."""
     n = len(steps)
     params = {p.name for p in graph.params}
     first: dict[str, int] = {v.name: -1 for v in graph.inputs}
@@ -122,6 +126,12 @@ def plan_memory(graph: Graph, steps: list[Step], keep: set[str]) -> tuple[Buffer
                     break
         new_steps.append(Step(s.node, s.op, s.kernel, s.inputs, s.outputs, s.attrs, s.origin, s.path,
                               done) if done != s.in_place else s)
+    if reuse_distance:
+        # Applied after in-place aliasing (which needs the true last use): the buffer stays
+        # reserved for `reuse_distance` more steps before another value may take it.
+        for v in last:
+            if last[v] >= 0:
+                last[v] = min(n, last[v] + reuse_distance)
     roots = [v for v in first if v not in alias]
     order = sorted(roots, key=lambda v: (-sizes[v], first[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
@@ -163,7 +173,7 @@ def lower(legal: Legalized, device: Any) -> Program:
         steps.append(Step(node.name, node.op, a.claim.name, node.inputs, node.outputs, node.attrs,
                           a.origin, a.path, a.claim.in_place))
     keep = {v for _, v in legal.outputs}
-    plan, steps = plan_memory(g, steps, keep)
+    plan, steps = plan_memory(g, steps, keep, getattr(device, "reuse_distance", 0))
     all_steps: list[Step | Transfer] = []
     if not device.host_memory:
         for v in g.inputs:

@@ -76,10 +76,17 @@ class DeviceInfo:
     #: Buffers live in host memory: no transfers are needed to run on it.
     host_memory: bool = True
     details: Mapping[str, str] = field(default_factory=dict)
+    #: Steps a buffer stays reserved after its value's last use before the memory planner gives
+    #: it to another value. A backend that overlaps consecutive kernels (one thread still on
+    #: kernel i while another starts kernel i+1) sets it so that reusing bytes a neighbour may
+    #: still read does not force the threads to wait for each other. Costs arena memory.
+    reuse_distance: int = 0
 
     def __post_init__(self) -> None:
         _need(self.available or bool(self.reason), f"device {self.name!r} is unavailable without a reason",
               "say why (e.g. 'no CUDA driver found') so `rlx doctor` can tell the user")
+        _need(self.reuse_distance >= 0, f"device {self.name!r}: reuse_distance must be >= 0",
+              "use 0 unless kernels overlap")
 
 
 @dataclass(frozen=True)

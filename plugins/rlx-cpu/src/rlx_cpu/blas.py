@@ -129,6 +129,7 @@ def _load_dnnl() -> tuple[Any, str]:
         if status != 0:
             raise RuntimeError(f"oneDNN sgemm returned status {status} for a {m}x{k}x{n} GEMM; "
                                "set RLX_CPU_ONEDNN=0 to use OpenBLAS and report this")
+    gemm.addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (sg, get_n, set_n))  # type: ignore[attr-defined]
     return gemm, ""
 
 
@@ -155,6 +156,29 @@ def _ld(a: np.ndarray) -> tuple[int, int] | None:
     if s0 == isz and s1 % isz == 0 and s1 >= max(1, a.shape[0]) * isz:
         return _TRANS, s1 // isz
     return None
+
+
+def linear_rows(x: np.ndarray, w: np.ndarray, bias: np.ndarray,
+                o: np.ndarray) -> tuple[Any, tuple[Any, ...]] | None:
+    """``(fn, args)`` with ``fn(*args, lo, hi)`` computing rows ``lo:hi`` of ``o = x @ w + bias`` in
+    one nogil call into oneDNN (:mod:`rlx_cpu._gemm_rows`), or None where oneDNN cannot."""
+    st = _load()
+    dnnl = st.get("dnnl")
+    if (dnnl is None or not all(t.dtype == np.float32 for t in (x, w, bias, o))
+            or x.ndim != 2 or w.ndim != 2 or o.ndim != 2 or bias.shape != (o.shape[1],)
+            or o.strides[1] != 4 or o.strides[0] % 4 or bias.strides[0] != 4):
+        return None
+    la, lb = _ld(x), _ld(w)
+    if la is None or lb is None:
+        return None
+    from ._gemm_rows import linear_rows as fn
+
+    (ta, lda), (tb, ldb) = la, lb
+    a_row = lda if ta == _NO_TRANS else 1
+    code = {_NO_TRANS: ord("N"), _TRANS: ord("T")}
+    args = (dnnl.addresses, code[ta], code[tb], x, lda, a_row, w, ldb, bias, o)
+    fn(*args, 0, 0)  # compile (or load from the disk cache) at bind time
+    return fn, args
 
 
 def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:

@@ -127,20 +127,25 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         parts = threads if m >= ROW_SPLIT_MIN * threads and m * n * k >= 64 * 262144 * threads else 1
         if parts < 2:
             return None
-    gemm = blas.gemm_fn(x, wt, o)
-    if gemm is None:
-        return None
+    native = blas.linear_rows(x, wt, b, o)
+    if native is not None:
+        rows, args = native
+    else:
+        gemm = blas.gemm_fn(x, wt, o)
+        if gemm is None:
+            return None
 
-    def rows(lo: int, hi: int) -> None:
-        gemm(lo, hi)
-        np.add(o[lo:hi], b, out=o[lo:hi])
+        def rows(lo: int, hi: int) -> None:
+            gemm(lo, hi)
+            np.add(o[lo:hi], b, out=o[lo:hi])
+        args = ()
 
     # Pieces of >= 512 rows keep the GEMM at its single-core peak (MiniLM batch 8 on OpenBLAS: two
     # 512-row pieces 139-143 ms, four 146-152, eight 158-160); beyond that, more pieces than
     # threads let a thread on a shared core take fewer of them.
     cpt = max(1, min(4, m // (512 * threads)))
     by_rows = x.flags.c_contiguous  # else x is read through a transposed BLAS operand
-    return RowRun(rows, m, (), m * n * k // 64, chunks_per_thread=cpt, parts=parts,
+    return RowRun(rows, m, args, m * n * k // 64, chunks_per_thread=cpt, parts=parts,
                   rows_in=[x] if by_rows else [], whole_in=[wt, b] if by_rows else [wt, b, x],
                   rows_out=[o])
 

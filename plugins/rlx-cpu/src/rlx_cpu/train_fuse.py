@@ -245,11 +245,14 @@ class _Fuser:
                 continue  # the GEMM would read X while writing over it
             for j in set(users):
                 st = self.steps[j]
-                ops = [x.T if v == out else self.views[v] for v in st.inputs]
-                a, b = ops
+                # Both operands may be transposes: keep what an earlier pass put in place.
+                cur = self.matmul_operands(j)
+                assert cur is not None
+                a, b = (x.T if v == out else c for v, c in zip(st.inputs, cur))
                 o = self.views[st.outputs[0]]
                 self.operands[j] = (a, b)
-                self.reads[j] = {v: None for v in st.inputs if v != out} | {s.inputs[0]: None}
+                before = self.reads.get(j, {v: None for v in st.inputs})
+                self.reads[j] = {v: None for v in before if v != out} | {s.inputs[0]: None}
                 self.runs[j] = (lambda a=a, b=b, o=o: np.matmul(a, b, out=o))
                 self.names[j] = "cpu.matmul_t"
             self.dropped.add(t)
