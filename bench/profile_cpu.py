@@ -2,9 +2,12 @@
 
     python bench/profile_cpu.py minilm --batch 8            # per-kernel time (sum of per-step minima)
     python bench/profile_cpu.py --gemm                      # x @ W.T vs x @ W (C-contiguous) GFLOP/s
+    python bench/profile_cpu.py --libs                      # one-core GEMM: oneDNN vs OpenBLAS
 
 Per-kernel times are the minimum over ``--reps`` runs of each step, summed by claim name: robust to
 other processes on a small shared machine (a benchmark, not a test; docs/BENCHMARKS.md cites it).
+Row chains are turned off (``RLX_CPU_CHAIN=0``) so that every kernel is a step of its own; with
+``--chain`` a chain is one step, named after its kernels.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import time
 import numpy as np
 
 
-def profile(model: str, batch: int, seq: int, reps: int) -> None:
+def profile(model: str, batch: int, seq: int, reps: int, chain: bool = False) -> None:
+    import os
+
+    os.environ["RLX_CPU_CHAIN"] = "1" if chain else "0"
     from rlx_core.bench import inputs, rlx_graph
     from rlx_core.runtime import Session, bind_inputs
 
@@ -63,6 +69,48 @@ def gemm_layouts(reps: int) -> None:
                                            for name, t in best.items()))
 
 
+def _library_calls(m: int, k: int, n: int, rng: np.random.Generator) -> dict[str, object]:
+    import ctypes
+
+    from rlx_cpu import blas
+
+    x = rng.random((m, k), np.float32)
+    w = rng.random((k, n), np.float32)
+    o = np.empty((m, n), np.float32)
+    calls: dict[str, object] = {}
+    native = blas.linear_rows(x, w, np.zeros(n, np.float32), o)
+    if native is not None:
+        fn, args = native
+        calls["oneDNN (1 core)"] = lambda: fn(*args, 0, m)
+    st = blas._load()
+    if st["ok"]:
+        sg = st["gemm"][np.dtype(np.float32)]
+        px, pw, po = (ctypes.c_void_p(a.ctypes.data) for a in (x, w, o))
+        calls["OpenBLAS (1 core)"] = lambda: sg(101, 111, 111, m, n, k, 1.0, px, k, pw, n, 0.0, po, n)
+    calls["np.matmul (all cores)"] = lambda: np.matmul(x, w, out=o)  # also keeps x, w, o alive
+    return calls
+
+
+def gemm_libraries(reps: int) -> None:
+    """One-core float32 GFLOP/s of the GEMM libraries rlx-cpu can use, on MiniLM's linear shapes
+    (64 rows = batch 1 split over two threads), plus NumPy's threaded ``np.matmul`` for scale."""
+    from rlx_cpu import blas
+
+    rng = np.random.default_rng(0)
+    print(f"float32 linears run on: {blas.library(np.float32)}")
+    for m, k, n in [(64, 384, 384), (64, 384, 1536), (64, 1536, 384), (512, 384, 1536),
+                    (512, 1536, 384)]:
+        calls = _library_calls(m, k, n, rng)
+        best = dict.fromkeys(calls, float("inf"))
+        for _ in range(reps):
+            for name, f in calls.items():
+                t0 = time.perf_counter()
+                f()  # type: ignore[operator]
+                best[name] = min(best[name], time.perf_counter() - t0)
+        print(f"{m}x{k}x{n}: " + "  ".join(f"{name} {2 * m * k * n / t / 1e9:.0f} GFLOP/s"
+                                           for name, t in best.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="minilm", choices=["minilm", "resnet18", "mlp"])
@@ -70,11 +118,15 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--gemm", action="store_true", help="compare the two weight layouts instead")
+    ap.add_argument("--chain", action="store_true", help="keep row chains (one step per chain)")
+    ap.add_argument("--libs", action="store_true", help="compare the GEMM libraries instead")
     a = ap.parse_args()
-    if a.gemm:
+    if a.libs:
+        gemm_libraries(max(a.reps, 50))
+    elif a.gemm:
         gemm_layouts(max(a.reps, 30))
     else:
-        profile(a.model, a.batch, a.seq, a.reps)
+        profile(a.model, a.batch, a.seq, a.reps, a.chain)
 
 
 if __name__ == "__main__":

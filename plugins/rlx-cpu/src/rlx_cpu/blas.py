@@ -1,9 +1,9 @@
 """rlx-cpu's own GEMMs: oneDNN's sgemm for float32, a private single-threaded OpenBLAS otherwise.
 
 Why oneDNN for float32: its JIT AVX-512/AVX2 sgemm runs 113-116 GFLOP/s a core on this project's
-2-core CI machine (an AMD EPYC with AVX-512) where OpenBLAS (NumPy's, MKL's too) stays at ~101, and
-``python bench/profile_cpu.py --gemm`` shows the same 12-15% on every MiniLM shape; ONNX Runtime's
-MLAS is in the same place as oneDNN. It comes from the pinned ``onednn-cpu-gomp`` wheel (Apache-2.0),
+2-core CI machine (an AMD EPYC with AVX-512) where OpenBLAS (NumPy's; MKL measured the same) stays at
+~101 on MiniLM's shapes (``python bench/profile_cpu.py --libs``); ONNX Runtime's MLAS is where
+oneDNN is. It comes from the pinned ``onednn-cpu-gomp`` wheel (Apache-2.0),
 loaded ``RTLD_LOCAL``; each call runs on the calling thread only (OpenMP's per-thread thread count is
 set to 1 around the call and restored), so the row pool, not OpenMP, spreads the work.
 ``RLX_CPU_ONEDNN=0`` turns it off; where the wheel is missing (not x86-64 Linux) OpenBLAS does all.
