@@ -204,21 +204,31 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
 
-def _handle(lib: Any) -> Any:
-    """This thread's cuBLAS handle for the current device (default math: no TF32 unless asked)."""
+def _thread_handle(slot: str, create: Any, *setup: tuple[Any, str]) -> Any:
+    """This thread's handle in ``slot`` for the current device, made by ``create(&h)`` and then
+    each ``(fn, name)`` of ``setup`` called as ``fn(h)``. Handles are per thread and device: cuBLAS
+    handles must not be shared by threads that enqueue at once."""
     import ctypes
 
-    handles = getattr(_TLS, "handles", None)
+    handles = getattr(_TLS, slot, None)
     if handles is None:
-        handles = _TLS.handles = {}
+        handles = {}
+        setattr(_TLS, slot, handles)
     dev = cp.cuda.runtime.getDevice()
     h = handles.get(dev)
     if h is None:
         h = ctypes.c_void_p()
-        _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
-        _check(lib.cublasSetMathMode(h, 0), "cublasSetMathMode")
+        _check(create(ctypes.byref(h)), create.__name__)
+        for fn, name in setup:
+            _check(fn(h), name)
         handles[dev] = h
     return h
+
+
+def _handle(lib: Any) -> Any:
+    """This thread's cuBLAS handle (default math: no TF32 unless asked)."""
+    return _thread_handle("handles", lib.cublasCreate_v2,
+                          (lambda h: lib.cublasSetMathMode(h, 0), "cublasSetMathMode"))
 
 
 def gemm(transa: int, transb: int, m: int, n: int, k: int, alpha: float, a: int, lda: int, sa: int,
@@ -354,18 +364,7 @@ def _cublaslt_lib() -> Any:
 
 
 def _lt_handle(lib: Any) -> Any:
-    import ctypes
-
-    handles = getattr(_TLS, "lt_handles", None)
-    if handles is None:
-        handles = _TLS.lt_handles = {}
-    dev = cp.cuda.runtime.getDevice()
-    h = handles.get(dev)
-    if h is None:
-        h = ctypes.c_void_p()
-        _check(lib.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
-        handles[dev] = h
-    return h
+    return _thread_handle("lt_handles", lib.cublasLtCreate)
 
 
 def _align(*ptrs: int) -> int:
