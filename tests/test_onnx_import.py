@@ -25,6 +25,7 @@ ort = pytest.importorskip("onnxruntime")
 from click.testing import CliRunner  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from rlx_core.bench import torch_resnet18  # noqa: E402
 from rlx_core.errors import RLXError, SerializationError  # noqa: E402
 from rlx_core.frontends import onnx as onnx_frontend  # noqa: E402
 from rlx_core.frontends.dot import PATH_COLORS, to_dot  # noqa: E402
@@ -118,39 +119,6 @@ def _torch_models() -> dict[str, Callable[[], Any]]:
         def forward(self, x: Any) -> Any:
             return F.log_softmax(self.l3(F.gelu(self.l2(torch.relu(self.l1(x))))), dim=-1)
 
-    class Block(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int) -> None:
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(cout)
-            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(cout)
-            self.down = None
-            if stride != 1 or cin != cout:
-                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-        def forward(self, x: Any) -> Any:
-            y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
-            return torch.relu(y + (x if self.down is None else self.down(x)))
-
-    class ResNet18(nn.Module):
-        def __init__(self, classes: int = 10) -> None:
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-            self.bn1 = nn.BatchNorm2d(64)
-            self.pool = nn.MaxPool2d(3, 2, 1)
-            layers, cin = [], 64
-            for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-                layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
-                cin = cout
-            self.layers = nn.Sequential(*layers)
-            self.avg = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(512, classes)
-
-        def forward(self, x: Any) -> Any:
-            x = self.avg(self.layers(self.pool(torch.relu(self.bn1(self.conv1(x))))))
-            return self.fc(torch.flatten(x, 1))
-
     class EncoderLayer(nn.Module):
         def __init__(self, d: int = 64, heads: int = 4) -> None:
             super().__init__()
@@ -200,7 +168,8 @@ def _torch_models() -> dict[str, Callable[[], Any]]:
                     mod.running_var.uniform_(0.5, 1.5)
         return m.eval()
 
-    return {"mlp": lambda: seeded(MLP), "resnet18": lambda: seeded(ResNet18), "bert": lambda: seeded(Bert)}
+    return {"mlp": lambda: seeded(MLP), "resnet18": lambda: seeded(lambda: torch_resnet18(classes=10)),
+            "bert": lambda: seeded(Bert)}
 
 
 def _example(name: str) -> tuple[Any, ...]:

@@ -86,7 +86,9 @@ def _torch_bert(weights: dict[str, Any], cfg: dict[str, Any]) -> Any:
     return Bert().eval()
 
 
-def _torch_resnet18(seed: int = 0) -> Any:
+def torch_resnet18(seed: int = 0, classes: int = 1000) -> Any:
+    """The ResNet-18 that ``rlx bench infer resnet18`` and the ONNX import tests export (PyTorch
+    eval mode, seeded weights, non-trivial batch-norm statistics)."""
     import torch
     from torch import nn
 
@@ -119,7 +121,7 @@ def _torch_resnet18(seed: int = 0) -> Any:
                 layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
                 cin = cout
             self.layers = nn.Sequential(*layers)
-            self.fc = nn.Linear(512, 1000)
+            self.fc = nn.Linear(512, classes)
 
         def forward(self, x: Any) -> Any:
             x = self.layers(self.stem(x))
@@ -180,7 +182,7 @@ def torch_model(model: str) -> Any:
     if model == "minilm":
         cfg, w = _minilm_parts()
         return _torch_bert(w, cfg)
-    return _torch_resnet18() if model == "resnet18" else _torch_mlp()
+    return torch_resnet18() if model == "resnet18" else _torch_mlp()
 
 
 def onnx_path(model: str) -> Path:

@@ -252,6 +252,37 @@ def parse_bindings(values: Iterable[str]) -> dict[str, int]:
     return out
 
 
+def export_options(target: str, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The arguments every plugin's ``rlx export --target TARGET`` command shares, in this order:
+    MODEL, ``--target`` (``what`` is its help), ``--output/-o``, ``--bind`` (repeatable), ``--json``.
+    The function receives ``model``, ``target_name``, ``out_dir``, ``binds`` and ``as_json``;
+    target-specific options go above or below this decorator.
+
+    Example::
+
+        @click.command("export")
+        @export_options("mytarget", "mytarget = C sources for the My board")
+        @click.option("--opt-level", type=int, default=2)
+        def export_command(model, target_name, out_dir, binds, as_json, opt_level): ...
+    """
+    decorators = [
+        click.argument("model", type=click.Path(exists=True, dir_okay=False)),
+        click.option("--target", "target_name", type=click.Choice([target]), required=True,
+                     help=f"What to generate: {what}."),
+        click.option("--output", "-o", "out_dir", type=click.Path(file_okay=False), required=True,
+                     help="Directory to write (created if needed)."),
+        click.option("--bind", "binds", multiple=True, metavar="SYMBOL=SIZE",
+                     help="Size of a symbolic dim, e.g. batch=1 (repeatable; unbound symbols are 1)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON."),
+    ]
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for d in reversed(decorators):  # click lists parameters in the order they are written
+            f = d(f)
+        return f
+    return apply
+
+
 def check_bindings(graph: Graph, bindings: Mapping[str, int]) -> None:
     unknown = sorted(set(bindings) - set(graph.symbols))
     if unknown:

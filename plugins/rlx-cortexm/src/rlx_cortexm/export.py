@@ -16,6 +16,8 @@ from typing import Any
 import click
 import numpy as np
 
+from rlx_core.cli import export_options
+
 from . import __version__
 from .targets import CFLAGS, LDFLAGS, LIBS, TARGETS, Target, target
 
@@ -125,21 +127,14 @@ def export_graph(graph: Any, out_dir: str | Path, *, cpu: str = "m4",
 
 
 @click.command("export", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--target", "target_name", type=click.Choice(["cortexm"]), required=True,
-              help="What to generate: cortexm = one C program for Arm Cortex-M (with a Makefile).")
-@click.option("--output", "-o", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Directory to write (created if needed).")
+@export_options("cortexm", "cortexm = one C program for Arm Cortex-M (with a Makefile)")
 @click.option("--cpu", type=click.Choice([t.key for t in TARGETS]), default="m4", show_default=True,
               help="m4: Cortex-M4F (mps2-an386), m7: Cortex-M7 (mps2-an500), m4-soft: soft-float ABI, "
                    "m3: Cortex-M3 without DSP (mps2-an385).")
-@click.option("--bind", "binds", multiple=True, metavar="SYMBOL=SIZE",
-              help="Size of a symbolic dim, e.g. batch=1 (repeatable; unbound symbols are 1).")
 @click.option("--input", "-i", "input_files", multiple=True, metavar="NAME=FILE.npy",
               help="Also write rlx_in.bin from these arrays (for `make run`).")
 @click.option("--build", is_flag=True,
               help="Also build firmware.elf now and report flash/RAM (needs the toolchain).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export_command(model: str, target_name: str, out_dir: str, cpu: str, binds: tuple[str, ...],
                    input_files: tuple[str, ...], build: bool, as_json: bool) -> None:
     """Export an INT8 model as a standalone program for a target.

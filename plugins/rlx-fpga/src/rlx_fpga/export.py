@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from rlx_core.cli import export_options
+
 from . import __version__
 
 README = """\
@@ -89,16 +91,9 @@ def export_graph(graph: Any, out_dir: str | Path, *, parallel: int = 4,
 
 
 @click.command("export", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--target", "target_name", type=click.Choice(["fpga"]), required=True,
-              help="What to generate: fpga = synthesizable Verilog with .mem weight files.")
-@click.option("--output", "-o", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Directory to write (created if needed).")
+@export_options("fpga", "fpga = synthesizable Verilog with .mem weight files")
 @click.option("--parallel", "-p", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Parallel int8 MACs in the dense array.")
-@click.option("--bind", "binds", multiple=True, metavar="SYMBOL=SIZE",
-              help="Size of a symbolic dim, e.g. batch=1 (repeatable; unbound symbols are 1).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export_command(model: str, target_name: str, out_dir: str, parallel: int, binds: tuple[str, ...],
                    as_json: bool) -> None:
     """Export an INT8 model as synthesizable Verilog (rlx_top.v, *.mem, tb.v, README.md)."""
