@@ -12,12 +12,22 @@ RNG = np.random.default_rng(3)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_convs_sharing_scratch_match_reference(batch: int) -> None:
+@pytest.mark.parametrize("pooled", [False, True])
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_convs_sharing_scratch_match_reference(batch: int, pooled: bool, dt: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu import conv, parallel
+
+    # pooled: every conv of a batch of >= 2 images on rlx-cpu's BLAS over a 2-thread pool, whole
+    # images a thread, each with its own scratch (batch 1 stays on NumPy's BLAS either way).
+    monkeypatch.setattr(conv, "POOL_MIN_MACS", 0 if pooled else 1 << 62)
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    np_dt = np.float32 if dt == "f32" else np.float64
     g = GraphBuilder("convs")
-    x = g.input("x", "f32", (batch, 4, 9, 11))
+    x = g.input("x", dt, (batch, 4, 9, 11))
 
     def w(o: int, i: int, k: int) -> object:
-        return g.param(f"w{o}_{i}_{k}", RNG.standard_normal((o, i, k, k)).astype(np.float32))
+        return g.param(f"w{o}_{i}_{k}", RNG.standard_normal((o, i, k, k)).astype(np_dt))
 
     # No padding first (fills the scratch with data), then padded, strided, grouped and dilated
     # convs that must not see those bytes in their zero borders.
@@ -29,5 +39,5 @@ def test_convs_sharing_scratch_match_reference(batch: int) -> None:
     graph = g.build()
     exe = Session("cpu", use_cache=False).compile(graph)
     for _ in range(2):  # the second run reuses a scratch that already holds the last conv's bytes
-        xv = RNG.standard_normal((batch, 4, 9, 11)).astype(np.float32)
+        xv = RNG.standard_normal((batch, 4, 9, 11)).astype(np_dt)
         np.testing.assert_allclose(exe.run(x=xv)["y"], evaluate(graph, {"x": xv})["y"], rtol=1e-4, atol=1e-4)
