@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -229,3 +230,29 @@ def test_reuse_distance_keeps_freed_buffers_reserved() -> None:
                     assert not plan.overlaps(a, b), (dist, a, b)
     assert plan_memory(prog.graph, steps, keep, reuse_distance=3)[0].arena_bytes >= \
         plan_memory(prog.graph, steps, keep)[0].arena_bytes
+
+
+def test_cache_key_changes_when_the_backend_source_changes(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # A backend author edits the plugin (a development install: same version): graphs legalized
+    # by the old code must not be reused.
+    from rlx_core import cache as cache_mod
+
+    graph = _branchy().specialize({"batch": 2})
+    s = Session("cpu", cache_dir=tmp_path)
+    backend, device = s.devices[0]
+    assert s.cache is not None
+    before = s.cache.key(graph, backend, device)
+    assert s.cache.key(graph, backend, device) == before  # stable while nothing changes
+    real = cache_mod.source_stamp
+
+    def edited(package_dir: str) -> str:
+        return real(package_dir) + ("+edit" if package_dir.endswith("rlx_cpu") else "")
+    monkeypatch.setattr(cache_mod, "source_stamp", edited)
+    assert s.cache.key(graph, backend, device) != before
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("x = 1\n")
+    stamp = real.__wrapped__(str(pkg))  # type: ignore[attr-defined]
+    os.utime(pkg / "a.py", ns=(1, 10**18))
+    assert real.__wrapped__(str(pkg)) != stamp  # type: ignore[attr-defined]

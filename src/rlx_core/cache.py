@@ -1,14 +1,18 @@
 """On-disk compile cache: legalized graphs keyed by graph hash, backend version and device.
 
 Entries are written atomically (temp file + rename) so a crash or two processes racing never leave
-a torn entry; a corrupt or stale entry is ignored and rebuilt, never trusted.
+a torn entry; a corrupt or stale entry is ignored and rebuilt, never trusted. The key also stamps
+the source files of rlx_core and of the backend's package (newest modification time and count):
+someone editing a plugin in a development install never gets graphs legalized by the old code.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,26 @@ def default_cache_dir() -> Path:
     return Path(base) / "rlx"
 
 
+@functools.cache
+def source_stamp(package_dir: str) -> str:
+    """``"<newest mtime_ns>:<file count>"`` of the ``.py`` files under ``package_dir`` (once a
+    process: a few milliseconds for rlx_core's ~100 files)."""
+    latest, count = 0, 0
+    for p in Path(package_dir).rglob("*.py"):
+        try:
+            latest = max(latest, p.stat().st_mtime_ns)
+        except OSError:
+            continue
+        count += 1
+    return f"{latest}:{count}"
+
+
+def _package_dir(module_name: str | None) -> str:
+    mod = sys.modules.get(module_name or "")
+    f = getattr(mod, "__file__", None)
+    return str(Path(f).parent) if f else ""
+
+
 class CompileCache:
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_dir() / "compile"
@@ -36,8 +60,10 @@ class CompileCache:
 
     def key(self, graph: Graph, backend: Any, device: Any, variant: str = "") -> str:
         h = hashlib.sha256()
+        stamps = [source_stamp(d) if d else "" for d in (
+            _package_dir(__package__), _package_dir(getattr(backend.plugin, "__name__", None)))]
         for part in (graph.fingerprint, backend.name, backend.entry.distribution, backend.info.version,
-                     __version__, API_VERSION, device.name, str(FORMAT), variant):
+                     __version__, API_VERSION, device.name, str(FORMAT), variant, *stamps):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
