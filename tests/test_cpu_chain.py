@@ -146,3 +146,20 @@ def test_minilm_encoder_is_one_chain_with_unchanged_results(monkeypatch: pytest.
     assert len(chained) == 1 and all(f"cpu.{k}" in chained[0] for k in
                                      ("linear", "attention", "transpose", "layer_norm", "add"))
     assert not any("+" in n for n in names["0"])
+
+
+def test_row_kernel_moves_ahead_of_a_gathering_kernel_it_shares_no_bytes_with() -> None:
+    x = RNG.standard_normal((64, 8)).astype(np.float32)
+    a, b, c, d = (np.empty_like(x) for _ in range(4))
+    r1, gather = _row_run(_scale, x, a, 2.0), _row_run(_flip, a, b, whole=True)
+    r2 = _row_run(_scale, x, c, 3.0)  # independent of the flip: runs before it
+    runs, ids = chain([r1, gather, r2], ["r1", "flip", "r2"])
+    assert ids == [("r1", "r2", "flip")] and _stages(runs[0]) == [_scale, _scale, BARRIER, _flip]
+    runs[0]()
+    np.testing.assert_array_equal(b, (x * 2.0)[::-1])
+    np.testing.assert_array_equal(c, x * 3.0)
+    r3 = _row_run(_scale, b, d, 1.0)  # reads the flip's output: stays after it
+    runs, ids = chain([r1, gather, r3], ["r1", "flip", "r3"])
+    assert ids == [("r1", "flip", "r3")]
+    runs[0]()
+    np.testing.assert_array_equal(d, (x * 2.0)[::-1])

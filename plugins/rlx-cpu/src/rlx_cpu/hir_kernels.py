@@ -85,6 +85,8 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     # (`python bench/profile_cpu.py --gemm`: 5-10% at 128 rows, 1-4% at 1024; MiniLM end to end
     # 3-4%) at the price of one more copy of the linear weights in memory.
     wt = np.ascontiguousarray(w.T) if not w.flags.writeable and w.ndim == 2 else w.T
+    if not w.flags.writeable and wt.flags.writeable:
+        wt.flags.writeable = False  # still a constant: row chains need no barrier to read it
     if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
         # One GEMM over all rows: NumPy runs a stacked matmul as one small GEMM per leading index.
         x = x.reshape(-1, x.shape[-1])

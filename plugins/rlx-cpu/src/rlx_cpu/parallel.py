@@ -291,6 +291,33 @@ def _commute(r: RowRun, other: tuple[list[Span], list[Span]]) -> bool:
                 or any(_meet(w, x) for w in o_writes for x in r_reads))
 
 
+def _gathers(r: RowRun) -> bool:
+    """Does ``r`` read data in full that the program writes (so a chain needs a barrier first)?
+    Read-only arrays are the program's constants."""
+    return any(x.flags.writeable for x in r.whole_in)
+
+
+def _hoist(runs: list[Any], ids: list[Any], acc: list[Any]) -> None:
+    """Move each row-aligned row kernel in front of the gathering row kernels just before it when
+    they touch no common bytes (in place). MiniLM: the K and V projections move in front of the
+    Q head split, so the three projections and then the three head splits need one barrier each
+    instead of one a pair."""
+    for i in range(1, len(runs)):
+        r = runs[i]
+        if not (isinstance(r, RowRun) and r.chainable()) or _gathers(r):
+            continue
+        j = i
+        while j > 0:
+            p = runs[j - 1]
+            if not (isinstance(p, RowRun) and p.chainable() and _gathers(p)
+                    and _commute(r, _all_access(p))):
+                break
+            runs[j - 1], runs[j] = r, p
+            ids[j - 1], ids[j] = ids[j], ids[j - 1]
+            acc[j - 1], acc[j] = acc[j], acc[j - 1]
+            j -= 1
+
+
 def chain(runs: Sequence[Any], ids: Sequence[Any],
           access: Sequence[tuple[list[Span], list[Span]] | None] | None = None
           ) -> tuple[list[Any], list[Any]]:
@@ -302,6 +329,8 @@ def chain(runs: Sequence[Any], ids: Sequence[Any],
     if parts < 2 or os.environ.get("RLX_CPU_CHAIN", "1") == "0":
         return list(runs), list(ids)
     acc = list(access) if access is not None else [None] * len(runs)
+    runs, ids = list(runs), list(ids)
+    _hoist(runs, ids, acc)
     out_runs: list[Any] = []
     out_ids: list[Any] = []
     stages: list[RowRun | None] = []
