@@ -222,6 +222,21 @@ def test_export_needs_no_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "rlx_fully_connected_s8" in (tmp_path / "fw" / "rlx_model.c").read_text()
 
 
+def test_lower_only_session_lowers_for_a_device_it_cannot_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantized: dict[str, tuple[object, object]]) -> None:
+    # A fresh hub: the device is probed with the toolchain missing (no cached probe can hide it).
+    monkeypatch.setenv("RLX_CORTEXM_GCC", str(tmp_path / "no-such-gcc"))
+    _, q = quantized["mlp"]
+    s = Session("cortexm", hub=Hub(), use_cache=False, fusion=False, lower_only=True)
+    assert not s.device.available
+    program = s.lower(q, {"batch": 1})
+    assert any(k.kernel.startswith("cortexm.") for k in program.kernels)
+    with pytest.raises(BackendNotFoundError, match="lower_only"):
+        s.compile(q)
+    info = export_graph(q, tmp_path / "fw", cpu="m4", bindings={"batch": 1})
+    assert "rlx_model.c" in info["files"]
+
+
 def test_missing_toolchain_is_reported_with_the_package(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLX_CORTEXM_GCC", str(tmp_path / "no-such-gcc"))

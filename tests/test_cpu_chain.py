@@ -163,3 +163,18 @@ def test_row_kernel_moves_ahead_of_a_gathering_kernel_it_shares_no_bytes_with() 
     assert ids == [("r1", "flip", "r3")]
     runs[0]()
     np.testing.assert_array_equal(d, (x * 2.0)[::-1])
+
+
+def test_large_chains_are_cut_into_more_pieces_than_threads() -> None:
+    # Pieces are taken in turn (a slow core takes fewer); barriers must still sit where a piece
+    # reads another piece's rows, and results must not depend on which thread ran which piece.
+    x = RNG.standard_normal((2048, 4)).astype(np.float32)
+    a, b, c = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    runs, _ = chain([_row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0),
+                     _row_run(_flip, b, c, whole=True)], ["s1", "s2", "f"])
+    assert runs[0].chunks == 8  # type: ignore[attr-defined]
+    assert _stages(runs[0]) == [_scale, _scale, BARRIER, _flip]
+    for _ in range(3):
+        c[:] = 0
+        runs[0]()
+        np.testing.assert_array_equal(c, (x * 6.0)[::-1])

@@ -36,8 +36,13 @@ class Session:
 
     def __init__(self, device: str | Sequence[str] | None = None, *, hub: Hub | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool | None = None,
-                 shape_hints: Mapping[str, int] | None = None, fusion: bool | None = None) -> None:
+                 shape_hints: Mapping[str, int] | None = None, fusion: bool | None = None,
+                 lower_only: bool = False) -> None:
+        """``lower_only``: the session only dispatches and lowers (:meth:`lower`, :meth:`check`:
+        whole-program code generators such as ``rlx export``), so its device may be one that
+        cannot run here (its toolchain or hardware is missing); :meth:`compile` then refuses."""
         self.hub = hub or get_hub()
+        self.lower_only = lower_only
         #: Fuse elementwise chains the backend runs natively (RLX_FUSION=0 turns it off).
         self.fusion = (os.environ.get("RLX_FUSION", "1").strip() not in ("0", "false", "no")
                        if fusion is None else fusion)
@@ -46,7 +51,14 @@ class Session:
         for spec in names:
             bname, idx = parse_device(spec)
             backend = self.hub.load(bname)
-            self.devices.append((backend, backend.device(idx)))
+            if lower_only:
+                devs = backend.devices()
+                if not 0 <= (idx or 0) < len(devs):
+                    raise BackendNotFoundError(f"backend {bname!r} has no device {idx or 0} (it has "
+                                               f"{len(devs)})", fix="run `rlx doctor` to list devices")
+                self.devices.append((backend, devs[idx or 0]))
+            else:
+                self.devices.append((backend, backend.device(idx)))
         self.backend, self.device = self.devices[0]
         if use_cache is None:
             use_cache = not _env_flag("RLX_NO_CACHE")
@@ -165,6 +177,11 @@ class Session:
     # -- compiling -------------------------------------------------------------------------------
     def compile(self, graph: Graph) -> Executable:
         """Dispatch now (so illegal graphs fail here); specialise symbolic dims on first run."""
+        for _, d in self.devices:
+            if not d.available:
+                raise BackendNotFoundError(f"device {d.name} is unavailable: {d.reason}",
+                                           fix="this session can only lower (lower_only=True); "
+                                               "run `rlx doctor`, or choose another device")
         if len(self.devices) > 1:
             from .placement import MultiDeviceExecutable
 

@@ -73,7 +73,8 @@ def lower_graph(graph: Any, *, index: int = 0, bindings: Mapping[str, int] | Non
 
     bind = {s: 1 for s in graph.symbols}
     bind.update(bindings or {})
-    return Session(f"cortexm:{index}", hub=hub, use_cache=False, fusion=False).lower(graph, bind)
+    return Session(f"cortexm:{index}", hub=hub, use_cache=False, fusion=False,
+                   lower_only=True).lower(graph, bind)
 
 
 def makefile(graph_name: str, t: Target, stack_bytes: int = 1024) -> str:

@@ -56,7 +56,8 @@ def lower_graph(graph: Any, *, index: int = 0, bindings: Mapping[str, int] | Non
 
     bind = {s: 1 for s in graph.symbols}
     bind.update(bindings or {})
-    return Session(f"fpga:{index}", hub=hub, use_cache=False, fusion=False).lower(graph, bind)
+    return Session(f"fpga:{index}", hub=hub, use_cache=False, fusion=False,
+                   lower_only=True).lower(graph, bind)
 
 
 def export_graph(graph: Any, out_dir: str | Path, *, parallel: int = 4,
