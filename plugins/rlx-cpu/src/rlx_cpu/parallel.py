@@ -345,8 +345,18 @@ def _chunks(members: Sequence[RowRun], parts: int) -> int:
     128-row pieces cost 4-8% on a quiet machine (smaller GEMMs, more calls), 256-row pieces nothing
     measurable."""
     most, least = max(r.n for r in members), min(r.n for r in members)
-    k = max(1, min(4, most // (parts * CHUNK_MIN_ROWS), least // (parts * 8)))
+    k = max(1, min(_max_pieces(), most // (parts * CHUNK_MIN_ROWS), least // (parts * 8)))
     return parts * k
+
+
+def _max_pieces() -> int:
+    """``RLX_CPU_CHAIN_PIECES``: pieces a thread at most (default 4; 1 = one fixed piece a thread)."""
+    env = os.environ.get("RLX_CPU_CHAIN_PIECES", "4")
+    try:
+        return max(1, int(env))
+    except ValueError:
+        raise ValueError(f"RLX_CPU_CHAIN_PIECES={env!r} is not an integer; "
+                         "use 1-4 (pieces a thread)") from None
 
 
 def chain(runs: Sequence[Any], ids: Sequence[Any],
