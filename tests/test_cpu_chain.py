@@ -178,3 +178,16 @@ def test_large_chains_are_cut_into_more_pieces_than_threads() -> None:
         c[:] = 0
         runs[0]()
         np.testing.assert_array_equal(c, (x * 6.0)[::-1])
+
+
+def test_pieces_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = RNG.standard_normal((2048, 4)).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    monkeypatch.setenv("RLX_CPU_CHAIN_PIECES", "1")
+    runs, _ = chain([_row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0)], ["s1", "s2"])
+    assert runs[0].chunks == 2  # type: ignore[attr-defined]  # one fixed piece a thread
+    runs[0]()
+    np.testing.assert_array_equal(b, x * 6.0)
+    monkeypatch.setenv("RLX_CPU_CHAIN_PIECES", "some")
+    with pytest.raises(ValueError, match="RLX_CPU_CHAIN_PIECES"):
+        chain([_row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0)], ["s1", "s2"])
