@@ -3,6 +3,8 @@
     python bench/profile_cpu.py minilm --batch 8            # per-kernel time (sum of per-step minima)
     python bench/profile_cpu.py --gemm                      # x @ W.T vs x @ W (C-contiguous) GFLOP/s
     python bench/profile_cpu.py --libs                      # one-core GEMM: oneDNN vs OpenBLAS
+    python bench/profile_cpu.py minilm --batch 1 --chains   # row chains, barriers, arena by reuse distance
+    python bench/profile_cpu.py --pool                      # cost of handing work to the other threads
 
 Per-kernel times are the minimum over ``--reps`` runs of each step, summed by claim name: robust to
 other processes on a small shared machine (a benchmark, not a test; docs/BENCHMARKS.md cites it).
@@ -111,6 +113,62 @@ def gemm_libraries(reps: int) -> None:
                                            for name, t in best.items()))
 
 
+def _bound(model: str, batch: int, seq: int, env: dict[str, str]) -> object:
+    import os
+
+    from rlx_core.bench import inputs, rlx_graph
+    from rlx_core.hub import reset_hub
+    from rlx_core.runtime import Session, bind_inputs
+
+    os.environ.update(env)
+    reset_hub()  # devices (and their reuse distance) are probed once per hub
+    graph = rlx_graph(model)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    return exe._specialise(bind_inputs(graph, inputs(model, batch, seq), "profile")[1])[0]
+
+
+def chains(model: str, batch: int, seq: int) -> None:
+    """The row chains rlx-cpu forms for a workload, and the arena each memory plan needs."""
+    from rlx_cpu.parallel import _Chain
+
+    for dist in ("0", "8"):
+        cp = _bound(model, batch, seq, {"RLX_CPU_REUSE_DISTANCE": dist, "RLX_CPU_CHAIN": "1"})
+        runs = cp.runs  # type: ignore[attr-defined]
+        found = [r for r in runs if isinstance(r, _Chain)]
+        print(f"{model} batch {batch}, reuse distance {dist}: arena "
+              f"{cp.program.plan.arena_bytes / 1e6:.1f} MB, {len(runs)} runs, "  # type: ignore[attr-defined]
+              f"{len(found)} chain(s)")
+        for ch in found:
+            kernels = sum(len(st) for st in ch.stages)
+            print(f"  chain: {kernels} kernels, {ch.barriers} barriers, {ch.chunks} pieces a stage")
+
+
+def pool_handoff(reps: int) -> None:
+    """Wall time of one pool dispatch of a trivial nogil kernel: on the caller alone, and split
+    over every thread (the difference is the hand-off a split kernel or chain pays)."""
+    import numba
+    from rlx_cpu.parallel import pool
+
+    @numba.njit(nogil=True)
+    def touch(a: np.ndarray, lo: int, hi: int) -> None:  # type: ignore[no-untyped-def]
+        for i in range(lo, hi):
+            a[i] += 1.0
+
+    a = np.zeros(64)
+    p = pool()
+    for parts in (1, p.threads):
+        p.run(touch, 64, (a,), parts)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            p.run(touch, 64, (a,), parts)
+            ts.append(time.perf_counter() - t0)
+            time.sleep(0.0002)  # let the workers go back to sleep, as between two kernels
+        ts.sort()
+        print(f"{parts} thread(s): min {ts[0] * 1e6:.1f} us, p50 {ts[len(ts) // 2] * 1e6:.1f} us, "
+              f"p90 {ts[int(len(ts) * 0.9)] * 1e6:.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="minilm", choices=["minilm", "resnet18", "mlp"])
@@ -120,8 +178,14 @@ def main() -> None:
     ap.add_argument("--gemm", action="store_true", help="compare the two weight layouts instead")
     ap.add_argument("--chain", action="store_true", help="keep row chains (one step per chain)")
     ap.add_argument("--libs", action="store_true", help="compare the GEMM libraries instead")
+    ap.add_argument("--chains", action="store_true", help="show the row chains and arena sizes instead")
+    ap.add_argument("--pool", action="store_true", help="measure a pool hand-off instead")
     a = ap.parse_args()
-    if a.libs:
+    if a.chains:
+        chains(a.model, a.batch, a.seq)
+    elif a.pool:
+        pool_handoff(max(a.reps, 2000))
+    elif a.libs:
         gemm_libraries(max(a.reps, 50))
     elif a.gemm:
         gemm_layouts(max(a.reps, 30))

@@ -44,17 +44,6 @@ def test_unreadable_operands_fall_back() -> None:
     assert blas.gemm_fn(a.astype(np.float16), b.astype(np.float16), np.empty((8, 4), np.float16)) is None
 
 
-def test_disabled_by_environment(tmp_path: object) -> None:
-    import subprocess
-    import sys
-
-    code = "from rlx_cpu import blas; print(blas.available(), blas._load()['why'])"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"RLX_CPU_PRIVATE_BLAS": "0", "HOME": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False RLX_CPU_PRIVATE_BLAS=0"
-
-
 ONEDNN_HERE = platform.machine() == "x86_64" and sys.platform == "linux"
 
 
@@ -73,14 +62,18 @@ def test_float32_runs_on_onednn_and_keeps_the_callers_openmp_setting() -> None:
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_onednn_switch(tmp_path: object) -> None:
+@pytest.mark.parametrize(("env", "want"), [
+    ({"RLX_CPU_PRIVATE_BLAS": "0"}, "NumPy (np.matmul): RLX_CPU_PRIVATE_BLAS=0"),
+    ({"RLX_CPU_ONEDNN": "0"}, "private OpenBLAS")])
+def test_switches(env: dict[str, str], want: str, tmp_path: object) -> None:
     import subprocess
 
     code = "import numpy as np; from rlx_cpu import blas; print(blas.library(np.float32))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"RLX_CPU_ONEDNN": "0", "HOME": str(tmp_path)})
+                       env={**env, "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "private OpenBLAS"
+    assert r.stdout.strip() == want
+
 
 
 @pytest.mark.skipif(not ONEDNN_HERE, reason="the onednn-cpu-gomp wheel exists for x86-64 Linux only")

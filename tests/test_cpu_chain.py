@@ -33,7 +33,13 @@ def _row_run(fn, x: np.ndarray, o: np.ndarray, *extra: float, whole: bool = Fals
 
 
 def _stages(run: object) -> list[object]:
-    return [None if s is None else s[0] for s in run.steps]  # type: ignore[attr-defined]
+    """The chain's kernels in order, BARRIER between its stages."""
+    out: list[object] = []
+    for k, stage in enumerate(run.stages):  # type: ignore[attr-defined]
+        if k:
+            out.append(BARRIER)
+        out.extend(fn for fn, _, _ in stage)
+    return out
 
 
 def test_row_aligned_kernels_share_one_dispatch_without_barrier() -> None:

@@ -11,15 +11,14 @@ from rlx_core.ir.reference import evaluate
 RNG = np.random.default_rng(3)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("pooled", [False, True])
+# pooled: every conv of a batch of >= 2 images on rlx-cpu's BLAS over a 2-thread pool, whole
+# images a thread, each with its own scratch (a batch of 1 is never pooled).
+@pytest.mark.parametrize(("batch", "pooled"), [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize("dt", ["f32", "f64"])
 def test_convs_sharing_scratch_match_reference(batch: int, pooled: bool, dt: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import conv, parallel
 
-    # pooled: every conv of a batch of >= 2 images on rlx-cpu's BLAS over a 2-thread pool, whole
-    # images a thread, each with its own scratch (batch 1 stays on NumPy's BLAS either way).
     monkeypatch.setattr(conv, "POOL_MIN_MACS", 0 if pooled else 1 << 62)
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
     np_dt = np.float32 if dt == "f32" else np.float64

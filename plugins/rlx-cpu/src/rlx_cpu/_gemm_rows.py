@@ -1,9 +1,10 @@
-"""``o[lo:hi] = x[lo:hi] @ w + b`` as one nogil Numba call into oneDNN's sgemm.
+"""float32 GEMM row pieces (and ``linear``'s bias) as one nogil Numba call into oneDNN's sgemm.
 
 Why native: in a row chain both threads step through ~100 kernels; each Python-level hop (a ctypes
-call, a slice, a ufunc) takes the GIL, and a thread that finds it taken sleeps until woken, tens of
-microseconds on a small virtual machine. Here the OpenMP setting, the GEMM and the bias add are one
-call. oneDNN is called through its address (a runtime argument), so the kernel caches on disk.
+call, a slice, a ufunc) takes the GIL, and a thread that finds it taken sleeps until woken (a
+hand-off between threads costs ~20 us at the median here: ``python bench/profile_cpu.py --pool``).
+Here the OpenMP setting, the GEMM and the bias add are one call. oneDNN is called through its
+address (a runtime argument), so the kernel caches on disk.
 """
 
 from __future__ import annotations
@@ -54,23 +55,31 @@ def _set_int(typingctx: Any, addr: Any, v: Any) -> Any:
     return types.none(types.int64, types.int64), codegen
 
 
-@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
-def linear_rows(fns, ta, tb, x, lda, a_row, w, ldb, bias, o, lo, hi):  # type: ignore[no-untyped-def]
-    """Rows ``lo:hi`` of ``o = op(x) @ op(w) + bias``; ``fns`` = (sgemm, omp_get_max_threads,
-    omp_set_num_threads) addresses; ``a_row``: elements from one row of op(x) to the next."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_rows(fns, ta, tb, a, lda, a_row, b, ldb, c, lo, hi):  # type: ignore[no-untyped-def]
+    """Rows ``lo:hi`` of ``c = op(a) @ op(b)`` (float32) on this thread; ``fns`` = (sgemm,
+    omp_get_max_threads, omp_set_num_threads) addresses; ``a_row``: elements from one row of
+    op(a) to the next; ``ta``/``tb``: ord("N") or ord("T")."""
     if hi <= lo:
         return
-    n = o.shape[1]
     prev = _get_int(fns[1])
     if prev != 1:  # one OpenMP thread for this call: the row pool spreads the work
         _set_int(fns[2], 1)
-    st = _sgemm(fns[0], ta, tb, hi - lo, n, x.shape[1],
-                x.ctypes.data + lo * a_row * 4, lda, w.ctypes.data, ldb,
-                o.ctypes.data + lo * o.strides[0], o.strides[0] // 4)
+    st = _sgemm(fns[0], ta, tb, hi - lo, c.shape[1], a.shape[1],
+                a.ctypes.data + lo * a_row * 4, lda, b.ctypes.data, ldb,
+                c.ctypes.data + lo * c.strides[0], c.strides[0] // 4)
     if prev != 1:
         _set_int(fns[2], prev)
     if st != 0:
         raise RuntimeError("oneDNN sgemm failed; set RLX_CPU_ONEDNN=0 to use OpenBLAS and report it")
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+def linear_rows(fns, ta, tb, x, lda, a_row, w, ldb, bias, o, lo, hi):  # type: ignore[no-untyped-def]
+    """Rows ``lo:hi`` of ``o = op(x) @ op(w) + bias``: :func:`gemm_rows`, then the bias on those
+    rows while they are in cache."""
+    gemm_rows(fns, ta, tb, x, lda, a_row, w, ldb, o, lo, hi)
+    n = o.shape[1]
     for r in range(lo, hi):
         orow = o[r]
         for c in range(n):

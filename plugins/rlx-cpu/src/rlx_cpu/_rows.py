@@ -25,4 +25,3 @@ def layer_norm_rows(x, g, b, o, eps, lo, hi):  # type: ignore[no-untyped-def]
         inv = 1.0 / math.sqrt(v / n + eps)
         for c in range(n):
             o[r, c] = (x[r, c] - mu) * inv * g[c] + b[c]
-

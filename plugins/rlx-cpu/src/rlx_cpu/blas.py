@@ -1,9 +1,8 @@
 """rlx-cpu's own GEMMs: oneDNN's sgemm for float32, a private single-threaded OpenBLAS otherwise.
 
-Why oneDNN for float32: its JIT AVX-512/AVX2 sgemm runs 113-116 GFLOP/s a core on this project's
-2-core CI machine (an AMD EPYC with AVX-512) where OpenBLAS (NumPy's; MKL measured the same) stays at
-~101 on MiniLM's shapes (``python bench/profile_cpu.py --libs``); ONNX Runtime's MLAS is where
-oneDNN is. It comes from the pinned ``onednn-cpu-gomp`` wheel (Apache-2.0),
+Why oneDNN for float32: its JIT AVX-512/AVX2 sgemm runs 107-114 GFLOP/s a core on MiniLM's shapes
+on this project's 2-core CI machine (an AMD EPYC with AVX-512), NumPy's OpenBLAS 94-104
+(``python bench/profile_cpu.py --libs``). It comes from the pinned ``onednn-cpu-gomp`` wheel (Apache-2.0),
 loaded ``RTLD_LOCAL``; each call runs on the calling thread only (OpenMP's per-thread thread count is
 set to 1 around the call and restored), so the row pool, not OpenMP, spreads the work.
 ``RLX_CPU_ONEDNN=0`` turns it off; where the wheel is missing (not x86-64 Linux) OpenBLAS does all.
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_DNNL_OP = {_NO_TRANS: ord("N"), _TRANS: ord("T")}  # dnnl_sgemm's transa/transb characters
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {}
 
@@ -91,8 +91,9 @@ def _load() -> dict[str, Any]:
         return _STATE
 
 
-def _load_dnnl() -> tuple[Any, str]:
-    """(a float32 row-piece GEMM through oneDNN or None, why not)."""
+def _load_dnnl() -> tuple[tuple[int, int, int] | None, str]:
+    """(the addresses of dnnl_sgemm, omp_get_max_threads and omp_set_num_threads, for
+    :mod:`rlx_cpu._gemm_rows`; or None and why not)."""
     if os.environ.get("RLX_CPU_ONEDNN", "1") == "0":
         return None, "RLX_CPU_ONEDNN=0"
     from importlib.metadata import PackageNotFoundError, distribution
@@ -107,40 +108,25 @@ def _load_dnnl() -> tuple[Any, str]:
     try:
         lib = ctypes.CDLL(libs[-1], mode=os.RTLD_LOCAL)
         omp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime libdnnl was linked against
-        sg, get_n, set_n = lib.dnnl_sgemm, omp.omp_get_max_threads, omp.omp_set_num_threads
+        fns = (lib.dnnl_sgemm, omp.omp_get_max_threads, omp.omp_set_num_threads)
     except (OSError, AttributeError) as e:
         return None, f"could not load oneDNN: {e}"
-    ch, i64, f32, vp = ctypes.c_char, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    sg.argtypes = [ch, ch, i64, i64, i64, f32, vp, i64, vp, i64, f32, vp, i64]
-    sg.restype = ctypes.c_int
-    get_n.argtypes, get_n.restype = [], ctypes.c_int
-    set_n.argtypes, set_n.restype = [ctypes.c_int], None
+    _STATE["dnnl_libs"] = (lib, omp)  # the addresses stay valid while the libraries stay loaded
+    a, b, c = (int(ctypes.cast(f, ctypes.c_void_p).value or 0) for f in fns)
+    return (a, b, c), ""
 
-    def gemm(ta: bytes, tb: bytes, m: int, n: int, k: int, pa: int, lda: int, pb: int, ldb: int,
-             pc: int, ldc: int) -> None:
-        prev = get_n()
-        if prev != 1:
-            set_n(1)
-        try:
-            status = sg(ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, 0.0, pc, ldc)
-        finally:
-            if prev != 1:
-                set_n(prev)
-        if status != 0:
-            raise RuntimeError(f"oneDNN sgemm returned status {status} for a {m}x{k}x{n} GEMM; "
-                               "set RLX_CPU_ONEDNN=0 to use OpenBLAS and report this")
-    gemm.addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (sg, get_n, set_n))  # type: ignore[attr-defined]
-    return gemm, ""
+
+def onednn(dtype: Any) -> bool:
+    """Do rlx-cpu's GEMMs of ``dtype`` run on oneDNN (float32 with the wheel loaded)?"""
+    return np.dtype(dtype) == np.float32 and _load().get("dnnl") is not None
 
 
 def library(dtype: Any) -> str:
-    """Which library runs rlx-cpu's GEMMs of ``dtype`` (for reports and ``rlx doctor``)."""
+    """Which library runs rlx-cpu's GEMMs of ``dtype`` (for benchmark reports)."""
     st = _load()
     if not st["ok"]:
         return f"NumPy (np.matmul): {st['why']}"
-    if np.dtype(dtype) == np.float32 and st["dnnl"] is not None:
-        return "oneDNN sgemm"
-    return "private OpenBLAS"
+    return "oneDNN sgemm" if onednn(dtype) else "private OpenBLAS"
 
 
 def available() -> bool:
@@ -158,61 +144,62 @@ def _ld(a: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
+def _layout(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(transa, lda, transb, ldb) for ``c = a @ b`` in row-major BLAS terms, or None if BLAS
+    cannot read the operands or write ``c``."""
+    if a.ndim != 2 or b.ndim != 2 or c.ndim != 2 or c.strides[1] != c.itemsize or c.strides[0] % c.itemsize:
+        return None
+    la, lb = _ld(a), _ld(b)
+    if la is None or lb is None:
+        return None
+    return la[0], la[1], lb[0], lb[1]
+
+
 def linear_rows(x: np.ndarray, w: np.ndarray, bias: np.ndarray,
                 o: np.ndarray) -> tuple[Any, tuple[Any, ...]] | None:
     """``(fn, args)`` with ``fn(*args, lo, hi)`` computing rows ``lo:hi`` of ``o = x @ w + bias`` in
     one nogil call into oneDNN (:mod:`rlx_cpu._gemm_rows`), or None where oneDNN cannot."""
-    st = _load()
-    dnnl = st.get("dnnl")
-    if (dnnl is None or not all(t.dtype == np.float32 for t in (x, w, bias, o))
-            or x.ndim != 2 or w.ndim != 2 or o.ndim != 2 or bias.shape != (o.shape[1],)
-            or o.strides[1] != 4 or o.strides[0] % 4 or bias.strides[0] != 4):
-        return None
-    la, lb = _ld(x), _ld(w)
-    if la is None or lb is None:
+    lay = _layout(x, w, o)
+    if (lay is None or not all(t.dtype == np.float32 for t in (x, w, bias, o)) or not onednn(np.float32)
+            or bias.shape != (o.shape[1],) or bias.strides[0] != 4):
         return None
     from ._gemm_rows import linear_rows as fn
 
-    (ta, lda), (tb, ldb) = la, lb
-    a_row = lda if ta == _NO_TRANS else 1
-    code = {_NO_TRANS: ord("N"), _TRANS: ord("T")}
-    args = (dnnl.addresses, code[ta], code[tb], x, lda, a_row, w, ldb, bias, o)
+    ta, lda, tb, ldb = lay
+    args = (_STATE["dnnl"], _DNNL_OP[ta], _DNNL_OP[tb], x, lda, lda if ta == _NO_TRANS else 1, w, ldb,
+            bias, o)
     fn(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     return fn, args
 
 
 def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
-    """A closure ``f(lo, hi)`` computing rows ``lo:hi`` of ``c = a @ b`` through the private BLAS
-    (GIL released), or None if it cannot."""
+    """A closure ``f(lo, hi)`` computing rows ``lo:hi`` of ``c = a @ b`` on the calling thread
+    (oneDNN for float32, else the private OpenBLAS; GIL released), or None if it cannot."""
     st = _load()
     if not st["ok"] or a.dtype != b.dtype or a.dtype != c.dtype or a.dtype not in st["gemm"]:
         return None
-    if a.ndim != 2 or b.ndim != 2 or c.ndim != 2 or c.strides[1] != c.itemsize:
+    lay = _layout(a, b, c)
+    if lay is None:
         return None
-    la, lb = _ld(a), _ld(b)
-    if la is None or lb is None or c.strides[0] % c.itemsize:
-        return None
-    (ta, lda), (tb, ldb) = la, lb
-    ldc = c.strides[0] // c.itemsize
-    k, n = a.shape[1], c.shape[1]
-    isz = a.itemsize
-    pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
-    a_row = (lda if ta == _NO_TRANS else 1) * isz  # moving to row lo of a is a layout-dependent offset
-    keep = (a, b, c)  # the raw pointers below stay valid while this closure lives
-    dnnl = st["dnnl"] if a.dtype == np.float32 else None
-    if dnnl is not None:
-        tra, trb = (b"N" if ta == _NO_TRANS else b"T"), (b"N" if tb == _NO_TRANS else b"T")
+    ta, lda, tb, ldb = lay
+    a_row = lda if ta == _NO_TRANS else 1  # elements from row lo of a to row lo + 1
+    if a.dtype == np.float32 and st["dnnl"] is not None:
+        from ._gemm_rows import gemm_rows
+
+        fns, tra, trb = st["dnnl"], _DNNL_OP[ta], _DNNL_OP[tb]
 
         def run_dnnl(lo: int, hi: int) -> None:
-            if hi <= lo or keep is None:
-                return
-            dnnl(tra, trb, hi - lo, n, k, pa + lo * a_row, lda, pb, ldb, pc + lo * ldc * isz, ldc)
+            gemm_rows(fns, tra, trb, a, lda, a_row, b, ldb, c, lo, hi)
         return run_dnnl
     fn = st["gemm"][a.dtype]
+    ldc = c.strides[0] // c.itemsize
+    k, n, isz = a.shape[1], c.shape[1], a.itemsize
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
+    keep = (a, b, c)  # the raw pointers below stay valid while this closure lives
 
     def run(lo: int, hi: int) -> None:
         if hi <= lo or keep is None:
             return
-        fn(_ROW_MAJOR, ta, tb, hi - lo, n, k, 1.0, pa + lo * a_row, lda, pb, ldb, 0.0,
+        fn(_ROW_MAJOR, ta, tb, hi - lo, n, k, 1.0, pa + lo * a_row * isz, lda, pb, ldb, 0.0,
            pc + lo * ldc * isz, ldc)
     return run

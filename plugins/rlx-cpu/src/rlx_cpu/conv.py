@@ -2,9 +2,10 @@
 
 A batch of at least as many images as threads gives each thread whole images: its own im2col
 scratch and single-threaded GEMMs on rlx-cpu's BLAS (:mod:`rlx_cpu.blas`: oneDNN for float32), no
-synchronisation until the end (ResNet-18 batch 8: 277 -> 238 ms here). Fewer images run one after
-another with NumPy's threaded BLAS (splitting each GEMM by output channels over the pool measured
-15% slower at batch 1: serial im2col and a hand-off per GEMM).
+synchronisation until the end. Fewer images run one after another with NumPy's threaded BLAS
+(splitting each GEMM by output channels over the pool was tried and was not faster at batch 1:
+the im2col stays serial and every GEMM pays a hand-off). Compare with
+``RLX_CPU_PRIVATE_BLAS=0 rlx bench infer resnet18 --batch 8``.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
 #: batch 8).
 ROW_SPLIT_MIN = 256
 #: Multiply-adds from which a oneDNN GEMM is split over the pool when it runs alone: a hand-off
-#: to the second core costs 20-50 us here, a 128x384x384 GEMM ~330 us on one core.
+#: costs ~20 us at the median (``python bench/profile_cpu.py --pool``), 4M multiply-adds ~70 us
+#: on one core at oneDNN's ~110 GFLOP/s (``--libs``).
 SPLIT_MIN_MACS = 4_000_000
 
 
@@ -123,7 +124,7 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         return None
     m, k, n = o.shape[0], x.shape[1], o.shape[1]
     threads = pool().threads
-    if blas.library(x.dtype) == "oneDNN sgemm":
+    if blas.onednn(x.dtype):
         parts = threads if m * n * k >= SPLIT_MIN_MACS and m >= 2 * threads else 1
     else:
         parts = threads if m >= ROW_SPLIT_MIN * threads and m * n * k >= 64 * 262144 * threads else 1
@@ -234,7 +235,7 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     # which lets attention join a row chain (it reads q, k, v and the mask whole).
     rows_out = [o.reshape(n, -1)] if sq % na.QBLOCK == 0 else []
     # Work counted per score element times the head size: an item is two GEMMs and a softmax, so
-    # batch 1 (12 x 128 x 128 scores) already pays for the second core.
+    # batch 1 (12 x 128 x 128 scores) is split too.
     return split_rows(na.attention_items, n, args, bsz * h * sq * k.shape[2] * d // 8,
                       whole_in=[q, k, v, keep, bias], rows_out=rows_out)
 

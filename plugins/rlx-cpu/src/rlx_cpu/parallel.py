@@ -25,14 +25,22 @@ from typing import Any
 MIN_ELEMS_PER_THREAD = 262144
 
 
+def env_int(name: str, default: int, minimum: int, fix: str) -> int:
+    """Integer setting ``name`` (at least ``minimum``; ``default`` when unset or empty); a value
+    that is not an integer raises a ValueError naming the variable and ``fix``."""
+    env = os.environ.get(name, "").strip()
+    if not env:
+        return default
+    try:
+        return max(minimum, int(env))
+    except ValueError:
+        raise ValueError(f"{name}={env!r} is not an integer; {fix}") from None
+
+
 def default_threads() -> int:
-    env = os.environ.get("RLX_CPU_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ValueError(f"RLX_CPU_THREADS={env!r} is not an integer; set it to a thread count "
-                             "such as 2, or unset it to use every core") from None
+    if os.environ.get("RLX_CPU_THREADS", "").strip():
+        return env_int("RLX_CPU_THREADS", 1, 1, "set it to a thread count such as 2, or unset it to "
+                       "use every core")
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -134,7 +142,6 @@ class RowRun:
     __slots__ = (
         "_call",
         "args",
-        "chunks_per_thread",
         "fn",
         "n",
         "rows_in",
@@ -148,7 +155,7 @@ class RowRun:
                  rows_in: Sequence[Any] = (), whole_in: Sequence[Any] = (),
                  rows_out: Sequence[Any] = ()) -> None:
         self.fn, self.n, self.args = fn, n, tuple(args)
-        self.work, self.chunks_per_thread = work_elems, chunks_per_thread
+        self.work = work_elems
         self.rows_in, self.whole_in, self.rows_out = tuple(rows_in), tuple(whole_in), tuple(rows_out)
         parts = parts_for(work_elems) if parts is None else max(1, min(parts, pool().threads))
         a = self.args
@@ -196,9 +203,9 @@ _POISON = 1 << 62
 
 class _Chain:
     """Row kernels run back to back by each thread on its own rows: one dispatch instead of one
-    per kernel (MiniLM batch 1: ~60 hand-offs to the second core become 6). Where a later kernel
-    needs rows another thread wrote (or overwrites bytes another thread still reads: the memory
-    planner reuses dead buffers), the threads meet at a barrier first.
+    per kernel (MiniLM: the whole encoder is one chain, ``bench/profile_cpu.py --chains``). Where a
+    later kernel needs rows another thread wrote (or overwrites bytes another thread still reads:
+    the memory planner reuses dead buffers), the threads meet at a barrier first.
 
     Between two barriers (a stage) the rows are cut into ``chunks`` fixed pieces that the threads
     take in turn, each running every kernel of the stage on its piece: a core slowed by another
@@ -208,7 +215,6 @@ class _Chain:
     def __init__(self, stages: Sequence[RowRun | None], parts: int, chunks: int) -> None:
         import numpy as np
 
-        self.runs = [r for r in stages if r is not None]
         self.parts, self.chunks = parts, chunks
         self.stages: list[list[tuple[Any, tuple[Any, ...], int]]] = [[]]
         for r in stages:
@@ -216,7 +222,6 @@ class _Chain:
                 self.stages.append([])
             else:
                 self.stages[-1].append((r.fn, r.args, r.n))
-        self.steps = [None if r is None else (r.fn, r.args, r.n) for r in stages]
         self.barriers = len(self.stages) - 1
         self.arrived = np.zeros(parts, np.int64)
         self.epoch = 0
@@ -252,6 +257,13 @@ class _Chain:
         self.epoch += self.barriers
 
 
+Span = tuple[int, int]
+
+
+def _meet(a: Span, b: Span) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
+
+
 def _access_list(r: RowRun) -> list[tuple[Any, bool, bool]]:
     """(array, by rows?, written?) for everything ``r`` touches."""
     return ([(x, True, False) for x in r.rows_in] + [(x, False, False) for x in r.whole_in]
@@ -262,21 +274,18 @@ def _hazard(group: Sequence[RowRun], r: RowRun, chunks: int) -> bool:
     """Could piece ``c`` of ``r`` touch bytes that piece ``c' != c`` of a kernel in ``group``
     writes, or write bytes such a piece reads or writes? (Pieces are ``n * c // chunks`` cuts
     of each kernel's rows; the same piece of every kernel runs on one thread, in order.)"""
-    def meet(a: tuple[int, int], b: tuple[int, int]) -> bool:
-        return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
-
     mine = _access_list(r)
     for g in group:
         for x, x_rows, x_w in mine:
             for y, y_rows, y_w in _access_list(g):
-                if not (x_w or y_w) or not meet(_whole(x), _whole(y)):
+                if not (x_w or y_w) or not _meet(_whole(x), _whole(y)):
                     continue
                 if not (x_rows and y_rows):
                     return chunks > 1  # read whole by every piece, or written by every piece
                 for c in range(chunks):
                     sx = _span(x, r.n * c // chunks, r.n * (c + 1) // chunks)
                     for d in range(chunks):
-                        if d != c and meet(sx, _span(y, g.n * d // chunks, g.n * (d + 1) // chunks)):
+                        if d != c and _meet(sx, _span(y, g.n * d // chunks, g.n * (d + 1) // chunks)):
                             return True
     return False
 
@@ -286,13 +295,6 @@ CHAIN_MIN_WORK = 2 * MIN_ELEMS_PER_THREAD
 #: How many unrelated steps (head-split transposes between the Q, K and V projections) a chain
 #: may run ahead of.
 CHAIN_LOOKAHEAD = 8
-
-Span = tuple[int, int]
-
-
-def _meet(a: Span, b: Span) -> bool:
-    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
-
 
 def _all_access(r: RowRun) -> tuple[list[Span], list[Span]]:
     reads = [_whole(x) for x in (*r.rows_in, *r.whole_in)]
@@ -341,9 +343,9 @@ CHUNK_MIN_ROWS = 256
 def _chunks(members: Sequence[RowRun], parts: int) -> int:
     """Pieces a chain's rows are cut into: up to four a thread when the largest kernel keeps
     ``CHUNK_MIN_ROWS`` rows a piece (MiniLM batch 8: two a thread; batch 1: one). More pieces let a
-    thread on a busy core take fewer (MiniLM batch 8 with a busy loop on one core: 229 vs 283 ms);
-    128-row pieces cost 4-8% on a quiet machine (smaller GEMMs, more calls), 256-row pieces nothing
-    measurable."""
+    thread on a busy core take fewer, at the cost of smaller GEMMs and more calls on a quiet one
+    (``python bench/busy_core.py``: MiniLM batch 8 with a busy loop on one core 221 vs 245 ms with
+    one fixed piece a thread, quiet 132 vs 125 ms)."""
     most, least = max(r.n for r in members), min(r.n for r in members)
     k = max(1, min(_max_pieces(), most // (parts * CHUNK_MIN_ROWS), least // (parts * 8)))
     return parts * k
@@ -351,12 +353,7 @@ def _chunks(members: Sequence[RowRun], parts: int) -> int:
 
 def _max_pieces() -> int:
     """``RLX_CPU_CHAIN_PIECES``: pieces a thread at most (default 4; 1 = one fixed piece a thread)."""
-    env = os.environ.get("RLX_CPU_CHAIN_PIECES", "4")
-    try:
-        return max(1, int(env))
-    except ValueError:
-        raise ValueError(f"RLX_CPU_CHAIN_PIECES={env!r} is not an integer; "
-                         "use 1-4 (pieces a thread)") from None
+    return env_int("RLX_CPU_CHAIN_PIECES", 4, 1, "use 1-4 (pieces a thread)")
 
 
 def chain(runs: Sequence[Any], ids: Sequence[Any],
