@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -266,6 +267,7 @@ def read_model(model: Any) -> tuple[Any, str]:
     if isinstance(model, onnx.ModelProto):
         proto, source = model, f"ONNX model {model.graph.name or '(unnamed)'!r}"
         _check_model(proto, source)
+        resolve_external_data(proto, None, source)  # refuses external data: there is no folder
         return proto, source
     if isinstance(model, (bytes, bytearray, memoryview)):
         data, source, base = bytes(model), "ONNX model bytes", None
@@ -297,18 +299,156 @@ def read_model(model: Any) -> tuple[Any, str]:
                                  fix="export or download the model again; a .onnx file must be "
                                      "copied completely (check its size)") from None
     _check_model(proto, source)
-    if base is not None:
-        from onnx.external_data_helper import load_external_data_for_model, uses_external_data
-
-        if any(uses_external_data(t) for t in proto.graph.initializer):
-            try:
-                load_external_data_for_model(proto, os.fspath(base))
-            except Exception as e:
-                raise SerializationError(f"cannot read the model's external weight data "
-                                         f"({type(e).__name__}: {e})", where=source,
-                                         fix="keep the .onnx file next to its external data file "
-                                             "(e.g. model.onnx.data) with the same names") from None
+    resolve_external_data(proto, base, source)
     return proto, source
+
+
+# ---------------------------------------------------------------------------------------------
+# External data: one checked resolver for every tensor in the model
+
+
+def _walk_tensors(proto: Any) -> Iterable[tuple[Any, str]]:
+    """Every TensorProto of the model, with where it is: initializers, sparse initializers, node
+    attributes (``t``, ``tensors``, sparse ones), subgraphs at any depth, local functions and training
+    info. onnx's own walker skips sparse tensors, so a path it misses could still read a file."""
+
+    def sparse(sp: Any, what: str) -> Iterable[tuple[Any, str]]:
+        yield sp.values, f"{what} (values)"
+        yield sp.indices, f"{what} (indices)"
+
+    def nodes(ns: Sequence[Any], where: str) -> Iterable[tuple[Any, str]]:
+        for idx, node in enumerate(ns):
+            label = node.name or f"{node.op_type}_{idx}"
+            for a in node.attribute:
+                yield from attribute(a, f"attribute {a.name!r} of ONNX node {label!r} (#{idx}, op "
+                                        f"{node.op_type}) in {where}")
+
+    def attribute(a: Any, what: str) -> Iterable[tuple[Any, str]]:
+        if a.HasField("t"):
+            yield a.t, what
+        for t in a.tensors:
+            yield t, what
+        if a.HasField("sparse_tensor"):
+            yield from sparse(a.sparse_tensor, what)
+        for sp in a.sparse_tensors:
+            yield from sparse(sp, what)
+        if a.HasField("g"):
+            yield from graph(a.g, f"the subgraph of {what}")
+        for sub in a.graphs:
+            yield from graph(sub, f"a subgraph of {what}")
+
+    def graph(g: Any, where: str) -> Iterable[tuple[Any, str]]:
+        for t in g.initializer:
+            yield t, f"initializer of {where}"
+        for sp in g.sparse_initializer:
+            yield from sparse(sp, f"sparse initializer of {where}")
+        yield from nodes(g.node, where)
+
+    yield from graph(proto.graph, "the main graph")
+    for f in proto.functions:
+        fwhere = f"local function {f.name!r}"
+        for a in f.attribute_proto:
+            yield from attribute(a, f"default of attribute {a.name!r} of {fwhere}")
+        yield from nodes(f.node, fwhere)
+    for k, ti in enumerate(proto.training_info):
+        yield from graph(ti.initialization, f"training_info[{k}].initialization")
+        yield from graph(ti.algorithm, f"training_info[{k}].algorithm")
+
+
+def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, source: str) -> None:
+    """Replace every tensor's external data by the bytes it names, read from the model's folder.
+
+    The rules (the same for initializers, Constant/ConstantOfShape attributes, sparse tensors and
+    tensors in subgraphs): the location is a relative path without ``..``, it resolves (symlinks
+    followed) to a regular file inside ``base``, and offset/length lie inside that file. Anything
+    else is a SerializationError naming the tensor and where it is; nothing is ever read relative to
+    the current directory. ``base=None`` (a model given as bytes or a ModelProto) refuses external
+    data, since there is no folder it could be relative to.
+    """
+    from onnx import TensorProto
+
+    for t, what in _walk_tensors(proto):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        where = f"tensor {t.name!r}, {what} in {source}"
+        if base is None:
+            raise SerializationError(
+                "the tensor's data is in an external file, but the model was given as bytes or a "
+                "ModelProto, so there is no model folder to read it from", where=where,
+                fix="pass the path of the .onnx file (its external data is read from the same folder), "
+                    "or embed the data: onnx.load(path) then onnx.save(model, path, "
+                    "save_as_external_data=False)")
+        t.raw_data = _read_external(t, os.fspath(base), where)
+        t.data_location = TensorProto.DEFAULT
+        del t.external_data[:]
+
+
+_EXTERNAL_FIX = ("keep the external data file (e.g. model.onnx.data) in the .onnx file's folder and name it "
+                 "by a relative path there; re-save the model with onnx.save(model, path, "
+                 "save_as_external_data=True, location='model.onnx.data')")
+
+
+def _read_external(t: Any, base: str, where: str) -> bytes:
+    info: dict[str, str] = {}
+    for e in t.external_data:
+        info[e.key] = e.value
+
+    def bad(what: str) -> SerializationError:
+        return SerializationError(what, where=where, fix=_EXTERNAL_FIX)
+
+    location = info.get("location", "")
+    if not location or "\x00" in location:
+        raise bad(f"the external data location {location!r} is empty or not a file name")
+    parts = re.split(r"[\\/]+", location)
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
+        raise bad(f"the external data location {location!r} is an absolute path; only files in the "
+                  f"model's folder may be read")
+    if ".." in parts:
+        raise bad(f"the external data location {location!r} leaves the model's folder ('..')")
+    root = os.path.realpath(base)
+    full = os.path.realpath(os.path.join(root, *[p for p in parts if p]))
+    if os.path.commonpath([root, full]) != root:
+        raise bad(f"the external data location {location!r} resolves to {full}, outside the model's folder "
+                  f"{root} (a symbolic link out of it)")
+    try:
+        offset = int(info.get("offset", "0"))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise bad(f"the external data offset/length {info.get('offset')!r}/{info.get('length')!r} are not "
+                  f"integers") from None
+    if offset < 0 or (length is not None and length < 0):
+        raise bad(f"the external data offset {offset} / length {length} is negative")
+    try:
+        with open(full, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise bad(f"the external data location {location!r} is not a regular file")
+            if offset > st.st_size or (length is not None and offset + length > st.st_size):
+                raise bad(f"the external data [{offset}, {offset + (length or 0)}) lies outside "
+                          f"{location!r} ({st.st_size} bytes): the file is truncated or not this model's")
+            want = _external_nbytes(t)
+            if want is not None and (length if length is not None else st.st_size - offset) < want:
+                raise bad(f"the tensor needs {want} bytes but {location!r} has only "
+                          f"{length if length is not None else st.st_size - offset} at offset {offset}")
+            f.seek(offset)
+            # Read what the tensor needs, not a whole (possibly huge) file named without a length.
+            n = length if length is not None else (want if want is not None else st.st_size - offset)
+            return f.read(n)
+    except FileNotFoundError:
+        raise bad(f"the external data file {location!r} does not exist in the model's folder "
+                  f"{root}") from None
+    except IsADirectoryError:
+        raise bad(f"the external data location {location!r} is a folder, not a file") from None
+    except OSError as e:
+        raise bad(f"cannot read the external data file {location!r}: {e.strerror or e}") from None
+
+
+def _external_nbytes(t: Any) -> int | None:
+    """The bytes a fixed-size tensor's data must have (None for types RLX does not read anyway)."""
+    dt = _ONNX_TO_DTYPE.get(t.data_type)
+    if dt is None:
+        return None
+    return max(0, math.prod(int(d) for d in t.dims)) * dt.itemsize
 
 
 def _check_model(proto: Any, source: str) -> None:
@@ -621,8 +761,15 @@ class _Importer:
                     "attribute to an input); check it with onnx.checker.check_model")
 
     def _tensor_array(self, t: Any) -> np.ndarray:
-        from onnx import numpy_helper
+        from onnx import TensorProto, numpy_helper
 
+        if t.data_location == TensorProto.EXTERNAL:
+            # read_model resolves external data from the model's folder; numpy_helper would read it
+            # relative to the current directory instead, so never let it see such a tensor.
+            raise SerializationError(f"tensor {t.name!r} still refers to external data",
+                                     where=self.node_where,
+                                     fix="load the model with load_onnx(path) so its external data is "
+                                         "read (checked) from the model's folder")
         if t.data_type not in _ONNX_TO_DTYPE:
             raise UnsupportedOnnxError(f"tensor {t.name!r} has ONNX type {_onnx_type_name(t.data_type)}, "
                                        f"which RLX does not have", where=self.node_where,

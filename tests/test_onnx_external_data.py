@@ -1,0 +1,197 @@
+"""ONNX external data is read from the model's folder only (issue 14, item 3).
+
+Every tensor that names an external file (initializers, Constant / ConstantOfShape attributes, sparse
+tensors, tensors in If branches) goes through one checked resolver: a relative location inside the
+model's folder, no ``..``, no absolute path, no symbolic link out of the folder, never the current
+directory. A model given as bytes has no folder, so its external data is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from rlx_core.errors import SerializationError  # noqa: E402
+from rlx_core.frontends.onnx import load_onnx  # noqa: E402
+from rlx_core.hub import Hub, reset_hub  # noqa: E402
+from rlx_core.runtime import Session  # noqa: E402
+
+SECRET = np.array([7.0, 7.0, 7.0, 7.0], np.float32)
+GOOD = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("RLX_BACKENDS", "cpu")
+    reset_hub(Hub())
+    yield
+    reset_hub(Hub())
+
+
+def external_tensor(name: str, location: str, n: int = 4, offset: int | None = None) -> TensorProto:
+    t = TensorProto()
+    t.name, t.data_type = name, TensorProto.FLOAT
+    t.dims.extend([n])
+    t.data_location = TensorProto.EXTERNAL
+    entries = [("location", location)] + ([("offset", str(offset))] if offset is not None else [])
+    for k, v in entries:
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def constant_model(location: str, op: str = "Constant") -> onnx.ModelProto:
+    t = external_tensor("weights", location, 1 if op == "ConstantOfShape" else 4)
+    if op == "Constant":
+        nodes = [helper.make_node("Constant", [], ["c"], value=t, name="leaky_const")]
+    else:
+        nodes = [helper.make_node("Constant", [], ["shape"], name="shape_const",
+                                  value=numpy_helper.from_array(np.array([4], np.int64), "shape")),
+                 helper.make_node("ConstantOfShape", ["shape"], ["c"], value=t, name="leaky_const")]
+    nodes.append(helper.make_node("Add", ["x", "c"], ["y"], name="add"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """``model/`` holds the model and its data; ``home/`` (the current directory) and the folder above
+    ``model/`` hold a secret with the names a hostile model would use."""
+    model_dir, home = tmp_path / "model", tmp_path / "home"
+    model_dir.mkdir()
+    home.mkdir()
+    (model_dir / "weights.bin").write_bytes(GOOD.tobytes())
+    for d in (home, tmp_path):
+        (d / "secret").write_bytes(SECRET.tobytes())
+        (d / "weights.bin").write_bytes(SECRET.tobytes())
+    monkeypatch.chdir(home)
+    return model_dir, home
+
+
+def write(model_dir: Path, m: onnx.ModelProto, name: str = "m.onnx") -> Path:
+    p = model_dir / name
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+def run(graph) -> np.ndarray:
+    return Session("cpu").run(graph, {"x": np.zeros(4, np.float32)})["y"]
+
+
+@pytest.mark.parametrize("op", ["Constant", "ConstantOfShape"])
+def test_constant_attribute_reads_from_the_model_folder_not_the_cwd(layout: tuple[Path, Path],
+                                                                   op: str) -> None:
+    model_dir, home = layout
+    if op == "ConstantOfShape":
+        (model_dir / "weights.bin").write_bytes(np.float32(2.5).tobytes())
+    path = write(model_dir, constant_model("weights.bin", op))
+    # The current directory has a weights.bin too (the secret): the model's own file must be used.
+    got = run(load_onnx(path))
+    want = GOOD if op == "Constant" else np.full(4, 2.5, np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op", ["Constant", "ConstantOfShape"])
+def test_hostile_locations_are_refused_naming_tensor_and_node(layout: tuple[Path, Path], tmp_path: Path,
+                                                               op: str) -> None:
+    model_dir, home = layout
+    outside = tmp_path / "secret"
+    (model_dir / "link").symlink_to(outside)
+    (model_dir / "dirlink").symlink_to(tmp_path, target_is_directory=True)
+    hostile = {"../secret": "..", str(outside): "absolute", "link": "outside the model's folder",
+               "dirlink/secret": "outside the model's folder", "sub/../../secret": "..",
+               "secret": "does not exist"}
+    for location, says in hostile.items():
+        path = write(model_dir, constant_model(location, op))
+        with pytest.raises(SerializationError) as ei:
+            load_onnx(path)
+        err = ei.value
+        assert says in err.what, (location, err.what)
+        assert "'weights'" in err.where and "'leaky_const'" in err.where and op in err.where, err.where
+        assert err.fix
+
+
+def test_symlink_inside_the_model_folder_is_fine(layout: tuple[Path, Path]) -> None:
+    model_dir, _ = layout
+    (model_dir / "data").mkdir()
+    (model_dir / "data" / "w.bin").write_bytes(GOOD.tobytes())
+    (model_dir / "alias.bin").symlink_to(model_dir / "data" / "w.bin")
+    for loc in ("alias.bin", "data/w.bin"):
+        np.testing.assert_array_equal(run(load_onnx(write(model_dir, constant_model(loc)))), GOOD)
+
+
+def test_initializer_sparse_and_subgraph_tensors_use_the_same_rules(layout: tuple[Path, Path]) -> None:
+    model_dir, _ = layout
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    # An initializer.
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"], name="add")], "g", [x], [y],
+                          initializer=[external_tensor("w", "../secret")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(SerializationError, match=r"\.\.") as ei:
+        load_onnx(write(model_dir, m))
+    assert "'w'" in ei.value.where and "initializer" in ei.value.where
+    # A Constant inside an If branch.
+    then = helper.make_graph([helper.make_node("Constant", [], ["c"], value=external_tensor("t", "../secret"),
+                                               name="inner")], "then", [], [y])
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    g = helper.make_graph([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=then,
+                                            name="branch")], "g", [x], [y], initializer=[cond])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(SerializationError) as ei:
+        load_onnx(write(model_dir, m))
+    assert "'inner'" in ei.value.where and "'branch'" in ei.value.where
+    # A sparse Constant's values.
+    sp = helper.make_sparse_tensor(external_tensor("sv", "/etc/passwd", 1),
+                                   numpy_helper.from_array(np.array([0], np.int64), "si"), [4])
+    g = helper.make_graph([helper.make_node("Constant", [], ["y"], sparse_value=sp, name="sparse")], "g",
+                          [], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(SerializationError, match="absolute") as ei:
+        load_onnx(write(model_dir, m))
+    assert "'sparse'" in ei.value.where
+
+
+def test_offset_and_length_outside_the_file_are_refused(layout: tuple[Path, Path]) -> None:
+    model_dir, _ = layout
+    t = external_tensor("weights", "weights.bin", offset=12)
+    g = helper.make_graph([helper.make_node("Constant", [], ["y"], value=t, name="c")], "g", [],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(SerializationError, match="needs 16 bytes"):
+        load_onnx(write(model_dir, m))
+
+
+def test_external_data_in_bytes_or_a_modelproto_is_refused(layout: tuple[Path, Path]) -> None:
+    model_dir, home = layout
+    m = constant_model("weights.bin")
+    for given in (m.SerializeToString(), m):
+        with pytest.raises(SerializationError, match="no model folder") as ei:
+            load_onnx(given)
+        assert "'weights'" in ei.value.where and "path" in ei.value.fix
+
+
+def test_legit_external_initializers_written_by_onnx_still_load(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    w = np.arange(64, dtype=np.float32).reshape(16, 4)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                          initializer=[numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "model" / "m.onnx"
+    onnx.save(m, os.fspath(path), save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    monkeypatch.chdir(tmp_path)
+    x = np.ones((1, 16), np.float32)
+    got = Session("cpu").run(load_onnx(path), {"x": x})["y"]
+    np.testing.assert_allclose(got, x @ w)
