@@ -456,8 +456,8 @@ def _failure_kind(e: BaseException) -> str:
         return "not available"
     if isinstance(e, RLXError):
         what = e.what
-        for needle, kind in (("failed to import", "import error"), ("targets RLX plugin API", "API mismatch"),
-                             ("raised in hook", "hook raised")):
+        for needle, kind in (("did not finish in", "import timeout"), ("failed to import", "import error"),
+                             ("targets RLX plugin API", "API mismatch"), ("raised in hook", "hook raised")):
             if needle in what:
                 return kind
         return "invalid plugin" if isinstance(e, PluginError) else type(e).__name__
@@ -484,7 +484,7 @@ def _smoke_test(h: Hub, backend: str, index: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         out = sess.compile(_smoke_graph()).run({"x": x})
         seconds = time.perf_counter() - t0
-    except Exception as e:  # a plugin's compiled program may raise anything
+    except (Exception, SystemExit) as e:  # a plugin's code may raise anything, even exit
         return {"status": "FAIL", "reason": str(e.what if isinstance(e, RLXError) else e),
                 "error": _error_json(e)}
     y = out.get("y")
@@ -542,7 +542,7 @@ def doctor_report(h: Hub) -> dict[str, Any]:
     import platform
 
     env_keys = ("RLX_BACKENDS", "RLX_DISABLE_PLUGINS", "RLX_CACHE_DIR", "RLX_NO_CACHE", "RLX_DEBUG",
-                "RLX_DISPATCH_REPORT")
+                "RLX_DISPATCH_REPORT", "RLX_PLUGIN_IMPORT_TIMEOUT")
     try:
         import numpy as np
 
@@ -559,6 +559,14 @@ def doctor_report(h: Hub) -> dict[str, Any]:
     names = h.names()
     order = list(names) + sorted(n for n in h.failures() if n not in names)
     backends = [_check_backend(h, n) for n in order]
+    # What `rlx run` without --device would use, or why nothing: a broken default is never replaced.
+    default: dict[str, Any] = {"backend": None, "error": None}
+    if entries:
+        try:
+            default["backend"] = h.default_backend()
+        except RLXError as e:
+            default["error"] = _error_json(e)
+    core["default_device"] = default
     disabled = {p.strip() for p in h.env.get("RLX_DISABLE_PLUGINS", "").split(",")}
     for n in sorted(set(entries) - set(order)):
         e = entries[n]
@@ -589,6 +597,13 @@ def _print_doctor(rep: Mapping[str, Any]) -> None:
     out.print(Text(f"  cache: {core['cache_dir']}"))
     for k, v in core["env"].items():
         out.print(Text(f"  {k}={v}"))
+    default = core.get("default_device") or {}
+    if default.get("backend"):
+        out.print(Text(f"  default device: {default['backend']}"))
+    elif default.get("error"):
+        line = Text("  default device: none: ", style="bold red")
+        line.append(default["error"]["what"], style="default")
+        out.print(line)
     out.print()
     style = {"PASS": "bold green", "FAIL": "bold red", "SKIP": "yellow"}
     for b in rep["backends"]:
@@ -654,7 +669,9 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
 
     For each backend: distribution and version, backend and plugin-API version, its devices (with
     availability and where their performance numbers come from) and PASS/FAIL with the real reason
-    (import error, API mismatch, conflicting distributions, a hook that raised, a wrong result).
+    (import error, API mismatch, conflicting distributions, a hook that raised, a wrong result), and
+    the default device (a broken default backend is shown, never replaced by another one). A plugin
+    whose import takes longer than RLX_PLUGIN_IMPORT_TIMEOUT seconds (default 30) fails.
 
     Exit code: 0 when every backend passes, 1 when any fails, 2 when none is installed.
 
@@ -664,7 +681,12 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
       rlx doctor --json > doctor.json
       RLX_BACKENDS=cuda,cpu rlx doctor
     """
-    rep = doctor_report(hub_instance())
+    h = hub_instance()
+    if h.import_timeout is None:  # a plugin whose import hangs must not hang the diagnosis
+        from .hub import DOCTOR_IMPORT_TIMEOUT
+
+        h.import_timeout = DOCTOR_IMPORT_TIMEOUT
+    rep = doctor_report(h)
     if as_json:
         echo_json(rep)
     else:

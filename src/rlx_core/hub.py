@@ -5,14 +5,23 @@ imports one plugin when it is selected or probed. A plugin that fails to import,
 API major, or raises in a hook is recorded with its real cause; it never breaks ``import rlx_core``
 or the other plugins.
 
+Plugin code is trusted (it runs in this process), but its failures are contained: whatever a plugin's
+import or hook raises, ``SystemExit`` and ``KeyboardInterrupt`` included, becomes a
+:class:`~rlx_core.errors.PluginError` naming the plugin and the cause. Only a Ctrl-C the user really
+pressed (a SIGINT seen while the plugin ran) still interrupts; see :class:`PluginCall`.
+
 Environment:
-  ``RLX_BACKENDS``         comma-separated allow-list *and* order (``cuda,cpu``).
-  ``RLX_DISABLE_PLUGINS``  comma-separated backend names to skip, or ``all``.
+  ``RLX_BACKENDS``                comma-separated allow-list *and* order (``cuda,cpu``).
+  ``RLX_DISABLE_PLUGINS``         comma-separated backend names to skip, or ``all``.
+  ``RLX_PLUGIN_IMPORT_TIMEOUT``   seconds one plugin's import may take before it is reported as broken
+                                  (``rlx doctor``: default 30; library loads: no limit unless set; 0 = none).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
@@ -28,6 +37,10 @@ from .errors import BackendNotFoundError, PluginConflictError, PluginError
 
 GROUP = "rlx.backends"
 BUILTIN = "rlx-core (builtin)"
+IMPORT_TIMEOUT_ENV = "RLX_PLUGIN_IMPORT_TIMEOUT"
+#: What `rlx doctor` allows one plugin's import when RLX_PLUGIN_IMPORT_TIMEOUT is unset: generous,
+#: because a first import may compile or unpack (Numba, a GPU runtime) on a cold disk.
+DOCTOR_IMPORT_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,82 @@ def _env_list(env: Mapping[str, str], key: str) -> list[str] | None:
 def _short_cause(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     loc = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-    return f"{type(e).__name__}: {e}{loc}"
+    text = str(e)
+    head = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    if isinstance(e, SystemExit):
+        head += " (the plugin tried to exit the process; a plugin must raise an exception instead)"
+    elif isinstance(e, KeyboardInterrupt):
+        head += " (raised by the plugin itself, not by a Ctrl-C)"
+    return f"{head}{loc}"
+
+
+def import_timeout(env: Mapping[str, str], default: float | None) -> float | None:
+    """Seconds from ``RLX_PLUGIN_IMPORT_TIMEOUT`` (``0`` = no limit), else ``default``."""
+    raw = env.get(IMPORT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise BackendNotFoundError(f"{IMPORT_TIMEOUT_ENV}={raw!r} is not a number of seconds",
+                                   where=f"environment variable {IMPORT_TIMEOUT_ENV}",
+                                   fix="set it to seconds such as 30, or 0 for no limit")
+    return value or None
+
+
+_SIGINTS = 0  # SIGINTs seen while PluginCall watched; only ever increases
+
+
+def _count_sigint(signum: int, frame: Any) -> None:
+    global _SIGINTS
+    _SIGINTS += 1
+    signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as without us
+
+
+class PluginCall:
+    """Context for running plugin code that tells the plugin's own ``KeyboardInterrupt`` from the user's.
+
+    Both look the same once raised, so while plugin code runs on the main thread with Python's default
+    SIGINT handler, a handler that counts SIGINTs is installed. A ``KeyboardInterrupt`` with no SIGINT
+    seen came from the plugin and is reported as its failure; with one seen (or when watching was not
+    possible: another thread, or the application installed its own handler) it is the user's and
+    propagates, so Ctrl-C always stops.
+    """
+
+    def __init__(self) -> None:
+        self._watching = False
+        self._installed = False  # by this context, not an enclosing one: only then restore on exit
+        self._before = 0
+
+    def __enter__(self) -> PluginCall:
+        self._before = _SIGINTS
+        if threading.current_thread() is threading.main_thread():
+            try:
+                current = signal.getsignal(signal.SIGINT)
+                if current is signal.default_int_handler:
+                    signal.signal(signal.SIGINT, _count_sigint)
+                    self._installed = True
+                self._watching = self._installed or current is _count_sigint
+            except (ValueError, OSError):  # embedded interpreters without signal support
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            self._installed = False
+            try:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            except (ValueError, OSError):
+                pass
+
+    def users(self, e: BaseException) -> bool:
+        """Whether ``e`` must propagate unchanged: a real Ctrl-C (or one that cannot be ruled out),
+        or a ``BaseException`` that is not an error (``GeneratorExit``)."""
+        if isinstance(e, KeyboardInterrupt):
+            return not self._watching or _SIGINTS != self._before
+        return not isinstance(e, (Exception, SystemExit))
 
 
 class Backend:
@@ -98,15 +186,18 @@ class Backend:
                                   fix=f"add an @hookimpl def {hook}(...) to the plugin")
             return None
         impl = impls[-1]
-        try:
-            return impl.function(**{k: kwargs[k] for k in impl.argnames})
-        except PluginError:
-            raise
-        except Exception as e:
-            raise PluginError(f"plugin {self.label} raised in hook {hook!r}: {_short_cause(e)}",
-                              where=f"backend {self.name!r}",
-                              fix="this is a bug in the plugin; report it to its authors, or disable "
-                                  f"it with RLX_DISABLE_PLUGINS={self.name}", kind="hook") from e
+        with PluginCall() as guard:
+            try:
+                return impl.function(**{k: kwargs[k] for k in impl.argnames})
+            except PluginError:
+                raise
+            except BaseException as e:
+                if guard.users(e):
+                    raise
+                raise PluginError(f"plugin {self.label} raised in hook {hook!r}: {_short_cause(e)}",
+                                  where=f"backend {self.name!r}",
+                                  fix="this is a bug in the plugin; report it to its authors, or disable "
+                                      f"it with RLX_DISABLE_PLUGINS={self.name}", kind="hook") from e
 
     def devices(self) -> list[Any]:
         from .records import DeviceInfo
@@ -185,13 +276,17 @@ class Backend:
 class Hub:
     """Finds, loads and isolates backend plugins. Use :func:`hub` for the process-wide instance."""
 
-    def __init__(self, *, env: Mapping[str, str] | None = None, autoload: bool = True) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None, autoload: bool = True,
+                 import_timeout: float | None = None) -> None:
+        """``import_timeout``: seconds one plugin's import may take (``None``: no limit unless
+        ``RLX_PLUGIN_IMPORT_TIMEOUT`` is set); `rlx doctor` sets it so a hung import cannot hang it."""
         from . import hookspecs
 
         self.env = dict(os.environ if env is None else env)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.autoload = autoload
+        self.import_timeout = import_timeout
         self._entries: dict[str, list[PluginEntry]] | None = None
         self._backends: dict[str, Backend] = {}
         self._failures: dict[str, PluginError] = {}
@@ -267,16 +362,56 @@ class Hub:
                 raise err
             entry = entries[0]
             try:
-                plugin = entry.entry_point.load() if entry.entry_point is not None else None
-            except Exception as e:
-                err = PluginError(f"plugin {entry.distribution} {entry.dist_version} ({name}) failed to "
-                                  f"import: {_short_cause(e)}", where=f"entry point {entry.value}",
-                                  fix=f"reinstall {entry.distribution} with its dependencies, or "
-                                      f"disable it with RLX_DISABLE_PLUGINS={name}", kind="import")
-                err.__cause__ = e
+                plugin = self._import(entry)
+            except PluginError as err:
                 self._failures[name] = err
-                raise err from e
+                raise
             return self._load_entry(entry, plugin)
+
+    def _import(self, entry: PluginEntry) -> Any:
+        """Import one plugin's entry point; anything it raises (or a hang past the timeout) becomes a
+        PluginError naming the distribution and the cause."""
+        if entry.entry_point is None:
+            return None
+        timeout = import_timeout(self.env, self.import_timeout)
+        label = f"plugin {entry.distribution} {entry.dist_version} ({entry.name})"
+        fix = (f"reinstall {entry.distribution} with its dependencies, or disable it with "
+               f"RLX_DISABLE_PLUGINS={entry.name}")
+        if timeout is None:
+            with PluginCall() as guard:
+                try:
+                    return entry.entry_point.load()
+                except BaseException as e:
+                    if guard.users(e):
+                        raise
+                    raise PluginError(f"{label} failed to import: {_short_cause(e)}",
+                                      where=f"entry point {entry.value}", fix=fix, kind="import") from e
+        # In a worker thread: the caller can stop waiting. Signals reach only the main thread, so a
+        # KeyboardInterrupt in the worker is the plugin's own, and a Ctrl-C interrupts the join below.
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["plugin"] = entry.entry_point.load()
+            except BaseException as e:
+                box["error"] = e
+
+        worker = threading.Thread(target=work, name=f"rlx-import-{entry.name}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            # The import goes on in the daemon thread (Python cannot stop it) and holds that module's
+            # import lock; the failure is recorded so this hub never waits on it again.
+            raise PluginError(f"{label} failed to import: the import did not finish in {timeout:g} s",
+                              where=f"entry point {entry.value}", kind="timeout",
+                              fix=f"find what its import waits for (network, a device, a lock); raise "
+                                  f"{IMPORT_TIMEOUT_ENV} if it is only slow; or disable it with "
+                                  f"RLX_DISABLE_PLUGINS={entry.name}")
+        if "error" in box:
+            e = box["error"]
+            raise PluginError(f"{label} failed to import: {_short_cause(e)}",
+                              where=f"entry point {entry.value}", fix=fix, kind="import") from e
+        return box["plugin"]
 
     def _load_entry(self, entry: PluginEntry, plugin: Any) -> Backend:
         self._ensure_builtin()
@@ -291,6 +426,7 @@ class Hub:
             self._failures[entry.name] = e
             raise
         except Exception as e:  # pluggy validation errors (bad hookimpl signature ...)
+            # (BaseExceptions from plugin code were turned into PluginError by Backend.call.)
             self._unregister(plugin)
             err = PluginError(f"plugin {entry.distribution} ({entry.name}) is invalid: {_short_cause(e)}",
                               fix="check its hook implementations against rlx_core.hookspecs",
@@ -335,13 +471,25 @@ class Hub:
         return [self._backends[n] for n in self.names() if n in self._backends]
 
     def default_backend(self) -> str:
-        """The first backend in selection order that loads and has an available device."""
+        """The first backend in selection order that has an available device.
+
+        A backend that is not installed, or installed for hardware this machine lacks, is passed
+        over. One that is installed but broken (fails to import, two distributions claim its name,
+        a hook raises, its device record is invalid) stops the search with its own error: the
+        default device never moves to another backend without the user choosing it.
+        """
         errors = []
         for name in self.names():
             try:
                 self.load(name).device()
                 return name
-            except (PluginError, BackendNotFoundError) as e:
+            except PluginError as e:
+                raise type(e)(f"the default backend {name!r} is broken, so no device was chosen: {e.what}",
+                              where=e.where or f"backend {name!r}",
+                              fix=f"{e.fix or 'repair or reinstall it'}; or choose a device explicitly "
+                                  "(--device, Session(device=...), RLX_BACKENDS); `rlx doctor` shows it",
+                              kind=e.kind) from e
+            except BackendNotFoundError as e:
                 errors.append(f"{name}: {e.what}")
         detail = "; ".join(errors) or "no backend plugins are installed"
         raise BackendNotFoundError(f"no usable backend ({detail})",
