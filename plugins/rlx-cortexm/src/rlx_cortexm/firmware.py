@@ -1,18 +1,26 @@
-"""Build firmware with arm-none-eabi-gcc (cached by source hash) and run it on QEMU with semihosting.
+"""Build firmware with arm-none-eabi-gcc (cached by source hash) and run it on QEMU, sandboxed.
 
-A build compiles the generated model, the kernel library, the semihosting harness and the startup
-code into ``firmware.elf`` in ``<RLX cache dir>/cortexm/<hash>/`` (the hash covers every source byte,
-the flags and the compiler's version), so a program that was built once, in any process, is reused.
-A run starts ``qemu-system-arm -M <board> -nographic -semihosting-config enable=on,target=native``
-in a fresh temporary directory holding ``rlx_in.bin``; the firmware writes ``rlx_out.bin`` and exits
-with status 0.
+A build compiles the generated model, the kernel library, the I/O harness and the startup code into
+``firmware.elf`` in ``<RLX cache dir>/cortexm/<hash>/`` (the hash covers every source byte, the flags
+and the compiler's version), so a program that was built once, in any process, is reused.
+
+A run (:func:`qemu_command`) gives the firmware nothing of the host but its own inputs and outputs,
+because the firmware is compiled from an untrusted model file: no semihosting (its SYS_SYSTEM runs a
+host shell command and its SYS_OPEN opens any host path, and QEMU cannot restrict either), no
+network (``-nic none``), no monitor, and QEMU's seccomp sandbox where QEMU has one (no fork/exec).
+QEMU loads ``rlx_in.bin`` into RAM at :data:`RLX_INBOX` + 4 and its length at :data:`RLX_INBOX`
+(``-device loader``); the firmware sends the output bytes over UART0, which QEMU writes to
+``rlx_out.bin``, prints ``rlx: stack <bytes>`` and ``rlx: exit <status>`` on UART1 (stdout), and ends
+the run with a reset request (``-no-reboot``). See ``csrc/rlx_hostio.h``.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -24,9 +32,19 @@ from pathlib import Path
 from .targets import CFLAGS, LDFLAGS, LIBS, Target, missing_reason, tool
 
 CSRC = Path(__file__).with_name("csrc")
-STATIC_FILES = ("rlx_types.h", "rlx_io.h", "rlx_kernels.h", "rlx_kernels.c", "rlx_semihost.h",
-                "rlx_semihost.c", "rlx_startup.c", "rlx_main.c", "rlx_link.ld")
-C_SOURCES = ("rlx_model.c", "rlx_kernels.c", "rlx_main.c", "rlx_startup.c", "rlx_semihost.c")
+STATIC_FILES = ("rlx_types.h", "rlx_io.h", "rlx_kernels.h", "rlx_kernels.c", "rlx_hostio.h",
+                "rlx_hostio.c", "rlx_startup.c", "rlx_main.c", "rlx_link.ld")
+C_SOURCES = ("rlx_model.c", "rlx_kernels.c", "rlx_main.c", "rlx_startup.c", "rlx_hostio.c")
+#: Where QEMU loads the input length (uint32) and then the bytes of rlx_in.bin: the INBOX region of
+#: csrc/rlx_link.ld (the last MiB of SSRAM2/3, on every MPS2 board this backend targets).
+RLX_INBOX = 0x20300000
+RLX_INBOX_BYTES = 1 << 20
+#: QEMU options of every run and of the exported Makefile: no semihosting (its SYS_SYSTEM and
+#: SYS_OPEN reach the host), no network, no monitor, exit on the firmware's reset request.
+QEMU_BASE_FLAGS = ("-display", "none", "-monitor", "none", "-serial", "file:rlx_out.bin", "-serial", "stdio",
+                   "-nic", "none", "-no-reboot")
+#: QEMU's seccomp sandbox (when built in): no fork/exec, no obsolete or privilege-changing calls.
+QEMU_SANDBOX = ("-sandbox", "on,spawn=deny,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny")
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
@@ -76,10 +94,39 @@ def _gcc_version(gcc: str) -> str:
         return "unknown"
 
 
-def cache_root() -> Path:
-    from rlx_core.cache import default_cache_dir
+_PRIVATE: list[Path] = []
 
-    return default_cache_dir() / "cortexm"
+
+def cache_root() -> Path:
+    """The authenticated ``cortexm`` cache directory, else a private per-process 0700 directory
+    (removed at exit)."""
+    from rlx_core.cache import cache_subdir
+
+    d = cache_subdir("cortexm")
+    if d is not None:
+        return d
+    if not _PRIVATE:
+        _PRIVATE.append(Path(tempfile.mkdtemp(prefix="rlx-cortexm-")))
+        atexit.register(shutil.rmtree, _PRIVATE[0], True)
+    return _PRIVATE[0]
+
+
+def _ready(root: Path, final: Path, marker: str) -> bool:
+    """Is the build ``final`` there and, in the cache, exactly what its authenticated manifest
+    lists? (A planted or edited build is deleted and rebuilt; QEMU later loads the ELF from this
+    directory, which only the user can write, so verify-then-load has no race.)"""
+    from rlx_core.cache import verify_tree
+
+    if _PRIVATE and root == _PRIVATE[0]:
+        return (final / marker).is_file()
+    return verify_tree(final)
+
+
+def _seal(root: Path, work: Path, final: Path) -> None:
+    from rlx_core.cache import seal_tree
+
+    if not (_PRIVATE and root == _PRIVATE[0]):
+        seal_tree(work, final.name)
 
 
 def _lock(key: str) -> threading.Lock:
@@ -108,7 +155,7 @@ def _sizes(elf: Path) -> tuple[int, int, int]:
 
 
 def _library(target: Target, gcc: str) -> Path:
-    """The static part (kernels, harness, startup, semihosting) compiled once per target and compiler."""
+    """The static part (kernels, harness, startup, host I/O) compiled once per target and compiler."""
     static = static_sources()
     h = hashlib.sha256(json.dumps([target.arch_flags, CFLAGS, _gcc_version(gcc)]).encode())
     for name in sorted(static):
@@ -117,7 +164,7 @@ def _library(target: Target, gcc: str) -> Path:
     root = cache_root()
     final = root / key
     with _lock(key):
-        if (final / "done").is_file():
+        if _ready(root, final, "done"):
             return final
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="build-", dir=root) as tmp:
@@ -131,6 +178,7 @@ def _library(target: Target, gcc: str) -> Path:
                 raise FirmwareError(f"arm-none-eabi-gcc failed on the kernel library (exit "
                                     f"{res.returncode}):\n{res.stderr[-4000:]}")
             (work / "done").write_text("ok")
+            _seal(root, work, final)
             _publish(work, final)
         return final
 
@@ -166,7 +214,7 @@ def build(model_files: dict[str, str], target: Target, arena_bytes: int, *,
     final = root / key
     meta = final / "firmware.json"
     with _lock(key):
-        if meta.is_file():
+        if _ready(root, final, "firmware.json"):
             return Firmware(**json.loads(meta.read_text()))
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="build-", dir=root) as tmp:
@@ -180,13 +228,51 @@ def build(model_files: dict[str, str], target: Target, arena_bytes: int, *,
             text, data, bss = _sizes(work / "firmware.elf")
             fw = Firmware(str(final / "firmware.elf"), target.key, text, data, bss, arena_bytes, stack_bytes)
             (work / "firmware.json").write_text(json.dumps(asdict(fw)))
+            _seal(root, work, final)
             _publish(work, final)
         return Firmware(**json.loads(meta.read_text()))
 
 
-def qemu_command(target: Target, elf: str, qemu: str = "qemu-system-arm") -> list[str]:
-    return [qemu, "-M", target.board, "-nographic", "-monitor", "none",
-            "-semihosting-config", "enable=on,target=native", "-kernel", elf]
+@lru_cache(maxsize=4)
+def has_sandbox(qemu: str) -> bool:
+    """Whether this QEMU accepts ``-sandbox`` (built with seccomp, and seccomp allowed here)."""
+    # Start an empty machine with the sandbox and quit it over QMP: the sandbox is applied at start.
+    qmp = b'{"execute": "qmp_capabilities"}\n{"execute": "quit"}\n'
+    try:
+        res = subprocess.run([qemu, *QEMU_SANDBOX, "-M", "none", "-display", "none", "-nodefaults",
+                              "-no-user-config", "-qmp", "stdio"], input=qmp, capture_output=True, timeout=30)
+        return res.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def input_flags(in_bytes: int, in_file: str = "rlx_in.bin") -> list[str]:
+    """QEMU options loading ``in_file`` (``in_bytes`` long) into the firmware's inbox."""
+    flags = ["-device", f"loader,addr={RLX_INBOX:#x},data={in_bytes},data-len=4"]
+    if in_bytes:  # the loader refuses an empty file
+        flags += ["-device", f"loader,file={in_file},addr={RLX_INBOX + 4:#x},force-raw=on"]
+    return flags
+
+
+def qemu_command(target: Target, elf: str, qemu: str = "qemu-system-arm", *, in_bytes: int = 0,
+                 sandbox: bool | None = None) -> list[str]:
+    """The QEMU command line of one run, in a directory holding ``rlx_in.bin`` (``in_bytes`` long):
+    the firmware writes ``rlx_out.bin`` there and its console to stdout. ``sandbox``: add QEMU's
+    seccomp sandbox (default: when this QEMU has it)."""
+    box = has_sandbox(qemu) if sandbox is None else sandbox
+    return [qemu, *(QEMU_SANDBOX if box else ()), "-M", target.board, *QEMU_BASE_FLAGS,
+            *input_flags(in_bytes), "-kernel", elf]
+
+
+def parse_console(console: str) -> tuple[int | None, int]:
+    """(exit status, stack peak bytes) from the firmware's console; ``None``/-1 when absent."""
+    status, peak = None, -1
+    for line in console.splitlines():
+        if line.startswith("rlx: exit "):
+            status = int(line.split()[-1]) if line.split()[-1].lstrip("-").isdigit() else None
+        elif line.startswith("rlx: stack ") and line.split()[-1].isdigit():
+            peak = int(line.split()[-1])
+    return status, peak
 
 
 @dataclass(frozen=True)
@@ -202,25 +288,29 @@ def run(fw: Firmware, target: Target, data: bytes, *, timeout: float | None = No
     _need(need_qemu=True)
     qemu = tool("qemu-system-arm")
     assert qemu is not None
+    if len(data) > RLX_INBOX_BYTES - 4:
+        raise FirmwareError(f"the inputs are {len(data)} bytes; the firmware's inbox holds "
+                            f"{RLX_INBOX_BYTES - 4} (RLX_INBOX in rlx_cortexm.firmware and csrc/rlx_link.ld)")
     limit = timeout if timeout is not None else float(os.environ.get("RLX_CORTEXM_TIMEOUT", "300"))
+    # A private directory (0700) of its own: QEMU opens only rlx_in.bin and rlx_out.bin in it.
     with tempfile.TemporaryDirectory(prefix="rlx-cortexm-run-") as tmp:
         work = Path(tmp)
         (work / "rlx_in.bin").write_bytes(data)
         t0 = time.perf_counter()
         try:
-            res = subprocess.run(qemu_command(target, fw.elf, qemu), cwd=work, stdin=subprocess.DEVNULL,
-                                 capture_output=True, timeout=limit)
+            res = subprocess.run(qemu_command(target, fw.elf, qemu, in_bytes=len(data)), cwd=work,
+                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=limit)
         except subprocess.TimeoutExpired as e:
             raise FirmwareError(f"QEMU ({target.board}) did not finish within {limit:.0f} s "
                                 f"(RLX_CORTEXM_TIMEOUT)") from e
         console = (res.stdout + res.stderr).decode(errors="replace").strip()
-        if res.returncode != 0:
-            raise FirmwareError(f"the firmware on QEMU {target.board} exited with status {res.returncode}"
+        status, peak = parse_console(res.stdout.decode(errors="replace"))
+        if res.returncode != 0 or status != 0:
+            why = f"status {status}" if status is not None else f"QEMU status {res.returncode}"
+            raise FirmwareError(f"the firmware on QEMU {target.board} exited with {why}"
                                 f"{': ' + console[-2000:] if console else ''}")
         out = work / "rlx_out.bin"
         if not out.is_file():
             raise FirmwareError("the firmware wrote no rlx_out.bin"
                                 f"{': ' + console[-2000:] if console else ''}")
-        stats = work / "rlx_stats.bin"
-        peak = int.from_bytes(stats.read_bytes()[:4], "little") if stats.is_file() else -1
         return RunResult(out.read_bytes(), peak, time.perf_counter() - t0)

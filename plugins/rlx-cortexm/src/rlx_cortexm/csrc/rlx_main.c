@@ -1,43 +1,34 @@
-/* Host harness: read the inputs from rlx_in.bin, run the model once, write the outputs to rlx_out.bin,
- * all through semihosting (QEMU -semihosting, or a debugger), and the stack high-water mark to
- * rlx_stats.bin (one uint32). Exit status 0 = success. */
+/* Host harness: take the inputs from the inbox (rlx_in.bin, loaded into RAM by the runner), run the
+ * model once, send the outputs over UART0 (they become rlx_out.bin) and the stack high-water mark on
+ * the console. No semihosting (see rlx_hostio.h). Exit status 0 = success. */
+#include "rlx_hostio.h"
 #include "rlx_io.h"
-#include "rlx_semihost.h"
 
 int main(void)
 {
-    uint32_t i;
-    int32_t h = rlx_sh_open("rlx_in.bin", RLX_SH_MODE_RB);
-    if (h < 0) {
-        rlx_sh_puts("rlx: cannot open rlx_in.bin\n");
-        return 10;
+    uint32_t i, want = 0, got = rlx_inbox[0];
+    const uint8_t *src = (const uint8_t *)&rlx_inbox[1];
+    rlx_io_init();
+    for (i = 0; i < rlx_model_num_inputs; i++) want += rlx_model_inputs[i].nbytes;
+    if (got != want) {
+        rlx_console_puts("rlx: rlx_in.bin has ");
+        rlx_console_u32(got);
+        rlx_console_puts(" bytes, the model reads ");
+        rlx_console_u32(want);
+        rlx_console_puts("\n");
+        return 11;
     }
     for (i = 0; i < rlx_model_num_inputs; i++) {
-        if (rlx_sh_read(h, rlx_model_inputs[i].data, rlx_model_inputs[i].nbytes) != 0) {
-            rlx_sh_puts("rlx: rlx_in.bin is too short\n");
-            return 11;
-        }
+        uint8_t *dst = (uint8_t *)rlx_model_inputs[i].data;
+        uint32_t k;
+        for (k = 0; k < rlx_model_inputs[i].nbytes; k++) dst[k] = *src++;
     }
-    rlx_sh_close(h);
     rlx_model_run();
-    h = rlx_sh_open("rlx_out.bin", RLX_SH_MODE_WB);
-    if (h < 0) {
-        rlx_sh_puts("rlx: cannot create rlx_out.bin\n");
-        return 12;
-    }
     for (i = 0; i < rlx_model_num_outputs; i++) {
-        if (rlx_sh_write(h, rlx_model_outputs[i].data, rlx_model_outputs[i].nbytes) != 0) {
-            rlx_sh_puts("rlx: writing rlx_out.bin failed\n");
-            return 13;
-        }
+        rlx_out_write(rlx_model_outputs[i].data, rlx_model_outputs[i].nbytes);
     }
-    rlx_sh_close(h);
-    /* Statistics for the host: the stack high-water mark. */
-    uint32_t stats[1] = {rlx_stack_peak_bytes()};
-    h = rlx_sh_open("rlx_stats.bin", RLX_SH_MODE_WB);
-    if (h >= 0) {
-        rlx_sh_write(h, stats, sizeof stats);
-        rlx_sh_close(h);
-    }
+    rlx_console_puts("rlx: stack ");
+    rlx_console_u32(rlx_stack_peak_bytes());
+    rlx_console_puts("\n");
     return 0;
 }

@@ -1,6 +1,6 @@
 /* Reset handler and vector table for the MPS2 boards (code at 0x0, data/bss/stack at 0x20000000):
- * copy .data, clear .bss, enable the FPU when the code uses it, run main, exit via semihosting. */
-#include "rlx_semihost.h"
+ * copy .data, clear .bss, enable the FPU when the code uses it, run main, exit (rlx_hostio.h). */
+#include "rlx_hostio.h"
 
 extern uint32_t _estack, _sstack, _sidata, _sdata, _edata, _sbss, _ebss;
 #define RLX_STACK_PAINT 0xA5A5A5A5u
@@ -23,7 +23,7 @@ __attribute__((noreturn)) void rlx_reset_handler(void)
     *(volatile uint32_t *)0xE000ED88u |= (0xFu << 20); /* CPACR: full access to CP10/CP11 */
     __asm__ volatile("dsb\n\tisb" ::: "memory");
 #endif
-    rlx_sh_exit(main());
+    rlx_exit(main());
 }
 
 uint32_t rlx_stack_peak_bytes(void)
@@ -35,8 +35,10 @@ uint32_t rlx_stack_peak_bytes(void)
 
 __attribute__((noreturn)) void rlx_fault_handler(void)
 {
-    rlx_sh_puts("rlx: CPU fault (HardFault/MemManage/BusFault/UsageFault)\n");
-    rlx_sh_exit(3);
+    /* Also where a semihosting call (bkpt 0xAB) ends up: the runner does not enable semihosting. */
+    rlx_io_init();
+    rlx_console_puts("rlx: CPU fault (HardFault/MemManage/BusFault/UsageFault)\n");
+    rlx_exit(3);
 }
 
 __attribute__((section(".isr_vector"), used)) void *const rlx_vectors[16] = {
