@@ -38,6 +38,11 @@ class SerializationError(RLXError):
     """A model file is malformed, truncated or of an unsupported version."""
 
 
+class SignatureError(SerializationError):
+    """A signed model's signature is missing, malformed, made with another key, or does not match the
+    file (it was changed after signing). Raised before anything in the file is parsed."""
+
+
 class PluginError(RLXError):
     """A plugin failed to import, has the wrong API version, or raised in a hook.
 

@@ -71,8 +71,22 @@ def save(graph: Graph, path: PathLike) -> None:
 # ---------------------------------------------------------------------------------------------
 # Reading
 
-def load(path: PathLike) -> Graph:
-    """Read and fully validate an ``.rlx`` file. Weights are read-only, zero-copy views of a memory map."""
+def load(path: PathLike, *, require_signature: Any = None, signature: PathLike | None = None) -> Graph:
+    """Read and fully validate an ``.rlx`` file. Weights are read-only, zero-copy views of a memory map.
+
+    ``require_signature``: a public key (path, PEM/OpenSSH bytes, or Ed25519PublicKey). The file must
+    then carry a valid detached signature by that key (``signature``, default ``path + ".sig"``); it is
+    checked before anything is parsed, else :class:`~rlx_core.errors.SignatureError` (see
+    :mod:`rlx_core.signing`).
+    """
+    if signature is not None and require_signature is None:
+        raise SerializationError("a signature file was given without the key to check it with",
+                                 where=f"file {os.fspath(path)}",
+                                 fix="pass require_signature=PUBLIC_KEY as well")
+    if require_signature is not None:
+        from ..signing import load_signed
+
+        return load_signed(path, require_signature, signature)
     tensors, meta = read_safetensors(path, mmap=True)
     where = f"file {os.fspath(path)}"
     fmt = meta.get("format")
