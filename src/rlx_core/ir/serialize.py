@@ -131,7 +131,9 @@ def _register_optional_ops(structure: Mapping[str, Any]) -> None:
     """Ops defined outside the IR package (fused kernels, quantization) register on import; a saved
     graph that uses them must load in a fresh process without the user importing anything."""
     nodes = structure.get("nodes") if isinstance(structure, Mapping) else None
-    ops = {n.get("op") for n in nodes if isinstance(n, Mapping)} if isinstance(nodes, list) else set()
+    # Only strings: a hostile file's op may be a list or object (unhashable); the decoder names it.
+    ops = ({op for n in nodes if isinstance(n, Mapping) and isinstance(op := n.get("op"), str)}
+           if isinstance(nodes, list) else set())
     from .schema import REGISTRY
 
     missing = {o for o in ops if isinstance(o, str) and o not in REGISTRY}
