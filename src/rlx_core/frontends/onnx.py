@@ -485,7 +485,8 @@ def _default_opset(proto: Any, source: str) -> int:
 def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None = None,
               input_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
               symbols: Mapping[str, int | str] | None = None,
-              batch_symbol: str | None = "batch", fuse: bool = True) -> Graph:
+              batch_symbol: str | None = "batch", fuse: bool = True,
+              fold_max_elements: int | None = None, fold_max_bytes: int | None = None) -> Graph:
     """Translate an ONNX model into an RLX :class:`~rlx_core.ir.graph.Graph`.
 
     ``model`` is a path, the file's bytes or an ``onnx.ModelProto``. Initializers become
@@ -497,7 +498,12 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
       dim), e.g. ``{"x": ("batch", 3, 224, 224)}``;
     * ``batch_symbol``: the symbol for a dynamic axis 0 that has no name in the file (others get
       ``<input>_dim<axis>``); None names it like the others;
-    * ``fuse``: map ``MatMul`` + bias ``Add`` to the HIR ``linear`` op (the numbers are the same).
+    * ``fuse``: map ``MatMul`` + bias ``Add`` to the HIR ``linear`` op (the numbers are the same);
+    * ``fold_max_elements`` / ``fold_max_bytes``: the import-time constant-folding budget (defaults:
+      ``RLX_ONNX_FOLD_MAX_ELEMENTS`` / ``RLX_ONNX_FOLD_MAX_BYTES``, else 16M elements / 64 MiB). A node
+      whose folded result would be larger than its largest input by more than that (ConstantOfShape,
+      Expand, Tile, Range, broadcasting...) stays a graph node computed at run time, so a tiny file
+      cannot make the import (or ``rlx explain``) allocate gigabytes; see :class:`FoldBudget`.
 
     Raises :class:`~rlx_core.errors.SerializationError` for malformed or truncated files and
     :class:`UnsupportedOnnxError` for operators, attributes or shapes it cannot translate.
@@ -519,7 +525,8 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
         else:
             name = proto.graph.name or "onnx_model"
     imp = _Importer(proto, opset, source, name=name, input_shapes=input_shapes or {},
-                    symbols=symbols or {}, batch_symbol=batch_symbol, fuse=fuse)
+                    symbols=symbols or {}, batch_symbol=batch_symbol, fuse=fuse,
+                    budget=FoldBudget.for_model(proto, fold_max_elements, fold_max_bytes))
     return imp.run()
 
 
@@ -553,10 +560,139 @@ _SHAPE_OPS = frozenset({"Identity", "Cast", "Shape", "Size", "Gather", "Unsqueez
                         "Equal", "Where", "Abs", "Max", "Min", "Neg"})
 
 
+#: Ops whose result size depends on the data (shape inference leaves a dim unknown) but never exceeds
+#: their inputs' (times the rank, for NonZero's coordinates): they may fold when the inputs fit the budget.
+_DATA_BOUNDED = frozenset({"NonZero", "Unique", "Compress", "TopK", "NonMaxSuppression"})
+#: Ops whose folding time grows with a reduction the output size does not show.
+_CONTRACTIONS = frozenset({"MatMul", "MatMulInteger", "QLinearMatMul", "Gemm", "Conv", "ConvInteger",
+                           "QLinearConv", "ConvTranspose", "DeformConv", "Einsum"})
+#: Inputs up to this many elements are given to shape inference as data (shapes, repeats, limits).
+_PREDICT_DATA_ELEMS = 4096
+DEFAULT_FOLD_MAX_ELEMENTS = 1 << 24
+DEFAULT_FOLD_MAX_BYTES = 64 << 20
+
+
+class FoldBudget:
+    """How much constant folding one ONNX import may do (issue 14: a 158-byte file once took 43 s and
+    3.6 GB in ``rlx explain``).
+
+    * A fold whose result has more elements than its largest input (it *amplifies*) may create at most
+      ``max_elements`` elements; a fold that does not amplify (Transpose, Cast, Slice of a weight) may
+      be as large as its input.
+    * All folds of one import together may create at most ``max_bytes`` plus twice the bytes of the
+      model's own tensors (so folding a transpose or cast of every weight still fits).
+    * Matrix products and convolutions fold only up to ``16 * max_elements`` multiply-adds.
+
+    A node over budget is not folded: its handler makes it a run-time graph node, or, for an operator
+    that can only be imported by folding, the import fails saying so.
+    """
+
+    def __init__(self, max_elements: int, max_bytes: int, own_bytes: int) -> None:
+        self.max_elements = max_elements
+        self.max_bytes = max_bytes
+        self.left = max_bytes + 2 * own_bytes
+
+    @classmethod
+    def for_model(cls, proto: Any, max_elements: int | None = None,
+                  max_bytes: int | None = None) -> FoldBudget:
+        from ..settings import env_int
+
+        if max_elements is None:
+            max_elements = env_int("RLX_ONNX_FOLD_MAX_ELEMENTS", DEFAULT_FOLD_MAX_ELEMENTS)
+        if max_bytes is None:
+            max_bytes = env_int("RLX_ONNX_FOLD_MAX_BYTES", DEFAULT_FOLD_MAX_BYTES)
+        # The stored size (not dims, which a hostile file can make huge without any data).
+        own = sum(t.ByteSize() for t, _ in _walk_tensors(proto))
+        return cls(int(max_elements), int(max_bytes), own)
+
+    @property
+    def fix(self) -> str:
+        return ("raise the import's folding budget if the model is trusted: load_onnx(path, "
+                "fold_max_elements=..., fold_max_bytes=...) or RLX_ONNX_FOLD_MAX_ELEMENTS / "
+                "RLX_ONNX_FOLD_MAX_BYTES (defaults 16777216 elements / 64 MiB), or fold the model offline "
+                "(onnx-simplifier) so the file carries the constant")
+
+    def check(self, op: str, inputs: Sequence[np.ndarray], outs: list[tuple[int, int]] | None) -> str | None:
+        """Why a fold of ``op`` would be over budget (None: it may fold). ``outs``: the predicted
+        ``(elements, itemsize)`` of each output, None when they cannot be known beforehand."""
+        biggest = max((a.size for a in inputs), default=0)
+        if outs is None:
+            if op not in _DATA_BOUNDED:
+                return "the size of its result cannot be known before computing it"
+            rank = max((a.ndim for a in inputs), default=1)
+            outs = [(biggest * max(rank, 1), 8)]
+        elems = sum(n for n, _ in outs)
+        nbytes = sum(n * size for n, size in outs)
+        if max((n for n, _ in outs), default=0) > biggest and elems > self.max_elements:
+            return (f"folding it would create {elems:,} elements from inputs of at most {biggest:,} (over "
+                    f"the import's limit of {self.max_elements:,} elements, RLX_ONNX_FOLD_MAX_ELEMENTS)")
+        if nbytes > self.left:
+            return (f"folding it would create {nbytes:,} bytes, more than the {max(self.left, 0):,} bytes "
+                    f"left of the import's folding budget (RLX_ONNX_FOLD_MAX_BYTES)")
+        if op in _CONTRACTIONS:
+            work = _fold_work(op, [a.shape for a in inputs], elems)
+            if work > 16 * self.max_elements:
+                return (f"folding it would take about {work:,} multiply-adds (over the import's limit of "
+                        f"{16 * self.max_elements:,})")
+        return None
+
+    def charge(self, nbytes: int) -> None:
+        self.left -= int(nbytes)
+
+
+def _fold_work(op: str, shapes: Sequence[tuple[int, ...]], out_elems: int) -> int:
+    """Multiply-adds of a contraction, from its operands' shapes (an upper bound)."""
+    def prod(s: Sequence[int]) -> int:
+        return math.prod(int(d) for d in s)
+
+    a = shapes[0] if shapes else ()
+    if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+        return out_elems * (int(a[-1]) if a else 1)
+    if op == "Gemm":
+        return out_elems * (max(int(d) for d in a) if a else 1)
+    if op == "ConvTranspose":
+        return prod(a) * (prod(shapes[1][1:]) if len(shapes) > 1 else 1)
+    if op in ("Conv", "ConvInteger", "DeformConv"):
+        return out_elems * (prod(shapes[1][1:]) if len(shapes) > 1 else 1)
+    if op == "QLinearConv":
+        return out_elems * (prod(shapes[3][1:]) if len(shapes) > 3 else 1)
+    return out_elems * max((prod(s) for s in shapes), default=1)  # Einsum: any contraction
+
+
+def _predict_fold(node: Any, feeds: Mapping[str, np.ndarray], ovis: Sequence[Any],
+                  opset: int) -> list[tuple[int, int]] | None:
+    """``(elements, itemsize)`` of each output of ``node`` run on ``feeds``, from ONNX shape inference
+    (small inputs given as data, so shapes, repeats and limits are known); None when unknown."""
+    from onnx import helper, numpy_helper, shape_inference
+
+    try:
+        small = {nm: a for nm, a in feeds.items() if a.size <= _PREDICT_DATA_ELEMS}
+        vis = [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+               for nm, a in feeds.items() if nm not in small]
+        inits = [numpy_helper.from_array(np.asarray(a), nm) for nm, a in small.items()]
+        model = helper.make_model(helper.make_graph([node], "size", vis, list(ovis), initializer=inits),
+                                  opset_imports=[helper.make_opsetid("", opset)])
+        inferred = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception:
+        return None
+    out: list[tuple[int, int]] = []
+    for vi in inferred.graph.output:
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape") or any(not d.HasField("dim_value") or d.dim_value < 0
+                                           for d in tt.shape.dim):
+            return None
+        try:
+            size = helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize if tt.elem_type else 8
+        except Exception:
+            size = 8
+        out.append((math.prod(int(d.dim_value) for d in tt.shape.dim), size))
+    return out
+
+
 class _Importer:
     def __init__(self, proto: Any, opset: int, source: str, *, name: str,
                  input_shapes: Mapping[str, Sequence[int | str | None]], symbols: Mapping[str, int | str],
-                 batch_symbol: str | None, fuse: bool) -> None:
+                 batch_symbol: str | None, fuse: bool, budget: FoldBudget | None = None) -> None:
         self.proto = proto
         self.opset = opset
         self.source = source
@@ -572,6 +708,9 @@ class _Importer:
         self.consumers: dict[str, list[Any]] = {}
         self.graph_outputs: set[str] = set()
         self.depth = 0
+        self.budget = budget or FoldBudget(DEFAULT_FOLD_MAX_ELEMENTS, DEFAULT_FOLD_MAX_BYTES, 0)
+        #: Why the last node with constant inputs was not folded (for the error when it must be).
+        self.fold_refused: str | None = None
 
     # -- errors --------------------------------------------------------------------------------
     def unsupported(self, what: str, fix: str) -> UnsupportedOnnxError:
@@ -688,6 +827,7 @@ class _Importer:
 
     def _convert(self, node: Any, ins: list[Value | None], attrs: dict[str, Any]) -> list[Value | None]:
         op = node.op_type
+        self.fold_refused = None
         if node.domain not in ("", "ai.onnx"):
             fn = _CUSTOM.get((node.domain, op))
             if fn is not None:
@@ -713,6 +853,10 @@ class _Importer:
                 if folded is not None:
                     return folded
         fn = _CUSTOM.get(("", op)) or _HANDLERS.get(op)
+        if fn is None and self.fold_refused is not None:
+            raise self.unsupported(
+                f"ONNX operator {op!r} can only be imported by folding it to a constant, and "
+                f"{self.fold_refused}", fix=self.budget.fix)
         if fn is None:
             raise self.unsupported(
                 f"ONNX operator {op!r} is not supported by the RLX ONNX importer",
@@ -971,12 +1115,25 @@ class _Importer:
         outs = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
         copy = helper.make_node(node.op_type, names, outs, domain=node.domain)
         copy.attribute.extend(node.attribute)
+        for a in copy.attribute:
+            if a.name == "keepdims" and a.i not in (0, 1):
+                a.i = 0  # as ONNX Runtime (and the handlers) read it; the reference evaluator says bool()
         try:
             vis = [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
                    for nm, a in feeds.items()]
             ovis = [helper.make_tensor_value_info(o, 0, None) for o in outs if o]
             model = helper.make_model(helper.make_graph([copy], "fold", vis, ovis),
                                       opset_imports=[helper.make_opsetid("", self.opset)])
+        except Exception:
+            return None
+        # Size the result before computing it: ConstantOfShape/Expand/Tile/Range and broadcasting can
+        # turn a few bytes of file into gigabytes (issue 14), which then stay a run-time node instead.
+        refusal = self.budget.check(node.op_type, [feeds[nm] for nm in names if nm in feeds],
+                                    _predict_fold(copy, feeds, ovis, self.opset))
+        if refusal is not None:
+            self.fold_refused = refusal
+            return None
+        try:
             res = ReferenceEvaluator(model).run(None, feeds)
         except Exception:
             return None  # not foldable here: the handler translates it (or says it is unsupported)
@@ -992,6 +1149,7 @@ class _Importer:
             except RLXError:
                 return None
             out.append(_Const(arr))
+        self.budget.charge(sum(v.array.nbytes for v in out if v is not None))
         return out
 
     def _shape_eval(self, node: Any, ins: list[Value | None], attrs: Mapping[str, Any]) -> list[Value]:
@@ -1017,6 +1175,12 @@ class _Importer:
             if isinstance(v, _Sym):
                 raise _NotSymbolic(what)
             return [int(x) for x in v.array.reshape(-1)]
+
+        def capped(shape: Sequence[int]) -> None:
+            # Shape arithmetic runs on Python objects: a broadcast or Expand of two 4096-entry
+            # vectors would be 16M objects. Larger results fall back to the budgeted fold.
+            if math.prod(shape) > _PREDICT_DATA_ELEMS:
+                raise _NotSymbolic("too large for shape arithmetic")
 
         x = ins[0]
         if op in ("Shape", "Size"):
@@ -1044,6 +1208,8 @@ class _Importer:
             idx = numeric(ins[1], "indices")
             assert idx is not None
             ind = np.asarray(idx, np.int64).reshape(ins[1].array.shape)  # type: ignore[union-attr]
+            gax = int(attrs.get("axis", 0)) % max(a.ndim, 1)
+            capped(a.shape[:gax] + ind.shape + a.shape[gax + 1:])
             return [_finish(np.take(a, ind, axis=int(attrs.get("axis", 0))), dt)]
         if op == "Unsqueeze":
             axes = self.axes_arg(ins, attrs, 1, 13)
@@ -1074,6 +1240,7 @@ class _Importer:
             return [_finish(a.reshape(outer, -1) if a.size else a.reshape(outer, 0), dt)]
         if op == "Concat":
             parts = [arr(v) for v in ins if v is not None]
+            capped([sum(p.size for p in parts)])  # type: ignore[union-attr]
             dts = {dtype_of(v) for v in ins if v is not None}
             cat = np.concatenate(parts, axis=int(attrs["axis"]))
             return [_finish(cat, dts.pop() if len(dts) == 1 else dt)]
@@ -1094,11 +1261,13 @@ class _Importer:
             shape = numeric(ins[1], "shape")
             assert shape is not None
             out_shape = np.broadcast_shapes(a.shape, tuple(shape))
+            capped(out_shape)
             return [_finish(np.broadcast_to(a, out_shape).copy(), dt)]
         if op in ("Mul", "Div", "Add", "Sub", "Max", "Min", "Equal"):
             if dt.is_float or any(v is not None and dtype_of(v).is_float for v in ins):
                 raise _NotSymbolic("float arithmetic")
             arrays = [arr(v) for v in ins if v is not None]
+            capped(np.broadcast_shapes(*(q.shape for q in arrays)))  # type: ignore[union-attr]
             if op == "Equal":
                 return [_Const(_elementwise(s_eq, *arrays).astype(bool))]
             if op in ("Max", "Min"):
@@ -1122,6 +1291,7 @@ class _Importer:
             if not isinstance(c, _Const):
                 raise _NotSymbolic("symbolic condition")
             xa, xb = arr(ins[1]), arr(ins[2])
+            capped(np.broadcast_shapes(c.array.shape, xa.shape, xb.shape))  # type: ignore[union-attr]
             return [_finish(np.where(c.array.astype(bool), xa, xb), dtype_of(ins[1]))]
         raise _NotSymbolic(op)
 
@@ -1673,13 +1843,20 @@ _HANDLERS["LogSoftmax"] = _softmax_like("log_softmax")
 
 # -- reductions ------------------------------------------------------------------------------
 
+def _keepdims(attrs: Mapping[str, Any]) -> bool:
+    """ONNX Runtime keeps the reduced axes only for ``keepdims == 1``: any other value (0, 2, -1, 7)
+    drops them, for every Reduce* and ArgMax/ArgMin (checked against onnxruntime 1.32). The spec only
+    defines 0 and 1, so a model with another value means whatever ORT runs it as."""
+    return int(attrs.get("keepdims", 1)) == 1
+
+
 def _reduce(kind: str) -> Handler:
     def h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         g = imp.g
         x = imp.t(ins[0])
         since = 13 if node.op_type == "ReduceSum" else 18
         axes = imp.axes_arg(ins, attrs, 1, since)
-        keep = bool(int(attrs.get("keepdims", 1)))
+        keep = _keepdims(attrs)
         if not axes:
             if int(attrs.get("noop_with_empty_axes", 0)):
                 return [x]
@@ -1714,7 +1891,7 @@ def _arg(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
                               fix="use the default (first index)")
     x = imp.t(ins[0])
     return [imp.g.op(node.op_type.lower(), x, axis=int(attrs.get("axis", 0)),
-                     keepdims=bool(int(attrs.get("keepdims", 1))))]
+                     keepdims=_keepdims(attrs))]
 
 
 @_handler("CumSum")
@@ -2019,6 +2196,14 @@ def _range(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         raise imp.unsupported("Range with a run-time start or delta", fix="make start and delta constants")
     dt = DType.parse(start.array.dtype)
     s0, d0 = start.array.reshape(-1)[0].item(), delta.array.reshape(-1)[0].item()
+    if isinstance(limit, _Const) and d0 != 0:
+        # A constant Range too large to fold (the import's budget): start + delta * iota(n) at run time.
+        l0 = limit.array.reshape(-1)[0].item()
+        n = max(0, math.ceil((l0 - s0) / d0))
+        out = imp.g.op("iota", shape=(n,), axis=0, dtype=dt)
+        if d0 != 1:
+            out = out * imp.g.const(d0, dt)
+        return [out + imp.g.const(s0, dt) if s0 != 0 else out]
     lim = imp.dims(limit, "the Range limit")
     if len(lim) != 1 or s0 != 0 or d0 != 1:
         raise imp.symbolic(f"Range({s0}, {lim}, {d0}) has a symbolic length (only Range(0, n, 1) can)")
@@ -2034,9 +2219,22 @@ def _tile(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         if r != 1:
             if not isinstance(x.shape[ax], int):
                 raise imp.symbolic(f"Tile of the symbolic axis {x.shape[ax]!r}", [str(x.shape[ax])])
-            x = imp.g.op("concat", *([x] * r), axis=ax) if r > 0 else imp.g.op(
-                "slice", x, starts=(0,), stops=(0,), axes=(ax,))
+            if r <= 0:
+                x = imp.g.op("slice", x, starts=(0,), stops=(0,), axes=(ax,))
+            elif r <= _TILE_CONCAT_MAX:
+                x = imp.g.op("concat", *([x] * r), axis=ax)
+            else:
+                # A concat of r inputs would make the graph (not just the tensor) r times larger:
+                # [.., d, ..] -> [.., 1, d, ..] -> expand [.., r, d, ..] -> [.., r*d, ..].
+                s = list(x.shape)
+                x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [1] + s[ax:]))
+                x = imp.g.op("expand", x, shape=tuple(s[:ax] + [r] + s[ax:]))
+                x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [r * s[ax]] + s[ax + 1:]))
     return [x]
+
+
+#: Tile repeats up to this many are a concat (as before); more are an expand.
+_TILE_CONCAT_MAX = 16
 
 
 @_handler("Pad")
