@@ -122,14 +122,15 @@ class MultiDeviceExecutable:
     """Runs the segments in order, handing values between devices through host arrays."""
 
     def __init__(self, session: Any, graph: Graph) -> None:
-        from .runtime import Session
+        from .runtime import DEFAULT_MAX_SPECIALIZATIONS, Session, _SpecCache
 
         self.session = session
         self.graph = graph
         self.report: DispatchReport | None = None
         self._subsessions = [Session(d.name, hub=session.hub, use_cache=session.cache is not None)
                              for _, d in session.devices]
-        self._specs: dict[tuple[tuple[str, int], ...], list[tuple[Segment, Any]]] = {}
+        # Bounded like Executable's: each entry holds one compiled executable per segment.
+        self._specs = _SpecCache(getattr(session, "max_specializations", DEFAULT_MAX_SPECIALIZATIONS))
         self._lock = threading.Lock()
         if not graph.symbols:
             self._specialise({})
@@ -139,12 +140,13 @@ class MultiDeviceExecutable:
     def _specialise(self, bindings: dict[str, int]) -> list[tuple[Segment, Any]]:
         key = tuple(sorted(bindings.items()))
         with self._lock:
-            if key not in self._specs:
+            hit = self._specs.get_recent(key)
+            if hit is None:
                 placement = place(self.session, self.graph, bindings)
                 self.report = placement.report
-                self._specs[key] = [(s, self._subsessions[s.device_index].compile(s.graph))
-                                    for s in placement.segments]
-            return self._specs[key]
+                hit = [(s, self._subsessions[s.device_index].compile(s.graph)) for s in placement.segments]
+                self._specs.put(key, hit)
+            return hit
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
         from .runtime import bind_inputs

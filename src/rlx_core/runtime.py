@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,10 +38,14 @@ class Session:
     def __init__(self, device: str | Sequence[str] | None = None, *, hub: Hub | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool | None = None,
                  shape_hints: Mapping[str, int] | None = None, fusion: bool | None = None,
-                 lower_only: bool = False) -> None:
+                 lower_only: bool = False, max_specializations: int | None = None) -> None:
         """``lower_only``: the session only dispatches and lowers (:meth:`lower`, :meth:`check`:
         whole-program code generators such as ``rlx export``), so its device may be one that
-        cannot run here (its toolchain or hardware is missing); :meth:`compile` then refuses."""
+        cannot run here (its toolchain or hardware is missing); :meth:`compile` then refuses.
+
+        ``max_specializations``: how many input-shape specialisations each executable of a graph
+        with symbolic dims keeps compiled (least recently used ones are dropped and recompiled when
+        seen again); default ``RLX_MAX_SPECIALIZATIONS``, else 16."""
         self.hub = hub or get_hub()
         self.lower_only = lower_only
         #: Fuse elementwise chains the backend runs natively (RLX_FUSION=0 turns it off).
@@ -67,6 +72,7 @@ class Session:
         self.cache = CompileCache(cache_dir) if use_cache else None
         self.shape_hints = dict(shape_hints or {})
         self._dispatchers: dict[str, Dispatcher] = {}
+        self.max_specializations = _max_specializations(max_specializations)
 
     @property
     def device_names(self) -> list[str]:
@@ -201,6 +207,46 @@ class Session:
         return self.compile(graph).run(inputs, **kw)
 
 
+#: Specialisations kept per executable unless RLX_MAX_SPECIALIZATIONS or the Session says otherwise:
+#: each holds a compiled program and its arena, so 60 batch sizes once grew a process by ~470 MiB.
+DEFAULT_MAX_SPECIALIZATIONS = 16
+
+
+def _max_specializations(value: int | None) -> int:
+    from .errors import RLXError
+    from .settings import env_int
+
+    fix = "keep at least 1 specialisation, e.g. RLX_MAX_SPECIALIZATIONS=16 (unset: 16)"
+    if value is None:
+        return env_int("RLX_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS, minimum=1, fix=fix)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RLXError(f"max_specializations={value!r} is not an integer >= 1", where="Session", fix=fix)
+    return value
+
+
+class _SpecCache(OrderedDict):
+    """Compiled specialisations by input-shape key, least recently used first, at most ``limit``.
+
+    An evicted entry is only dropped from the cache: a run already using it keeps its own reference
+    (and lock), so eviction never disturbs a concurrent run."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get_recent(self, key: Any) -> Any:
+        hit = self.get(key)
+        if hit is not None:
+            self.move_to_end(key)
+        return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 def _native_plan(disp: Dispatcher, graph: Graph, node: Any) -> Plan | None:
     v = NodeVariant(node.op, tuple(graph.types[i] for i in node.inputs),
                     tuple(graph.types[o] for o in node.outputs), node.attrs)
@@ -294,8 +340,9 @@ def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[di
 class Executable:
     """A compiled graph. ``run`` takes NumPy arrays by input name and returns outputs by name.
 
-    Symbolic dims are specialised per distinct input-shape signature on first run (and cached).
-    ``run`` is thread-safe: each specialisation runs under its own lock.
+    Symbolic dims are specialised per distinct input-shape signature on first run and cached, the
+    ``session.max_specializations`` most recently used ones at most (older ones are recompiled when
+    their shapes come back). ``run`` is thread-safe: each specialisation runs under its own lock.
     """
 
     def __init__(self, session: Session, graph: Graph) -> None:
@@ -304,7 +351,7 @@ class Executable:
         self.backend = session.backend
         self.device = session.device
         self.report: DispatchReport | None = None
-        self._specs: dict[tuple[tuple[str, int], ...], tuple[Any, Program, threading.Lock]] = {}
+        self._specs = _SpecCache(getattr(session, "max_specializations", DEFAULT_MAX_SPECIALIZATIONS))
         self._lock = threading.Lock()
 
     @property
@@ -317,7 +364,7 @@ class Executable:
     def _specialise(self, bindings: dict[str, int]) -> tuple[Any, Program, threading.Lock]:
         key = tuple(sorted(bindings.items()))
         with self._lock:
-            hit = self._specs.get(key)
+            hit = self._specs.get_recent(key)
             if hit is not None:
                 return hit
             g = self.graph.specialize(bindings) if self.graph.symbols else self.graph
@@ -326,7 +373,7 @@ class Executable:
             compiled = self.backend.compile(program, self.device)
             self.report = self.session.report_for(legal, program, bindings, cached)
             entry = (compiled, program, threading.Lock())
-            self._specs[key] = entry
+            self._specs.put(key, entry)
             return entry
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
