@@ -19,6 +19,8 @@ from .fusion import fuse
 from .hub import Backend, Hub, parse_device, split_devices
 from .hub import hub as get_hub
 from .ir.graph import Graph
+from .ir.indices import check_constants as check_constant_indices
+from .ir.indices import check_inputs as check_index_inputs
 from .lir import Program, Transfer, lower
 from .records import KernelClaim, NodeVariant
 from .report import DispatchReport, ReportEntry, TransferEntry
@@ -152,6 +154,7 @@ class Session:
         must be bound by ``bindings`` or the session's shape hints."""
         b = {**self._hints(graph), **(bindings or {})}
         g = graph.specialize(b) if graph.symbols else graph
+        check_constant_indices(g)
         legal, _ = self.legalize(g)
         return lower(legal, self.device)
 
@@ -188,6 +191,7 @@ class Session:
                 raise BackendNotFoundError(f"device {d.name} is unavailable: {d.reason}",
                                            fix="this session can only lower (lower_only=True); "
                                                "run `rlx doctor`, or choose another device")
+        check_constant_indices(graph)  # a constant index out of range makes the graph invalid
         if len(self.devices) > 1:
             from .placement import MultiDeviceExecutable
 
@@ -334,6 +338,8 @@ def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[di
                 raise InputError(f"symbol {d!r} is {bindings[d]} in one input but {got} in {name!r} "
                                  f"(axis {axis})", where=where, fix=f"give every {d!r} axis the same size")
         arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    # Index operands fed by graph inputs are range-checked here, once, for every backend (ONNX rules).
+    check_index_inputs(graph, arrays, bindings, where)
     return arrays, bindings
 
 
@@ -368,6 +374,8 @@ class Executable:
             if hit is not None:
                 return hit
             g = self.graph.specialize(bindings) if self.graph.symbols else self.graph
+            if self.graph.symbols:  # extents that were symbolic at compile time are known now
+                check_constant_indices(g)
             legal, cached = self.session.legalize(g)
             program = lower(legal, self.device)
             compiled = self.backend.compile(program, self.device)
@@ -385,6 +393,8 @@ class Executable:
         with lock:
             try:
                 raw = compiled.run(arrays)
+            except InputError as e:  # a backend's device-side check (an index computed on device)
+                raise InputError(e.what, where=e.where or where, fix=e.fix) from e
             # A backend bug, even sys.exit, must name the backend, not surface raw or end the process.
             # KeyboardInterrupt is left alone: telling the user's Ctrl-C from a plugin's own costs a
             # signal-handler swap (~10 us) that this hot path does not pay; hooks and imports do.

@@ -55,9 +55,12 @@ InputFn = Callable[[np.random.Generator], np.ndarray]
 #: ``negative_axis`` axes/perm counted from the end; ``negative_index`` gather/scatter indices < 0;
 #: ``noncontiguous`` a transposed or strided NumPy view is fed as input; ``large`` magnitudes near
 #: the top of the dtype's range (results may overflow to Inf, as IEEE says); ``nan_inf`` NaN and
-#: +-Inf operands; ``overflow`` integer operands at the ends of their range (results wrap).
+#: +-Inf operands; ``overflow`` integer operands at the ends of their range (results wrap);
+#: ``out_of_range`` an index operand outside ONNX's ``[-n, n-1]``: the reference and the backend
+#: must both raise InputError (:mod:`rlx_core.ir.indices`), not crash, give zeros or garbage.
 KINDS: tuple[str, ...] = ("basic", "scalar", "size0", "size1", "broadcast", "negative_axis",
-                          "negative_index", "noncontiguous", "large", "nan_inf", "overflow")
+                          "negative_index", "noncontiguous", "large", "nan_inf", "overflow",
+                          "out_of_range")
 
 
 @dataclass(frozen=True, eq=False)
@@ -723,6 +726,12 @@ def _gen_gather(c: _Cases) -> None:
         c.add(label, kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, idt))], {"axis": axis})
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (5, 3), nc=True)),
                                              ("indices", c.arr(_idx([4, 1]), (2,), i64))], {"axis": 0})
+    # Just past either end, and 2**32 + 1 (a kernel narrowing i64 to 32 bits would read row 1).
+    for label, ind, idt, axis in [("past_end", [0, 5, 1], i64, 0), ("before_start", [-6, 2], i32, 0),
+                                  ("axis1_past_end", [[0, 3]], i64, 1), ("huge_i64", [2**32 + 1], i64, 0)]:
+        si = np.shape(ind)
+        c.add(label, "out_of_range", [("x", c.arr(vf, (5, 3))), ("indices", c.arr(_idx(ind, idt), si, idt))],
+              {"axis": axis})
 
 
 def _gen_scatter_add(c: _Cases) -> None:
@@ -749,6 +758,12 @@ def _gen_scatter_add(c: _Cases) -> None:
         c.add("overflow", "overflow", [("x", c.arr(v_extreme, (4, 3))),
                                        ("indices", c.arr(_rand_idx(0, 4), (6, 3), i64)),
                                        ("updates", c.arr(v_extreme, (6, 3)))], {"axis": 0})
+    # ONNX ScatterElements: out of range is an error (scatter_add used to wrap modulo n).
+    for label, ind, idt, axis in [("past_end", [[0, 5, 1]], i64, 0), ("before_start", [[-6, 0, 0]], i32, 0),
+                                  ("axis1_past_end", [[0], [5], [1]], i64, 1)]:
+        si = np.shape(ind)
+        c.add(label, "out_of_range", [("x", c.arr(vf, (5, 3))), ("indices", c.arr(_idx(ind, idt), si, idt)),
+                                      ("updates", c.arr(vf, si))], {"axis": axis})
 
 
 def _gen_iota(c: _Cases) -> None:
@@ -1042,6 +1057,9 @@ def _gen_embedding(c: _Cases) -> None:
     c.add("nan_inf", "nan_inf", [("table", c.arr(v_special, (5, 2))),
                                  ("ids", c.arr(_idx([0, 4, 2, 1]), (4,)))])
     c.add("large", "large", [("table", c.arr(v_large, (5, 3))), ("ids", c.arr(_idx([4, 0, 3]), (3,)))])
+    for label, ids, idt in [("id_past_end", [[1, 2], [10, 0]], i64), ("id_before_start", [-11, 0], i32)]:
+        c.add(label, "out_of_range", [("table", c.arr(v_default, (10, 4))),
+                                      ("ids", c.arr(_idx(ids, idt), np.shape(ids), idt))])
 
 
 def _mask(values: Any, dt: DType) -> ValueFn:
@@ -1604,6 +1622,38 @@ def hir_condition(op: str, inputs: Sequence[np.ndarray], attrs: Any) -> tuple[in
         return fn(inputs, REGISTRY.get(op).check_attrs(attrs, f"hir_condition({op})"))
 
 
+def _run_out_of_range(case: OpCase, graph: Graph, session: Any,
+                      result: Callable[..., CaseResult]) -> CaseResult:
+    """An ``out_of_range`` case passes when the reference and the backend both raise InputError
+    (ONNX: an index outside ``[-n, n-1]`` is an error), naming the node and the bad value."""
+    from .errors import InputError
+    from .ir.reference import evaluate
+
+    try:
+        evaluate(graph, {k: np.array(v, copy=True) for k, v in case.feed().items()})
+        return result("error", "reference accepted an out-of-range index (the case is wrong)")
+    except InputError:
+        pass
+    path = ""
+    try:
+        exe = session.compile(graph)
+        if exe.report is not None:
+            path = ",".join(dict.fromkeys(e.path for e in exe.report.entries))
+    except Exception as e:  # as run_case: not compiling is an error (conformance: a skip)
+        return result("error", f"{type(e).__name__}: {e}", path)
+    try:
+        got = exe.run(case.feed())
+    except InputError as e:
+        if "node" not in str(e) or "out of range" not in str(e):
+            return result("failed", f"InputError does not name the node and the range: {e}", path)
+        return result("passed", "", path)
+    except Exception as e:
+        return result("failed", f"an out-of-range index raised {type(e).__name__}, not InputError: {e}",
+                      path)
+    shown = {k: np.asarray(v).ravel()[:6].tolist() for k, v in got.items()}
+    return result("failed", f"an out-of-range index ran without an InputError and returned {shown}", path)
+
+
 def run_case(case: OpCase, session: Any) -> CaseResult:
     """Compile ``case`` on ``session``, run it, and compare every output with the reference.
 
@@ -1623,6 +1673,8 @@ def run_case(case: OpCase, session: Any) -> CaseResult:
             graph = build_case_graph(case)
         except Exception as e:
             return result("error", f"building the case graph failed: {type(e).__name__}: {e}")
+        if case.kind == "out_of_range":
+            return _run_out_of_range(case, graph, session, result)
         # The oracle runs first, on private copies: a backend that mutates its inputs can neither
         # corrupt the reference nor go unnoticed (the feed is checked afterwards).
         try:

@@ -21,7 +21,8 @@ import numpy as np
 from ..dtypes import FLOAT_DTYPES, INDEX_DTYPES, INT_DTYPES, DType
 from ..errors import DTypeError, IRError, ShapeError
 from .builder import GraphBuilder, Tensor
-from .schema import REGISTRY, AttrSpec, OpSchema, register_op
+from .indices import normalize as normalize_indices
+from .schema import REGISTRY, AttrSpec, IndexInput, OpSchema, register_op
 from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
 
 FLOATS = FLOAT_DTYPES
@@ -724,12 +725,7 @@ def _infer_embedding(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]
 
 def _ref_embedding(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     table, ids = xs
-    v = table.shape[0]
-    idx = ids.astype(np.int64)
-    if idx.size and (idx.min() < -v or idx.max() >= v):
-        raise ShapeError(f"embedding id out of range for a vocabulary of {v}",
-                         fix="ids must be in [0, vocab) (negative ids count from the end, as gather)")
-    return [table[idx]]
+    return [table[normalize_indices(ids, table.shape[0], what="embedding ids")]]
 
 
 def _dec_embedding(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
@@ -739,9 +735,10 @@ def _dec_embedding(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, A
 _register(OpSchema(
     "embedding", ("table", "ids"), _infer_embedding, _ref_embedding, level="hir",
     category="embedding", dtypes=FLOATS + INDEX_DTYPES, flops=lambda i, o, a: 0.0,
-    decompose=_dec_embedding,
+    decompose=_dec_embedding, index_inputs=(IndexInput(1, axis_attr=None, axis=0),),
     doc="table[ids]: a (vocab, dim) float table looked up by integer ids of any shape -> "
-        "ids.shape + (dim,)"))
+        "ids.shape + (dim,). Ids follow ONNX Gather: valid in [-vocab, vocab-1], a negative id "
+        "counts from the end once, anything else is an error (InputError; see rlx_core.ir.indices)"))
 
 
 #: Names of the core HIR ops, in registration order.

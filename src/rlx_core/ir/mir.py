@@ -15,7 +15,8 @@ import numpy as np
 
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES, INDEX_DTYPES, INT_DTYPES, DType
 from ..errors import DTypeError, ShapeError
-from .schema import AttrSpec, OpSchema, register_op
+from .indices import normalize as normalize_indices
+from .schema import AttrSpec, IndexInput, OpSchema, register_op
 from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
 
 REAL = FLOAT_DTYPES + INT_DTYPES
@@ -460,18 +461,16 @@ def _infer_gather(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
 
 def _ref_gather(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     ax = normalize_axis(attrs["axis"], xs[0].ndim)  # type: ignore[arg-type]
-    n = xs[0].shape[ax]
-    idx = xs[1].astype(np.int64)
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        raise ShapeError(f"gather index out of range for axis of size {n}",
-                         fix="indices must be in [-n, n)")
+    idx = normalize_indices(xs[1], xs[0].shape[ax], what="gather", axis=ax)
     return [np.take(xs[0], idx, axis=ax)]
 
 
 register_op(OpSchema("gather", ("x", "indices"), _infer_gather, _ref_gather,
                      attrs=(AttrSpec("axis", "int", default=0),), category="movement",
-                     flops=lambda i, o, a: 0.0,
-                     doc="take along axis (NumPy take); negative indices count from the end"))
+                     flops=lambda i, o, a: 0.0, index_inputs=(IndexInput(1),),
+                     doc="take along axis (NumPy take). Indices follow ONNX: valid in [-n, n-1] for "
+                         "an axis of size n, a negative one counts from the end once, anything else "
+                         "is an error (InputError; see rlx_core.ir.indices)"))
 
 
 def _infer_scatter_add(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
@@ -493,15 +492,18 @@ def _ref_scatter_add(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]
     ax = normalize_axis(attrs["axis"], data.ndim)  # type: ignore[arg-type]
     out = data.copy()
     grids = list(np.indices(idx.shape, sparse=True))
-    grids[ax] = idx.astype(np.int64) % max(data.shape[ax], 1)
+    grids[ax] = normalize_indices(idx, data.shape[ax], what="scatter_add", axis=ax)
     np.add.at(out, tuple(grids), upd)
     return [out]
 
 
 register_op(OpSchema("scatter_add", ("x", "indices", "updates"), _infer_scatter_add,
                      _ref_scatter_add, attrs=(AttrSpec("axis", "int", default=0),),
-                     category="movement", dtypes=NUMERIC,
-                     doc="out = x; out[.., indices[i], ..] += updates[i] along axis (duplicates add up)"))
+                     category="movement", dtypes=NUMERIC, index_inputs=(IndexInput(1),),
+                     doc="out = x; out[.., indices[i], ..] += updates[i] along axis (duplicates add "
+                         "up; ONNX ScatterElements with reduction='add'). Indices follow ONNX: valid in "
+                         "[-n, n-1], a negative one counts from the end once, anything else is an "
+                         "error (InputError; see rlx_core.ir.indices)"))
 
 
 def _infer_iota(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:

@@ -29,6 +29,10 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], *, round_intermediates: bo
              ) -> dict[str, np.ndarray]:
     """Run ``graph`` with reference kernels; results are float64 (complex128, exact ints).
 
+    Index operands (gather, scatter_add, embedding) follow ONNX: valid in ``[-n, n - 1]``, a
+    negative index counts from the end once, anything else raises :class:`InputError` naming the
+    node (:func:`rlx_core.ir.indices.normalize`), as ``Executable.run`` does.
+
     With ``round_intermediates`` every value is rounded to its declared dtype, which is what a
     correct backend computes (it stores f16 as f16); the op itself still computes in float64.
     """
@@ -52,7 +56,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], *, round_intermediates: bo
         schema = REGISTRY.get(node.op, where=node.where)
         try:
             outs = schema.reference([env[i] for i in node.inputs], node.attrs)
-        except IRError as e:
+        except (IRError, InputError) as e:  # e.g. an index out of range (rlx_core.ir.indices)
             raise type(e)(e.what, where=e.where or node.where, fix=e.fix) from None
         for name, val in zip(node.outputs, outs):
             t = graph.types[name]

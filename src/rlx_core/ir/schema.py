@@ -81,6 +81,24 @@ class AttrSpec:
         return value
 
 
+@dataclass(frozen=True)
+class IndexInput:
+    """Operand ``input`` holds indices into axis ``axis`` of operand ``data`` (the axis is read from
+    attribute ``axis_attr`` when set, else ``axis`` is used as is).
+
+    Every index operand follows ONNX's rule: an index ``i`` along an axis of size ``n`` is valid in
+    ``[-n, n - 1]``; a negative one counts from the end once (``i + n``); anything else is an error.
+    The core checks such operands on the host (:mod:`rlx_core.ir.indices`): at compile time when
+    they are constants, before every run when they are graph inputs; a kernel must still never
+    read or write outside its buffers for indices computed on the device.
+    """
+
+    input: int
+    data: int = 0
+    axis_attr: str | None = "axis"
+    axis: int = 0
+
+
 InferFn = Callable[[Sequence[TensorType], Attrs], Sequence[TensorType]]
 ReferenceFn = Callable[[Sequence[Any], Attrs], Sequence[Any]]
 CostFn = Callable[[Sequence[TensorType], Sequence[TensorType], Attrs], float]
@@ -116,6 +134,8 @@ class OpSchema:
     provider: str = "rlx-core"
     differentiable: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: Operands holding indices (ONNX range rules, checked on the host): see :class:`IndexInput`.
+    index_inputs: tuple[IndexInput, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.replace(".", "_").isidentifier():

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import scipy.special as sps
 
+from rlx_core.ir.indices import device_error
 from rlx_core.ir.types import Attrs, normalize_axis
 
 Run = Callable[[], None]
@@ -245,7 +246,15 @@ def k_gather(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     x, idx = ins
     o = outs[0]
     ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
-    return lambda: np.take(x, idx, axis=ax, out=o)
+
+    def run() -> None:
+        # NumPy bounds-checks (mode="raise": [-n, n-1], negatives once from the end, as ONNX), so
+        # an index computed on the device out of range is the user's InputError, not a plugin bug.
+        try:
+            np.take(x, idx, axis=ax, out=o)
+        except IndexError:
+            raise device_error("gather", idx, x.shape[ax], ax) from None
+    return run
 
 
 def k_scatter_add(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
@@ -253,12 +262,18 @@ def k_scatter_add(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: 
     o = outs[0]
     ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
     grids = list(np.indices(idx.shape, sparse=True))
-    n = max(x.shape[ax], 1)
+    n = x.shape[ax]
 
     def run() -> None:
         np.copyto(o, x)
+        if not idx.size:
+            return
+        # ONNX ScatterElements: [-n, n-1], negatives once from the end (NumPy's fancy indexing);
+        # checked before any update so nothing is half-applied (it used to wrap modulo n).
+        if int(idx.min()) < -n or int(idx.max()) >= n:
+            raise device_error("scatter_add", idx, n, ax)
         g = list(grids)
-        g[ax] = np.mod(idx, n)
+        g[ax] = idx
         np.add.at(o, tuple(g), upd)
     return run
 

@@ -518,6 +518,28 @@ def minmax_check_source() -> tuple[str, str]:
     return name, f'{MINMAX_PREAMBLE}\nextern "C" __global__ void {name}(void* p) {{ {body} }}\n'
 
 
+# -- index bounds (gather, scatter_add) ----------------------------------------------------------
+
+def bound_index_source(idt: DType) -> tuple[str, str]:
+    """``k[i]`` = ``idx[i]`` counted from the end once if negative (ONNX), ``bad[i]`` = it is still
+    outside ``[0, n)`` (then ``k[i]`` = 0, a safe address). gather zeroes the bad outputs and
+    scatter_add skips the bad updates: CuPy's take and add.at wrap indices modulo n, which is
+    in bounds but not ONNX's rule. Checked in 64 bits (an i64 index is not narrowed first)."""
+    ct = {DType.I32: "int", DType.I64: "long long"}[idt]
+    name = f"rlx_bound_index_{idt.value}"
+    return name, (
+        f'extern "C" __global__ void {name}(const {ct}* __restrict__ idx, long long n, long long count,\n'
+        f"    long long* __restrict__ k, bool* __restrict__ bad) {{\n"
+        f"  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;\n"
+        f"       i += (long long)gridDim.x * blockDim.x) {{\n"
+        f"    long long v = (long long)idx[i];\n"
+        f"    if (v < 0) v += n;\n"
+        f"    const bool out = v < 0 || v >= n;\n"
+        f"    k[i] = out ? 0 : v;\n"
+        f"    bad[i] = out;\n"
+        f"  }}\n}}\n")
+
+
 # -- permute copy (transpose) --------------------------------------------------------------------
 
 #: Copy unit in bytes -> C type: a transpose that keeps the last axis moves whole 16-byte vectors.

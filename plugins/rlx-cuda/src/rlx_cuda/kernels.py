@@ -725,13 +725,40 @@ def k_pad(b: Bound) -> Run:
     return run
 
 
+def _bound_indices(idx: Any, n: int, b: Bound) -> tuple[Any, Any, Run]:
+    """``(k, bad, run)``: ``run`` fills ``k`` with in-range indices (ONNX's rule; 0 where out of
+    range) and ``bad`` with where they were out of range (:func:`codegen.bound_index_source`).
+    The host already rejects out-of-range inputs and constants; this covers indices computed on
+    the device, so that neither kernel below can touch memory outside its tensors."""
+    name, src = codegen.bound_index_source(DType.I64 if idx.dtype == np.int64 else DType.I32)
+    kern = raw_kernel(name, src)
+    k = cp.empty(idx.shape, np.int64)
+    bad = cp.empty(idx.shape, np.bool_)
+    count = int(idx.size)
+    grid = max(1, min((count + 255) // 256, b.ctx.sm_count * 32))
+
+    def run() -> None:
+        kern((grid,), (256,), (cp.ascontiguousarray(idx), np.int64(n), np.int64(count), k, bad))
+    return k, bad, run
+
+
 def k_gather(b: Bound) -> Run:
     x, idx = b.ins
     o = b.outs[0]
     ax = normalize_axis(int(b.attrs["axis"]), x.ndim)  # type: ignore[arg-type]
     if o.size == 0:
         return _noop
-    return lambda: cp.take(x, idx, axis=ax, out=o)
+    n = int(x.shape[ax])
+    if n == 0:  # every index is out of range of an empty axis
+        return lambda: o.fill(0)
+    k, bad, bound = _bound_indices(idx, n, b)
+    bad_o = bad.reshape((1,) * ax + tuple(idx.shape) + (1,) * (x.ndim - ax - 1))
+
+    def run() -> None:
+        bound()
+        cp.take(x, k, axis=ax, out=o)
+        cp.copyto(o, 0, casting="unsafe", where=bad_o)  # an out-of-range index gives 0
+    return run
 
 
 def k_scatter_add(b: Bound) -> Run:
@@ -743,18 +770,24 @@ def k_scatter_add(b: Bound) -> Run:
     x, idx, upd = b.ins
     o = b.outs[0]
     ax = normalize_axis(int(b.attrs["axis"]), x.ndim)  # type: ignore[arg-type]
-    n = max(int(x.shape[ax]), 1)
-    wrapped = cp.empty(idx.shape, np.int64)
+    n = int(x.shape[ax])
+    if idx.size == 0 or n == 0:  # nothing to add (n == 0: every index is out of range, skipped)
+        return lambda: cp.copyto(o, x)
+    k, bad, bound = _bound_indices(idx, n, b)
     grids: list[Any] = [cp.arange(s).reshape([-1 if i == a else 1 for i in range(idx.ndim)])
                         for a, s in enumerate(idx.shape)]
-    grids[ax] = wrapped
+    grids[ax] = k
     sl = tuple(grids)
+    masked = cp.empty(upd.shape, upd.dtype)
+    # Adding -0.0 leaves every float as it is (-0.0 too), so a skipped update adds exactly nothing.
+    neutral = -0.0 if np.dtype(upd.dtype).kind in "fc" else 0
 
     def run() -> None:
         cp.copyto(o, x)
-        if idx.size:
-            cp.remainder(idx, n, out=wrapped, casting="unsafe")
-            add_at(o, sl, upd)
+        bound()
+        cp.copyto(masked, upd)
+        cp.copyto(masked, neutral, casting="unsafe", where=bad)  # out-of-range updates are skipped
+        add_at(o, sl, masked)
     return run
 
 

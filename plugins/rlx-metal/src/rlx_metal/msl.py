@@ -236,7 +236,11 @@ def fill_source(dt: DType, value: str) -> tuple[str, str]:
 
 @lru_cache(maxsize=32)
 def gather_source(dt: DType, idt: DType) -> tuple[str, str]:
-    """y[o, j, i] = x[o, idx[j] (wrapped once if negative), i]. P = [n, nidx, inner, axis_len]."""
+    """y[o, j, i] = x[o, idx[j] (wrapped once if negative), i]. P = [n, nidx, inner, axis_len].
+
+    Indices follow ONNX ([-len, len-1]); one outside (only possible when computed on the device:
+    the host checks inputs and constants) gives 0 and reads nothing. The check is in 64 bits so an
+    i64 index is not truncated into range first (2**32 + 1 must not become 1)."""
     t, it = _ty(dt), _ty(idt)
     name = f"rlx_gather_{dt.value}_{idt.value}"
     src = f"""{_sig(name, [f"device const {t}* x", f"device const {it}* idx", f"device {t}* y"])} {{
@@ -244,9 +248,9 @@ def gather_source(dt: DType, idt: DType) -> tuple[str, str]:
   if ((int)gid >= n) return;
   const int nidx = P[1], inner = P[2], len = P[3];
   const int ii = (int)gid % inner, q = (int)gid / inner, j = q % nidx, o = q / nidx;
-  int k = (int)idx[j];
+  long k = (long)idx[j];
   if (k < 0) k += len;
-  y[gid] = x[(o * len + k) * inner + ii];
+  y[gid] = (k >= 0 && k < len) ? x[(o * len + (int)k) * inner + ii] : ({t})0;
 }}
 """
     return name, src

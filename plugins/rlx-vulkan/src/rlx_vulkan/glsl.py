@@ -383,7 +383,13 @@ void main() {{
 
 @cache
 def gather(idx_esize: int) -> str:
-    """Meta: n, nidx, inner, D, x_buf, x_off, i_buf, i_off, out_off (4-byte elements)."""
+    """Meta: n, nidx, inner, D, x_buf, x_off, i_buf, i_off, out_off (4-byte elements).
+
+    Indices follow ONNX ([-D, D-1], negatives once from the end). One outside (only possible when
+    computed on the device: the host checks inputs and constants) gives 0 and reads nothing: an
+    unchecked index would read other tensors of the arena. An i64 index counts only if its high
+    word is the sign extension of its low word (2**32 + 1 must not become 1)."""
+    hi = "ldi(ib, a + 4u)" if idx_esize == 8 else "lo >> 31"
     return header() + f"""
 void main() {{
   int B = pc.base; uint n = uint(M[B]); uint ni = uint(M[B + 1]), inner = uint(M[B + 2]);
@@ -391,9 +397,11 @@ void main() {{
   uint io = uint(M[B + 7]); uint oo = uint(M[B + 8]) >> 2;
   for (uint i = gl_GlobalInvocationID.x; i < n; i += gl_NumWorkGroups.x * 64u) {{
     uint k = i % inner; uint j = (i / inner) % ni; uint o = i / (inner * ni);
-    int idx = ldi(ib, io + j * {idx_esize}u); if (idx < 0) idx += D;
-    uint src = xo + (o * uint(D) + uint(idx)) * inner + k;
-    A[oo + i] = xb == 0 ? A[src] : W[src];
+    uint a = io + j * {idx_esize}u; int lo = ldi(ib, a); int hi = {hi};
+    int idx = lo; if (idx < 0) idx += D;
+    bool ok = hi == (lo >> 31) && idx >= 0 && idx < D;
+    uint src = xo + (o * uint(D) + uint(ok ? idx : 0)) * inner + k;
+    A[oo + i] = !ok ? 0u : xb == 0 ? A[src] : W[src];
   }}
 }}
 """

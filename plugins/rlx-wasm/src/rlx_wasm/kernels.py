@@ -138,6 +138,27 @@ def transpose_args(in_shape: Sequence[int], perm: Sequence[int]) -> tuple[list[i
 # Gather and iota
 
 
+#: The trap an out-of-range index raises (the runtime turns it into an InputError).
+INDEX_TRAP = "unreachable"
+
+
+def bounded_index(fn: Func, k: str, addr: str, dtype: D, n: int) -> None:
+    """``k`` = the index at ``addr`` along an axis of ``n``, negative counted from the end once
+    (ONNX); anything still outside ``[0, n)`` traps (``unreachable``) before any memory access:
+    linear memory holds every tensor, so an unchecked index would read or write its neighbours. An
+    i64 index is checked before it is narrowed (2**32 + 1 must not become 1)."""
+    if dtype is D.I64:
+        w = fn.local("i64", "w")
+        fn.set(w, f"(i64.load {addr})")
+        fn.set(w, f"(select (i64.add {get(w)} {i64c(n)}) {get(w)} (i64.lt_s {get(w)} (i64.const 0)))")
+        fn.emit(f"(if (i64.ge_u {get(w)} {i64c(n)}) (then {INDEX_TRAP}))")
+        fn.set(k, f"(i32.wrap_i64 {get(w)})")
+        return
+    fn.set(k, f"(i32.load {addr})")
+    fn.set(k, f"(select (i32.add {get(k)} {i32(n)}) {get(k)} (i32.lt_s {get(k)} {i32(0)}))")
+    fn.emit(f"(if (i32.ge_u {get(k)} {i32(n)}) (then {INDEX_TRAP}))")
+
+
 def gather_kernel(mb: ModuleBuilder, x: TensorType, idx: TensorType, axis: int) -> str:
     """``(x, indices, out)``: NumPy ``take`` along ``axis``; negative indices count from the end."""
     key = ("gather", x, idx, axis)
@@ -156,15 +177,13 @@ def gather_kernel(mb: ModuleBuilder, x: TensorType, idx: TensorType, axis: int) 
         pi = fn.local("i32", "pi")
         po = fn.local("i32", "po")
         px = fn.local("i32", "px")
-        ld = f"(i32.wrap_i64 (i64.load {get(pi)}))" if idx.dtype is D.I64 else f"(i32.load {get(pi)})"
         fn.set(po, "(local.get $out)")
         fn.set(px, "(local.get $x)")
         vt, l1, s1 = _raw(isz)
         with fn.loop(outer):
             fn.set(pi, "(local.get $idx)")
             with fn.loop(nidx):
-                fn.set(k, ld)
-                fn.set(k, f"(select (i32.add {get(k)} {i32(n)}) {get(k)} (i32.lt_s {get(k)} {i32(0)}))")
+                bounded_index(fn, k, get(pi), idx.dtype, n)
                 src = f"(i32.add {get(px)} (i32.mul {get(k)} {i32(row)}))"
                 if inner == 1:
                     fn.emit(mem(s1, get(po), 0, mem(l1, src)))
@@ -1015,7 +1034,8 @@ def conv2d_kernel(mb: ModuleBuilder, x: TensorType, w: TensorType, out: TensorTy
 
 
 def scatter_add_kernel(mb: ModuleBuilder, x: TensorType, idx: TensorType, axis: int) -> str:
-    """``(x, indices, updates, out)``: out = x, then out[.., indices[i] mod n, ..] += updates[i]."""
+    """``(x, indices, updates, out)``: out = x, then out[.., indices[i], ..] += updates[i] (indices in
+    [-n, n-1], negatives once from the end; anything else traps, see :func:`bounded_index`)."""
     key = ("scatter_add", x, idx, axis)
 
     def make(name: str) -> Func:
@@ -1038,10 +1058,7 @@ def scatter_add_kernel(mb: ModuleBuilder, x: TensorType, idx: TensorType, axis: 
         em = Emit(fn, mb)
 
         def body(ptr: list[str]) -> None:
-            ld = f"(i32.wrap_i64 (i64.rem_s (i64.load {ptr[0]}) {i64c(nax)}))" if idx.dtype is D.I64 \
-                else f"(i32.rem_s (i32.load {ptr[0]}) {i32(nax)})"
-            fn.set(k, ld)
-            fn.set(k, f"(select (i32.add {get(k)} {i32(nax)}) {get(k)} (i32.lt_s {get(k)} {i32(0)}))")
+            bounded_index(fn, k, ptr[0], idx.dtype, nax)  # ONNX range; it used to wrap modulo n
             addr = em.let(f"(i32.add {ptr[2]} (i32.mul {get(k)} {i32(xs[ax] * isz)}))", "i32", "a")
             val = f"({r.vt}.add {mem(r.load, addr)} {mem(r.load, ptr[1])})"
             from .elementwise import canon

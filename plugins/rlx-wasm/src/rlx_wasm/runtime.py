@@ -57,6 +57,25 @@ def module(wasm: bytes, simd: bool) -> Any:
     return mod
 
 
+def _call(fn: Any, store: Any) -> None:
+    """Run an entry point; the trap of an out-of-range index (:func:`kernels.bounded_index`, the
+    module's only ``unreachable``) becomes the user's InputError, any other trap stays a bug."""
+    import wasmtime
+
+    try:
+        fn(store)
+    except wasmtime.Trap as e:
+        if e.trap_code is not wasmtime.TrapCode.UNREACHABLE:
+            raise
+        from rlx_core.errors import InputError
+
+        raise InputError("gather/scatter_add: an index computed on the device is out of range (the "
+                         "wasm kernel stopped before reading or writing outside its tensor)",
+                         fix="indices must be in [-n, n-1] for an axis of size n (ONNX: a negative "
+                             "index counts once from the end); they come from an earlier node of the "
+                             "graph") from None
+
+
 class WasmProgram:
     """An instantiated module: weights written once, inputs/outputs as views of linear memory."""
 
@@ -99,7 +118,7 @@ class WasmProgram:
         ``copy=False`` returns views of linear memory (valid until the next run).
         """
         self._feed(inputs)
-        self._run(self.store)
+        _call(self._run, self.store)
         if not copy:
             return dict(self.output_views)
         return {k: v.copy() for k, v in self.output_views.items()}
@@ -108,7 +127,7 @@ class WasmProgram:
         """Run the instrumented entry point: every kernel call increments its counter in memory."""
         self._feed(inputs)
         self._counters[:] = 0
-        self._profile(self.store)
+        _call(self._profile, self.store)
         counts: Counter[str] = Counter()
         for name, c in zip(self.kernel_names, self._counters.tolist()):
             if c:
