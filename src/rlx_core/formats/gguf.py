@@ -34,6 +34,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import SerializationError
+from .shapes import shape_problem
 
 PathLike = str | os.PathLike[str]
 
@@ -657,6 +658,11 @@ def _layout_tensors(infos: list[tuple], data_offset: int, alignment: int, size: 
         n = math.prod(dims)
         if n >= 1 << 63:
             raise err(f"dims {list(dims)} hold {n} elements, more than ggml's int64 limit", field="dims")
+        # Zero-element tensors too: [0, 2**62, 2**62] holds nothing but no array can have that shape.
+        # 8 bytes covers every view tensor() makes (plain dtypes, float32 dequantized, raw blocks).
+        problem = shape_problem(dims, 8)
+        if problem is not None:
+            raise err(problem, field="dims")
         ne0 = dims[0] if dims else 1
         if ne0 % t.block_size:
             raise err(f"dimension 0 is {ne0}, not a multiple of the {t.name} block size {t.block_size}",

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import SerializationError
+from .shapes import shape_problem
 
 PathLike = str | os.PathLike[str]
 
@@ -195,6 +196,9 @@ def _parse_entry(name: str, spec: Any, path: PathLike, buffer_len: int) -> _Entr
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise err(f"shape {shape!r} is not a list of non-negative integers",
                   "a shape is a JSON list like [2, 3]; [] is a scalar", "shape")
+    problem = shape_problem(shape, dtype.itemsize)
+    if problem is not None:
+        raise err(problem, "the header is damaged or not for this data; " + _REWRITE, "shape")
 
     offsets = spec["data_offsets"]
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)):

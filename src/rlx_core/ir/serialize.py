@@ -23,6 +23,7 @@ from .. import __version__
 from ..dtypes import DType
 from ..errors import IRError, RLXError, SerializationError
 from ..formats.safetensors import _ST_CODES, PathLike, _loads_strict, read_safetensors, write_safetensors
+from ..formats.shapes import shape_problem
 from .graph import Graph, Node, Value
 from .schema import REGISTRY
 from .types import TensorType
@@ -196,6 +197,11 @@ def _jtype(v: Any) -> str:
     return type(v).__name__
 
 
+def _shape_problem(shape: Any, dtype: DType) -> str | None:
+    """NumPy's shape limits (:func:`~rlx_core.formats.shapes.shape_problem`); a symbol counts as 1."""
+    return shape_problem([d if _is_int(d) else 1 for d in shape], dtype.itemsize)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -249,6 +255,9 @@ class _Decoder:
         if not isinstance(shape, (list, tuple)) or not all(ok(d) for d in shape):
             kind = "non-negative ints" if static else "non-negative ints or symbol names like 'batch'"
             raise self.fail(loc, f"field 'shape' must be a list of {kind}, got {shape!r}")
+        problem = _shape_problem(shape, _DTYPE_NAMES[dt])
+        if problem is not None:
+            raise self.fail(loc, f"field 'shape': {problem}")
         return Value(name, TensorType(_DTYPE_NAMES[dt], tuple(shape)))
 
     # -- attributes ----------------------------------------------------------------------------
@@ -335,7 +344,7 @@ class _Decoder:
                 raise self.fail("graph", f"field 'outputs'[{j}] names {o!r}, which no input, parameter or "
                                          "node defines", fix="name an existing value; " + _RESAVE)
         try:
-            return Graph(gname, tuple(inputs), tuple(params), tuple(nodes), tuple(outputs), arrays)
+            graph = Graph(gname, tuple(inputs), tuple(params), tuple(nodes), tuple(outputs), arrays)
         except RLXError as e:  # type inference found a mismatch: keep IR's where/fix, add the index
             loc = e.where or f"graph {gname!r}"
             for w, label in labels.items():
@@ -343,6 +352,14 @@ class _Decoder:
                     loc = label + loc[len(w):]
                     break
             raise SerializationError(f"{loc}: {e.what}", where=self.where, fix=e.fix) from None
+        # Node results too (a reshape/expand attribute can ask for 70 axes or a 2**62-wide empty
+        # tensor): refused here rather than as NumPy's ValueError inside a backend's compile.
+        for i, node in enumerate(graph.nodes):
+            for o in node.outputs:
+                problem = _shape_problem(graph.types[o].shape, graph.types[o].dtype)
+                if problem is not None:
+                    raise self.fail(f"node {i} {node.name!r} (op {node.op}), output {o!r}", problem)
+        return graph
 
     def node(self, i: int, obj: Any, defined: dict[str, str], node_names: set[str]) -> Node:
         loc = f"node {i}"
