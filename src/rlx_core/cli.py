@@ -431,7 +431,64 @@ def fmt_stats(stats: Mapping[str, Any]) -> str:
 
 
 def safe_filename(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "output"
+    """``name`` as one plain file name: ASCII letters, digits, ``._-`` (nothing else, so no path
+    separator), no leading dot (no hidden or ``..`` entries), at most 100 characters."""
+    s = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "_" for c in name)
+    s = "_" * (len(s) - len(s.lstrip("."))) + s.lstrip(".")
+    return s[:_MAX_STEM] or "output"
+
+
+_MAX_STEM = 100
+
+
+def output_filenames(names: Sequence[str]) -> dict[str, str]:
+    """A distinct ``STEM.npy`` file name for each output name (``rlx run -o``), never a path.
+
+    Names that clean to the same file name (``a/b`` and ``a_b``; ``Y`` and ``y`` on a case-insensitive
+    file system), or were cut short, would overwrite each other: a name that needed no cleaning keeps
+    the plain file name (of ``Y`` and ``y``, the first in sorted order) and the others get ``-`` and 10
+    hex digits of the SHA-256 of their full name, so the same outputs always get the same files."""
+    import hashlib
+    from collections import Counter
+
+    stems = {n: safe_filename(n) for n in names}
+    shared = Counter(stem.casefold() for stem in stems.values())
+    used: set[str] = set()
+    out: dict[str, str] = {}
+    # Names that need no cleaning claim their plain file names first; sorted, so the files do not
+    # depend on the outputs' order.
+    for n in sorted(n for n in names if stems[n] == n) + sorted(n for n in names if stems[n] != n):
+        stem = stems[n]
+        if (stem != n and (shared[stem.casefold()] > 1 or len(n) > _MAX_STEM)) or stem.casefold() in used:
+            digest = hashlib.sha256(n.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+            stem = f"{stem[:_MAX_STEM - 11]}-{digest}"
+        k, base = 2, stem
+        while stem.casefold() in used:  # a name crafted to equal another's suffixed stem
+            stem, k = f"{base}-{k}", k + 1
+        used.add(stem.casefold())
+        out[n] = f"{stem}.npy"
+    return {n: out[n] for n in names}
+
+
+def _save_output(folder: Path, filename: str, name: str, arr: Any) -> Path:
+    """Write one output inside ``folder``; a symbolic link planted at the file name is not followed."""
+    import numpy as np
+
+    path = folder / filename
+    separators = [c for c in (os.sep, os.altsep) if c]
+    if path.parent != folder or filename in (".", "..") or any(c in filename for c in separators):
+        raise RLXError(f"output {name!r} maps to {filename!r}, which is not a plain file name",
+                       where="--output-dir", fix="this is a bug in RLX; report it with the output names")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        raise RLXError(f"cannot write output {name!r} to {path}: {e.strerror or e}", where="--output-dir",
+                       fix="choose a writable folder (a symbolic link at an output's file name is never "
+                           "followed; remove it)") from None
+    with os.fdopen(fd, "wb") as f:
+        np.save(f, arr)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -828,10 +885,8 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     if output_dir is not None:
         d = Path(output_dir)
         d.mkdir(parents=True, exist_ok=True)
-        for name, arr in outs.items():
-            p = d / f"{safe_filename(name)}.npy"
-            np.save(p, arr)
-            saved[name] = str(p)
+        for name, filename in output_filenames(list(outs)).items():
+            saved[name] = str(_save_output(d, filename, name, outs[name]))
 
     if as_json:
         echo_json({
