@@ -139,7 +139,7 @@ def test_compile_cache_hit_and_corruption(tmp_path: Path) -> None:
     s1 = Session("cpu", cache_dir=tmp_path)
     r1 = s1.compile(graph).run(x=x)
     assert s1.cache is not None and s1.cache.misses == 1
-    files = list(tmp_path.rglob("*.pkl"))
+    files = list(tmp_path.rglob("*.rlxc"))
     assert len(files) == 1
     s2 = Session("cpu", cache_dir=tmp_path)
     exe2 = s2.compile(graph)

@@ -8,14 +8,17 @@ run on the same machine.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -161,11 +164,19 @@ def inputs(model: str, batch: int, seq: int) -> dict[str, Any]:
 
 
 def _cache_dir() -> Path:
-    from .cache import default_cache_dir
+    """The authenticated ``bench`` cache directory, else a private temporary one (re-exported)."""
+    from .cache import cache_subdir
 
-    d = default_cache_dir() / "bench"
-    d.mkdir(parents=True, exist_ok=True)
+    d = cache_subdir("bench")
+    if d is None:
+        if not _PRIVATE:  # one per process, 0700, removed at exit
+            _PRIVATE.append(Path(tempfile.mkdtemp(prefix="rlx-bench-")))
+            atexit.register(shutil.rmtree, _PRIVATE[0], True)
+        d = _PRIVATE[0]
     return d
+
+
+_PRIVATE: list[Path] = []
 
 
 def _minilm_parts() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -189,8 +200,12 @@ def onnx_path(model: str) -> Path:
     """The workload exported once from PyTorch (dynamic batch; dynamic seq for MiniLM)."""
     import torch
 
+    from .cache import publish_file, verify_file
+
     p = _cache_dir() / f"{model}.onnx"
-    if p.exists():
+    # An exported model is loaded only if its MAC sidecar matches (else deleted and re-exported);
+    # it is read from a directory only the user can write, so checking first is race-free.
+    if verify_file(p) or (p.exists() and _PRIVATE and p.parent == _PRIVATE[0]):
         return p
     m = torch_model(model)
     feed = inputs(model, 2, 16)
@@ -202,7 +217,8 @@ def onnx_path(model: str) -> Path:
     tmp = p.with_suffix(f".tmp{os.getpid()}.onnx")
     torch.onnx.export(m, args, str(tmp), input_names=names, output_names=["y"], dynamic_axes=dyn,
                       opset_version=18, dynamo=True)
-    os.replace(tmp, p)
+    if not publish_file(tmp, p):
+        os.replace(tmp, p)
     return p
 
 

@@ -29,10 +29,23 @@ def machine_id() -> str:
 
 
 def calibration_path(backend: str, device: str) -> Path:
-    from .cache import default_cache_dir
+    from .cache import cache_subdir, default_cache_dir
 
     safe = device.replace(":", "_")
-    return default_cache_dir() / "calibration" / f"{backend}-{safe}-{machine_id()}.json"
+    # Results, not a cache: kept under RLX_NO_CACHE=1. Where the cache root is unusable the path
+    # is outside any authenticated root, so reading finds nothing and saving is skipped.
+    d = cache_subdir("calibration", ignore_no_cache=True) or default_cache_dir() / "calibration"
+    return d / f"{backend}-{safe}-{machine_id()}.json"
+
+
+def _read_calibration(p: Path) -> str:
+    """The file's text if its MAC sidecar matches (a planted or edited file is deleted, as missing)."""
+    from .cache import read_sealed
+
+    raw = read_sealed(p)
+    if raw is None:
+        raise FileNotFoundError(str(p))
+    return raw.decode("utf-8", "replace")
 
 
 def _rate(value: Any, key: str, *, zero_ok: bool = False) -> float:
@@ -58,7 +71,7 @@ def apply_calibration(device: Any) -> Any:
         return device
     p = calibration_path(device.backend, device.name)
     try:
-        text = p.read_text()
+        text = _read_calibration(p)
     except FileNotFoundError:
         return device
     except OSError as e:
@@ -182,9 +195,16 @@ def calibrate(backend_name: str, *, quick: bool = False, progress: Callable[[str
     results["date"] = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     results["machine"] = machine_id()
     p = calibration_path(backend_name, device.name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, p)
-    results["path"] = str(p)
+    from .cache import publish_file
+
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    saved = False
+    try:
+        tmp.write_text(json.dumps(results, indent=2))
+        saved = publish_file(tmp, p)  # plain JSON (readable) plus a MAC sidecar
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    results["path"] = str(p) if saved else None
     return results

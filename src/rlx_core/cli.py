@@ -1302,9 +1302,12 @@ def ops(names: tuple[str, ...], level: str | None, as_json: bool) -> None:
 def cache() -> None:
     """Inspect or clear the on-disk caches.
 
-    They hold compiled (legalized) graphs and calibration results.
+    They hold compiled (legalized) graphs, plugin builds (Numba kernels, the private OpenBLAS copy,
+    SPIR-V, host libraries, simulations, firmware), benchmark models and calibration results.
+    Every entry is authenticated with a per-user key before it is used.
 
-    The directory is $RLX_CACHE_DIR, else $XDG_CACHE_HOME/rlx, else ~/.cache/rlx.
+    The directory is $RLX_CACHE_DIR, else $XDG_CACHE_HOME/rlx, else ~/.cache/rlx (created 0700;
+    refused if other users can write it).
 
     \b
     Examples:
@@ -1313,47 +1316,49 @@ def cache() -> None:
     """
 
 
-def _dir_usage(root: Path, pattern: str) -> tuple[list[Path], int]:
-    files = sorted(root.rglob(pattern)) if root.exists() else []
-    return files, sum(f.stat().st_size for f in files if f.is_file())
-
-
 @cache.command("info", context_settings=CONTEXT_SETTINGS)
 @json_option()
 def cache_info(as_json: bool) -> None:
-    """Show where the caches are and what they hold.
+    """Show where the caches are, whether they are safe, and what they hold.
 
     \b
     Example:
       rlx cache info --json
     """
-    from .cache import CompileCache, default_cache_dir
+    from .cache import CompileCache, describe
     from .report import fmt_bytes
 
-    root = default_cache_dir()
-    compile_root = CompileCache().root
-    entries, nbytes = _dir_usage(compile_root, "*.pkl")
-    cal_root = root / "calibration"
+    info = describe()
+    cc = info["caches"]["compile"]
+    cal_root = Path(info["caches"]["calibration"]["dir"])
     cals = []
-    for f in sorted(cal_root.glob("*.json")) if cal_root.exists() else []:
+    for f in sorted(cal_root.glob("*.json")) if cal_root.is_dir() else []:
         try:
             data = json.loads(f.read_text())
         except (OSError, ValueError):
             data = {}
+        if not isinstance(data, dict):
+            data = {}
         cals.append({"file": str(f), "backend": data.get("backend"), "device": data.get("device"),
                      "date": data.get("date")})
-    info = {"dir": str(root), "compile": {"dir": str(compile_root), "entries": len(entries), "bytes": nbytes},
-            "calibration": cals}
+    info["compile"] = {"dir": str(CompileCache().root), "entries": cc["entries"], "bytes": cc["bytes"]}
+    info["calibration"] = cals
     if as_json:
         echo_json(info)
         return
     from rich.text import Text
 
     out = console()
-    out.print(Text(f"cache directory: {root}", style="bold"))
-    n = len(entries)
-    out.print(Text(f"  compiled graphs: {n} entr{'y' if n == 1 else 'ies'}, {fmt_bytes(nbytes)} in "
-                   f"{compile_root}"))
+    state = ("private, entries authenticated (HMAC-SHA256)" if info["safe"]
+             else f"NOT USED: {info['why']}")
+    if info["no_cache"]:
+        state += "; RLX_NO_CACHE=1: only calibration is read"
+    out.print(Text(f"cache directory: {info['dir']}", style="bold"))
+    out.print(Text(f"  {state}"))
+    for name, c in info["caches"].items():
+        n = c["entries"]
+        out.print(Text(f"  {name:<13} {n:>5} entr{'y' if n == 1 else 'ies'} {fmt_bytes(c['bytes']):>10}  "
+                       f"{c['what']}"))
     if cals:
         out.print(Text(f"  calibrations: {len(cals)}"))
         for c in cals:
@@ -1365,24 +1370,25 @@ def cache_info(as_json: bool) -> None:
 @cache.command("clear", context_settings=CONTEXT_SETTINGS)
 @click.option("--calibration", is_flag=True, help="Also delete calibration results.")
 def cache_clear(calibration: bool) -> None:
-    """Delete compiled-graph cache entries (and, with --calibration, calibration results).
+    """Delete every cache (and, with --calibration, calibration results); the key stays.
 
     \b
     Examples:
       rlx cache clear
       rlx cache clear --calibration
     """
-    from .cache import CompileCache, default_cache_dir
+    from .cache import CompileCache
+    from .cache import clear as clear_caches
 
-    cc = CompileCache()
-    n = cc.clear()
-    msg = f"removed {n} compiled-graph entr{'y' if n == 1 else 'ies'} from {cc.root}"
-    if calibration:
-        cal_root = default_cache_dir() / "calibration"
-        files = sorted(cal_root.glob("*.json")) if cal_root.exists() else []
-        for f in files:
-            f.unlink(missing_ok=True)
-        msg += f" and {len(files)} calibration file{'' if len(files) == 1 else 's'} from {cal_root}"
+    removed = clear_caches(calibration=calibration)
+    n = removed.pop("compile", 0)
+    msg = f"removed {n} compiled-graph entr{'y' if n == 1 else 'ies'} from {CompileCache().root}"
+    cal = removed.pop("calibration", None)
+    others = [f"{k}: {v}" for k, v in removed.items() if v]
+    if others:
+        msg += f"; plugin caches: {', '.join(others)}"
+    if cal is not None:
+        msg += f" and {cal} calibration file{'' if cal == 1 else 's'}"
     click.echo(msg)
 
 

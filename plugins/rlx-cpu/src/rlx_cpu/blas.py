@@ -15,8 +15,9 @@ here and never touches NumPy's instance (user code keeps NumPy's threading as it
 parallelism then comes from :mod:`rlx_cpu.parallel`, whose workers block instead of spinning.
 
 The library is the one NumPy ships (``numpy.libs/libscipy_openblas64_*``); it is copied once into
-the RLX cache. Where it cannot be found (another NumPy build) :func:`available` is false and
-kernels use ``np.matmul``. ``RLX_CPU_PRIVATE_BLAS=0`` turns both libraries off.
+the RLX cache (``cpu-blas``, authenticated before every dlopen). Where it cannot be found (another
+NumPy build) :func:`available` is false and kernels use ``np.matmul``. ``RLX_CPU_PRIVATE_BLAS=0``
+turns both libraries off.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import glob
 import hashlib
 import os
 import shutil
+import tempfile
 import threading
 from typing import Any
 
@@ -46,19 +48,28 @@ def _library() -> str | None:
     return None
 
 
-def _private_copy(src: str) -> str:
-    from rlx_core.cache import default_cache_dir
+def _private_copy(src: str) -> tuple[str, bool]:
+    """(a copy of ``src`` under another file name, is it temporary). The cached copy is dlopened only
+    after its MAC sidecar matched (a planted library is deleted and copied again); verify-then-dlopen
+    is race-free only because the ``cpu-blas`` directory is one only the user can write. Without a
+    usable cache the copy goes to a private temporary directory and is unlinked once loaded."""
+    from rlx_core.cache import cache_subdir, publish_file, verify_file
 
-    d = default_cache_dir() / "cpu-blas"
-    d.mkdir(parents=True, exist_ok=True)
+    d = cache_subdir("cpu-blas")
+    if d is None:
+        fd, dst = tempfile.mkstemp(prefix="rlx_openblas_", suffix=".so")  # 0600, ours
+        os.close(fd)
+        shutil.copyfile(src, dst)
+        return dst, True
     st = os.stat(src)
     tag = hashlib.sha256(f"{src}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     dst = d / f"rlx_openblas_{tag}.so"
-    if not dst.exists():
-        tmp = d / f".{dst.name}.{os.getpid()}"
+    if not verify_file(dst):
+        tmp = d / f".tmp-{dst.name}.{os.getpid()}"
         shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    return str(dst)
+        if not publish_file(tmp, dst):  # the cache went away meanwhile: load the private copy
+            return str(tmp), True
+    return str(dst), False
 
 
 def _load() -> dict[str, Any]:
@@ -74,7 +85,12 @@ def _load() -> dict[str, Any]:
             _STATE["why"] = "NumPy's bundled OpenBLAS was not found (not a PyPI NumPy wheel)"
             return _STATE
         try:
-            lib = ctypes.CDLL(_private_copy(src), mode=os.RTLD_LOCAL)
+            path, temporary = _private_copy(src)
+            try:
+                lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+            finally:
+                if temporary:  # the mapping stays valid after the file is gone
+                    os.unlink(path)
             setn = lib.scipy_openblas_set_num_threads64_
             sg, dg = lib.scipy_cblas_sgemm64_, lib.scipy_cblas_dgemm64_
         except (OSError, AttributeError) as e:

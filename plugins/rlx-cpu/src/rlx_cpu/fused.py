@@ -4,17 +4,19 @@ Small tensors run the fused program as a sequence of NumPy ufunc calls into one 
 (no compile latency); tensors of at least ``NUMBA_MIN`` elements run one generated nogil Numba
 loop over rows — a single pass over memory with the intermediates in registers — split over the
 cores by :mod:`rlx_cpu.parallel`. The generated
-module is written to the RLX cache directory and compiled with ``cache=True``, so a second
-process pays no compile time.
+module is written to the RLX cache directory (``cpu-numba``) and given Numba's disk cache there,
+so a second process pays no compile time; Numba's index and data files are authenticated (MAC
+sidecars, :mod:`rlx_core.cache`) before Numba may load them. Without a usable cache directory the
+kernels are compiled in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import sys
 import threading
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,7 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
         "import math", "import numpy as np", "from numba import njit", "",
         NUMBA_PRELUDE,
         "",
-        "@njit(cache=True, nogil=True, fastmath={'contract'}, error_model='numpy')",
+        "@njit(cache=False, nogil=True, fastmath={'contract'}, error_model='numpy')",  # see _attach_cache
         f"def {name}_rows(o, {args}, lo, hi):",
         "    for r in range(lo, hi):",
         "        for c in range(o.shape[1]):",
@@ -172,7 +174,7 @@ def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], 
     res = ref(out) if out.startswith("i") else f"b{out[1:]}[i]"
     body += ["            for i in range(m):", f"                o[r, c0 + i] = {res}"]
 
-    deco = "@njit(cache=True, nogil=True, fastmath={'contract'}, error_model='numpy')"
+    deco = "@njit(cache=False, nogil=True, fastmath={'contract'}, error_model='numpy')"  # see _attach_cache
     # Scratch is allocated once per call (one call = one thread's rows), not once per row.
     kernel = [deco, f"def {name}_rows(o, {args}, lo, hi):", *[h[4:] for h in head],
               "    for r in range(lo, hi):",
@@ -183,15 +185,87 @@ def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], 
                       *kernel])
 
 
-def _module_dir() -> Path:
-    from rlx_core.cache import default_cache_dir
+def _module_dir() -> Path | None:
+    """The authenticated ``cpu-numba`` cache directory, or None: kernels are then compiled in memory."""
+    from rlx_core.cache import cache_subdir
 
-    d = default_cache_dir() / "cpu-numba"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return cache_subdir("cpu-numba")
 
 
 _MODULES: dict[str, Any] = {}
+_SEALED: dict[Path, tuple[int, int]] = {}  # Numba file -> (mtime_ns, size) when we last tagged it
+
+
+def _attach_cache(mod: Any, d: Path) -> bool:
+    """Give the generated kernel Numba's disk cache, pinned to ``d/__pycache__`` (what
+    ``njit(cache=True)`` does, minus NUMBA_CACHE_DIR / user-wide fallbacks that would put the
+    files outside the RLX cache), after pruning any file there that fails authentication: Numba
+    unpickles its index and data files, so they are verified before the dispatcher can read them.
+    Verify-then-load is race-free only because ``d`` is a directory only the user can write."""
+    from rlx_core.cache import verify_file
+
+    disp = mod.k_rows
+    try:
+        from numba.core.caching import CompileResultCacheImpl, FunctionCache, InTreeCacheLocator
+
+        class _Impl(CompileResultCacheImpl):
+            _locator_classes = [InTreeCacheLocator]
+
+        class _Cache(FunctionCache):
+            _impl_class = _Impl
+
+        cache = _Cache(disp.py_func)
+        path = Path(cache.cache_path)
+    except Exception:  # a Numba without these internals, or no writable __pycache__: in memory
+        return False
+    if path.parent != d:
+        return False
+    files = sorted(path.glob(f"{mod.__name__}.*.nb[ic]"))
+    if not all([verify_file(f) for f in files]):  # every file checked (and bad ones deleted)
+        for f in path.glob(f"{mod.__name__}.*"):  # an index without its data, or the reverse: all go
+            f.unlink(missing_ok=True)
+    disp._cache = cache
+    return True
+
+
+def seal_kernel(mod: Any) -> None:
+    """Tag the Numba files a compile just wrote (cheap when nothing changed)."""
+    from rlx_core.cache import seal_file
+
+    cache = getattr(mod.k_rows, "_cache", None)
+    path = getattr(cache, "cache_path", None)
+    if not getattr(mod, "_rlx_cached", False) or path is None:
+        return
+    for f in Path(path).glob(f"{mod.__name__}.*.nb[ic]"):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        stamp = (st.st_mtime_ns, st.st_size)
+        if _SEALED.get(f) != stamp and seal_file(f):
+            _SEALED[f] = stamp
+
+
+def _load_module(name: str, src: str, d: Path | None) -> Any:
+    mod = types.ModuleType(name)
+    path = None
+    if d is not None:
+        path = d / f"{name}.py"
+        try:
+            if not path.is_file() or path.read_text() != src:
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(src)
+                os.replace(tmp, path)
+        except OSError:
+            path = None
+    # The code run is always the source generated here, never re-read from disk; the file only
+    # anchors Numba's cache (its stamp and its __pycache__ directory).
+    code = compile(src, str(path) if path is not None else f"<{name}>", "exec")
+    mod.__file__ = str(path) if path is not None else f"<{name}>"
+    sys.modules[name] = mod
+    exec(code, mod.__dict__)
+    mod._rlx_cached = path is not None and _attach_cache(mod, path.parent)
+    return mod
 
 
 def compiled_kernel(program: str, dtypes: Sequence[DType], lays: Sequence[str]) -> Any:
@@ -199,18 +273,8 @@ def compiled_kernel(program: str, dtypes: Sequence[DType], lays: Sequence[str]) 
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:
-            name = f"rlx_fused_{key}"
-            path = _module_dir() / f"{name}.py"
             src = (_source_chunked if chunkable(program, dtypes) else _source)(program, dtypes, lays, "k")
-            if not path.exists() or path.read_text() != src:
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(src)
-                os.replace(tmp, path)
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
+            mod = _load_module(f"rlx_fused_{key}", src, _module_dir())
             _MODULES[key] = mod
         return mod
 
@@ -306,6 +370,7 @@ def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs,
     dtypes = [DType.parse(x.dtype) for x in ins]
     mod = compiled_kernel(program, dtypes, lays)
     mod.k_rows(o2, *views, 0, 0)  # compile now (bind time), not on the first run
+    seal_kernel(mod)
     rows_in = [v for v, lay in zip(views, lays) if lay in ("full", "col")]
     whole_in = [v for v, lay in zip(views, lays) if lay not in ("full", "col")]
     return split_rows(mod.k_rows, outer, (o2, *views), o.size,

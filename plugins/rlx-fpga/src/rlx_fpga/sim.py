@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -33,11 +33,28 @@ def missing_reason() -> str | None:
     return None
 
 
+_PRIVATE: list[Path] = []
+
+
+def _private_dir() -> Path:
+    """A per-process 0700 directory (removed at exit) when the cache cannot be used: never a
+    shared path such as /tmp/rlx-fpga, where another user could plant a simulation."""
+    if not _PRIVATE:
+        p = Path(tempfile.mkdtemp(prefix="rlx-fpga-"))
+        atexit.register(shutil.rmtree, p, True)
+        _PRIVATE.append(p)
+    return _PRIVATE[0]
+
+
 def cache_root() -> Path:
-    base = os.environ.get("RLX_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "rlx-fpga")
-    p = Path(base) / "fpga-sim"
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    """The authenticated ``fpga-sim`` cache directory, else a private per-process directory."""
+    from rlx_core.cache import cache_subdir
+
+    return cache_subdir("fpga-sim") or _private_dir()
+
+
+def _cached(root: Path) -> bool:
+    return not _PRIVATE or root != _PRIVATE[0]
 
 
 def write_design(design: Design, out: Path) -> None:
@@ -69,18 +86,33 @@ def build(design: Design) -> Path:
         h.update(k.encode())
         h.update(design.mem_files[k].encode())
     h.update(testbench(design).encode())
-    d = cache_root() / h.hexdigest()[:20]
-    if (d / "sim.vvp").exists():
+    from rlx_core.cache import seal_tree, verify_tree
+
+    root = cache_root()
+    cached = _cached(root)
+    d = root / h.hexdigest()[:20]
+    # vvp runs sim.vvp and reads the .mem files: the whole directory must match its authenticated
+    # manifest (a planted or edited build is deleted and rebuilt). Verify-then-run is race-free
+    # only because the cache directory is one only the user can write.
+    if (verify_tree(d) if cached else (d / "sim.vvp").exists()):
         return d
-    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=cache_root()))
+    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=root))
     write_design(design, tmp)
     r = subprocess.run(["iverilog", "-g2012", "-o", "sim.vvp", "-s", "tb", "tb.v", "rlx_top.v"], cwd=tmp,
                        capture_output=True, text=True)
     if r.returncode:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise SimulationError(f"iverilog failed:\n{r.stderr[-3000:]}")
+    if cached:
+        seal_tree(tmp, d.name)
     try:
         tmp.rename(d)
-    except OSError:  # another process built it first
+    except OSError:  # another process built it first: use theirs if it verifies, else ours
+        try:
+            if cached and not verify_tree(d):
+                tmp.rename(d)
+        except OSError:
+            pass
         shutil.rmtree(tmp, ignore_errors=True)
     return d
 

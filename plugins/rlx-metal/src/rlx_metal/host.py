@@ -1,7 +1,8 @@
 """MSL on host: the exact MSL rlx-metal generates, compiled as C++17 with a small ``metal_stdlib``
 compatibility header (``include/metal_stdlib``) and a generated driver that runs the kernel once per
 thread of the grid (``thread_position_in_grid`` becomes the loop index). Each kernel becomes one
-shared library (cached on disk by source hash), loaded with ctypes.
+shared library (cached on disk by source hash, authenticated before every dlopen: see
+:mod:`rlx_core.cache`), loaded with ctypes.
 
 This mode checks the generated MSL's semantics on any machine with clang++ or g++; it says nothing
 about the Apple GPU (performance, fast-math, Metal compiler acceptance).
@@ -39,11 +40,11 @@ def compiler() -> str | None:
     return shutil.which("clang++") or shutil.which("g++")
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("RLX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rlx")
-    d = Path(base) / "metal-host"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+def cache_dir() -> Path | None:
+    """The authenticated ``metal-host`` cache directory, or None (libraries then built per process)."""
+    from rlx_core.cache import cache_subdir
+
+    return cache_subdir("metal-host")
 
 
 _SIG = re.compile(r"kernel void (\w+)\((.*?)\) \{", re.S)
@@ -76,9 +77,13 @@ def _build(source: str, cxx: str) -> ctypes.CDLL:
         lib = _LIBS.get(key)
     if lib is not None:
         return lib
+    from rlx_core.cache import publish_file, verify_file
+
     d = cache_dir()
-    so = d / f"k_{key}.so"
-    if not so.exists():
+    so = d / f"k_{key}.so" if d is not None else None
+    # A cached library is dlopened only after its MAC sidecar matched (a planted or edited one is
+    # deleted and rebuilt); race-free because only the user can write the cache directory.
+    if so is None or not verify_file(so):
         with tempfile.TemporaryDirectory(dir=d) as tmp:
             metal = Path(tmp) / "kernels.metal"
             metal.write_text(unit)  # the exact MSL an Apple GPU would get
@@ -90,8 +95,13 @@ def _build(source: str, cxx: str) -> ctypes.CDLL:
             if r.returncode != 0:
                 raise IRError(f"rlx-metal: {cxx} rejected the generated MSL:\n{r.stderr[-2000:]}",
                               fix="report this bug with the kernel source")
-            os.replace(out, so)
-    lib = ctypes.CDLL(str(so))
+            if so is None or not publish_file(out, so):
+                lib = ctypes.CDLL(str(out))  # no cache: loaded from the private temporary directory
+                return _register(key, lib)
+    return _register(key, ctypes.CDLL(str(so)))
+
+
+def _register(key: str, lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rlx_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.rlx_launch.restype = None
     with _LOCK:

@@ -40,43 +40,43 @@ def glslang() -> str | None:
     return None
 
 
-def cache_dir() -> Path:
-    from rlx_core.cache import default_cache_dir
+def cache_dir() -> Path | None:
+    """The authenticated ``vulkan-spirv`` cache directory, or None (SPIR-V then lives in memory)."""
+    from rlx_core.cache import cache_subdir
 
-    return default_cache_dir() / "vulkan-spirv"
+    return cache_subdir("vulkan-spirv")
 
 
 _SPV_MEM: dict[str, bytes] = {}
 
 
 def compile_glsl(src: str) -> bytes:
+    from rlx_core.cache import read_entry, write_entry
+
     key = hashlib.sha256(src.encode()).hexdigest()
     if key in _SPV_MEM:
         return _SPV_MEM[key]
-    path = cache_dir() / f"{key}.spv"
-    if path.exists() and os.environ.get("RLX_NO_CACHE") != "1":
-        spv = path.read_bytes()
+    d = cache_dir()
+    path = d / f"{key}.spv" if d is not None else None
+    # read_entry authenticates the entry (a tampered or planted shader is deleted and rebuilt)
+    spv = read_entry(path) if path is not None else None
+    if spv is not None:
         _SPV_MEM[key] = spv
         return spv
     exe = glslang()
     if exe is None:
         raise RuntimeError("glslangValidator not found (apt-get install glslang-tools, or "
                            "pip install rlx-vulkan[glslang])")
-    with tempfile.TemporaryDirectory() as d:
-        s, o = Path(d) / "k.comp", Path(d) / "k.spv"
+    with tempfile.TemporaryDirectory() as tmp:
+        s, o = Path(tmp) / "k.comp", Path(tmp) / "k.spv"
         s.write_text(src)
         r = subprocess.run([exe, "-V", "--target-env", "vulkan1.1", "-S", "comp", str(s), "-o", str(o)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"glslangValidator failed:\n{r.stdout}{r.stderr}\n--- source ---\n{src}")
         spv = o.read_bytes()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(spv)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    if path is not None:
+        write_entry(path, spv)
     _SPV_MEM[key] = spv
     return spv
 
