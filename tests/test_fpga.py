@@ -140,7 +140,7 @@ def test_export_command_writes_rtl(tools: None, mlp: dict[str, object], tmp_path
     out2 = tmp_path / "rtl2"  # type: ignore[operator]
     res = CliRunner().invoke(core_export, [str(model), "--target", "fpga", "-o", str(out2), "-p", "8"])
     assert res.exit_code == 0, res.output
-    assert "8 MACs" in res.output and (out2 / "v_q_w1_q_0_b7.mem").exists()
+    assert "8 MACs" in res.output and (out2 / "v_q_w1_q_0__b7.mem").exists()  # bank 7 of a weight ROM
 
 
 # -- yosys: resource estimates, fed to the kernel cost ------------------------------------------

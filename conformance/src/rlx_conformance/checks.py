@@ -7,6 +7,7 @@ function taking the :class:`Context`. Checks never pass by default: a check that
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -408,6 +409,36 @@ def c_symbolic(ctx: Context) -> Outcome:
     return Outcome("passed", "specialised for batch 1, 3, 8")
 
 
+def c_hostile_names(ctx: Context) -> Outcome:
+    """Graph, node, input and parameter names from a model file are data: names that would be code
+    in a careless generator (newlines in comments, ``*/``, quotes, ``$system``, NUL, U+2028, 10k
+    characters; :mod:`rlx_conformance.hostile`) compile and give the reference's numbers."""
+    from .hostile import MARKER, hostile_graph, hostile_graph_count
+
+    before = os.path.exists(MARKER)
+    ran = 0
+    for k in range(hostile_graph_count()):
+        graph, feed = hostile_graph(k)
+        try:
+            exe = ctx.session.compile(graph)
+        except DispatchError as e:
+            raise _Skip(f"add/reshape f32 unsupported: {e.what.splitlines()[0]}") from e
+        except RLXError as e:
+            return Outcome("failed", f"graph {k} with hostile names did not compile: {type(e).__name__}: "
+                                     f"{e.what[:300]}")
+        got = exe.run(feed)
+        want = evaluate(graph, feed)
+        for name, ref in want.items():
+            if name not in got:
+                return Outcome("failed", f"graph {k}: output {name[:40]!r} is missing (names mangled?)")
+            if not np.allclose(got[name], ref, rtol=1e-5, atol=1e-6):
+                return Outcome("failed", f"graph {k}: output {name[:40]!r} differs from the reference")
+        ran += 1
+    if not before and os.path.exists(MARKER):
+        return Outcome("failed", f"a hostile name ran code: {MARKER!r} appeared in the working directory")
+    return Outcome("passed", f"{ran} graphs with hostile names equal the reference")
+
+
 CONTRACT: dict[str, Callable[[Context], Outcome]] = {
     "records": c_records,
     "native_kernels_ran": c_native_ran,
@@ -418,6 +449,7 @@ CONTRACT: dict[str, Callable[[Context], Outcome]] = {
     "memory_reuse_no_corruption": c_memory_reuse,
     "input_validation": c_input_validation,
     "symbolic_specialisation": c_symbolic,
+    "hostile_names": c_hostile_names,
 }
 
 

@@ -13,6 +13,10 @@ Every payload that would have an effect writes (or would write) a file called
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 #: The file name a successful injection would create; tests assert it never appears.
 MARKER = "RLX_PWNED"
 
@@ -38,6 +42,9 @@ _BASE: tuple[str, ...] = (
     f"x $(shell touch {MARKER}) `touch {MARKER}` ; touch {MARKER} #",
     "$system",
     "${x}",
+    # template placeholders: a generator that substitutes one placeholder after another (or formats
+    # twice) would put the next substitution, multi-line, inside this name's comment
+    "__GRAPH__ __MANIFEST__ {graph} {0} %s %n @@NAME@@",
     # NUL truncates C strings and confuses some tools
     "x\x00y",
     # line terminators JavaScript (but not C or Python) honours
@@ -68,4 +75,33 @@ def hostile_names() -> list[str]:
     return list(_BASE)
 
 
-__all__ = ["MARKER", "hostile_names"]
+#: Names one :func:`hostile_graph` uses: graph, input, parameter, two nodes, the renamed output.
+NAMES_PER_GRAPH = 6
+
+
+def hostile_graph(k: int = 0, *, dtype: str = "f32") -> tuple[Any, dict[str, np.ndarray]]:
+    """A small graph (two ``add`` and a ``reshape``, ops every backend has) whose graph, input,
+    parameter, node and output names are the ``k``-th group of :data:`NAMES_PER_GRAPH` hostile names
+    (wrapping around), and its inputs. ``k`` from 0 to :func:`hostile_graph_count` - 1 covers every
+    name in every role at least once."""
+    from rlx_core.ir.builder import GraphBuilder
+
+    names = hostile_names()
+    pick = [names[(k * NAMES_PER_GRAPH + j) % len(names)] for j in range(NAMES_PER_GRAPH)]
+    rng = np.random.default_rng(k)
+    npdt = np.dtype(np.float32 if dtype == "f32" else dtype)
+    g = GraphBuilder(pick[0])
+    x = g.input(pick[1], dtype, (2, 3))
+    w = g.param(pick[2], rng.standard_normal((2, 3)).astype(npdt))
+    y = g.op("add", x, w, name=pick[3])
+    z = g.op("add", y, w, name=pick[4])
+    g.output(z, pick[5])
+    return g.build(), {pick[1]: rng.standard_normal((2, 3)).astype(npdt)}
+
+
+def hostile_graph_count() -> int:
+    """How many :func:`hostile_graph` indices it takes to use every hostile name."""
+    return -(-len(_BASE) // NAMES_PER_GRAPH)
+
+
+__all__ = ["MARKER", "NAMES_PER_GRAPH", "hostile_graph", "hostile_graph_count", "hostile_names"]

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from rlx_core.cli import export_options
+from rlx_core.codegen.names import safe_comment
 
 from . import __version__
 
@@ -76,10 +77,13 @@ def export_graph(graph: Any, out_dir: str | Path, *, parallel: int = 4,
     d = fp.design
 
     def rows(entries: list[tuple[str, str, tuple[int, ...]]]) -> str:
-        return "\n".join(f"- `{v}`: {dt} {list(s)}" for v, dt, s in entries) or "- (none)"
+        # names from the model file: escaped, so they cannot end the code span or add markup
+        return "\n".join(f"- `{safe_comment(v, 'markdown')}`: {dt} {list(s)}"
+                         for v, dt, s in entries) or "- (none)"
 
     (out / "README.md").write_text(README.format(
-        graph=core.name, version=__version__, inputs=rows(d.inputs), outputs=rows(d.outputs),
+        graph=safe_comment(core.name, "markdown"), version=__version__, inputs=rows(d.inputs),
+        outputs=rows(d.outputs),
         parallel=d.parallel, steps=len(d.kernels), cycles=d.cycle_model))
     info = {"graph": core.name, "rlx_fpga": __version__, "parallel_macs": d.parallel,
             "kernels": d.kernels, "modelled_cycles": d.cycle_model,

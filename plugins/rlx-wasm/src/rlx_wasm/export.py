@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
+from rlx_core.codegen.names import js_value, safe_comment
 from rlx_core.errors import InputError
 
 from . import __version__
@@ -232,8 +234,10 @@ def write_weights(path: Path, art: Any) -> None:
 
 
 def loader_source(man: dict[str, Any], module_kind: str) -> str:
-    body = _JS_BODY.replace("__GRAPH__", str(man["graph"]).replace('"', "'"))
-    body = body.replace("__MANIFEST__", json.dumps(man, indent=2))
+    # One pass over the template: the graph name (in a comment) and the manifest (a JS value) come
+    # from the model file, and a second replace() would substitute inside what the first inserted.
+    subs = {"__GRAPH__": safe_comment(str(man["graph"]), "js"), "__MANIFEST__": js_value(man, indent=2)}
+    body = re.sub("__GRAPH__|__MANIFEST__", lambda m: subs[m.group(0)], _JS_BODY)
     return body + (_ESM_TAIL if module_kind == "esm" else _CJS_TAIL)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rlx_core import API_VERSION
+from rlx_core.codegen.names import safe_comment
 from rlx_core.dtypes import DType
 from rlx_core.hookspecs import hookimpl
 from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant
@@ -111,7 +112,7 @@ def rlx_compile(program: Any, device: DeviceInfo) -> WholeProgram:
                **{k: v for k, v in s.attrs.items()}}
         expr = EXPR[s.op].format(**fmt)
         lines.append(f"    {_ident(s.outputs[0], names)} = np.asarray({expr}, dtype=np.{t.dtype.np.name})"
-                     f"  # {s.kernel} <- {s.origin}")
+                     f"  # {safe_comment(f'{s.kernel} <- {s.origin}', 'python')}")
         kernels.append(s.kernel)
     outs = ", ".join(f"{v!r}: {_ident(v, names)}" for _, v in program.outputs)
     lines.append(f"    return {{{outs}}}")
