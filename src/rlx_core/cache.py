@@ -494,7 +494,12 @@ def describe() -> dict[str, Any]:
         info["why"] = why
     else:
         info["why"] = f"{root} does not exist yet (created on first use)"
-    for name, what in SUBDIRS.items():
+    names = dict(SUBDIRS)
+    if root.is_dir():  # a third-party plugin's cache_subdir() shows up too
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.is_symlink() and not d.name.startswith(".") and d.name not in names:
+                names[d.name] = "plugin cache"
+    for name, what in names.items():
         d = root / name
         files = [f for f in d.rglob("*") if f.is_file() and not f.is_symlink()] if d.is_dir() else []
         entries = [f for f in files if not f.name.endswith(SIDECAR) and f.name != MANIFEST
