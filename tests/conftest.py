@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rlx_core import hub as hub_module
 from rlx_core.hub import Hub, reset_hub
+
+_HUB_ENV = ("RLX_BACKENDS", "RLX_DISABLE_PLUGINS", "RLX_PLUGIN_IMPORT_TIMEOUT")
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +24,11 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.delenv("RLX_BACKENDS", raising=False)
     monkeypatch.delenv("RLX_DISABLE_PLUGINS", raising=False)
     monkeypatch.delenv("RLX_DISPATCH_REPORT", raising=False)
+    # A test that built the process-wide hub under its own RLX_BACKENDS (and reset it before its
+    # monkeypatch restored the environment) must not decide which backends the next test sees.
+    current = hub_module._HUB
+    if current is not None and any(current.env.get(k) != os.environ.get(k) for k in _HUB_ENV):
+        reset_hub(Hub())
 
 
 @pytest.fixture

@@ -92,6 +92,16 @@ def test_float_graphs_are_not_claimed(tools: None) -> None:
     assert "fpga" in str(e.value)
 
 
+def test_exporting_a_float_graph_names_the_fix(tmp_path: object) -> None:
+    # Was a raw ValueError (or a DTypeError about a node the user never wrote), found by fuzzing.
+    g = GraphBuilder("float_mlp")
+    x = g.input("x", "f32", (2, 4))
+    g.output(g.relu(x @ g.param("w", np.ones((4, 3), np.float32))), "y")
+    with pytest.raises(DispatchError, match="no integer core") as e:
+        export_graph(g.build(), tmp_path)
+    assert "rlx quantize" in str(e.value)
+
+
 # -- demonstration: the PTQ digits MLP, simulated bit-exact -------------------------------------
 
 @pytest.fixture(scope="module")

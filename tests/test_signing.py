@@ -261,3 +261,24 @@ def test_signing_commands_have_help_with_an_example(command: str) -> None:
     r = _cli(command, "--help")
     assert r.exit_code == 0 and "Example" in r.output, r.output
     assert command in _cli("--help").output
+
+
+def test_run_and_explain_require_a_signature(tmp_path: Path, signed: Path, keys: tuple[Path, Path],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pub = str(keys[1])
+    ok = _cli("run", str(signed), "--random", "--device", "cpu", "--require-signature", pub, "--json")
+    assert ok.exit_code == 0, ok.output
+    assert _cli("explain", str(signed), "--require-signature", pub).exit_code == 0
+    _flip(signed, signed.stat().st_size - 1)
+    for command in ("run", "explain"):
+        args = [command, str(signed), "--require-signature", pub] + (["--random"] if command == "run" else [])
+        res = _cli(*args)
+        assert res.exit_code != 0 and "signature" in res.output.lower() and "Traceback" not in res.output
+    unsigned = _model(tmp_path / "unsigned.rlx")
+    monkeypatch.setenv("RLX_REQUIRE_SIGNATURE", pub)  # a deployment's policy, set once
+    res = _cli("run", str(unsigned), "--random")
+    assert res.exit_code != 0 and "signature" in res.output.lower()
+    onnx_file = tmp_path / "m.onnx"
+    onnx_file.write_bytes(b"\x08\x07")
+    res = _cli("explain", str(onnx_file))
+    assert res.exit_code != 0 and ".rlx files only" in res.output

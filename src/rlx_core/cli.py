@@ -313,12 +313,30 @@ def load_model(path: str | os.PathLike[str], **options: Any) -> Graph:
 
 
 def load_command_model(path: str, bindings: Mapping[str, int],
-                       input_files: Mapping[str, str] | None = None) -> tuple[Graph, dict[str, int]]:
+                       input_files: Mapping[str, str] | None = None, *,
+                       require_signature: str | None = None,
+                       signature: str | None = None) -> tuple[Graph, dict[str, int]]:
     """Load a model for `rlx run`/`rlx explain`; returns the graph and the bindings still to apply.
 
     An ONNX model whose shapes cannot stay symbolic (e.g. a reshape to ``batch*heads``) is imported
     again with its dynamic dims fixed: from ``--bind`` and from the shapes of the ``--input`` arrays.
+    ``require_signature``: a public key; the file must carry a valid signature by it (.rlx only).
     """
+    if signature is not None and require_signature is None:
+        raise click.BadParameter("--sig names a signature to check, but no key to check it with",
+                                 param_hint="--require-signature")
+    if require_signature is not None:
+        if Path(path).suffix.lower() == ".onnx":
+            from .errors import SignatureError
+
+            # An .onnx file may read external data files a signature over its bytes would not cover.
+            raise SignatureError(f"{path} is an ONNX file; signatures are checked for .rlx files only",
+                                 where=f"model {path}",
+                                 fix="import it once and save it as .rlx (rlx_core.save(load_onnx(...), "
+                                     "'model.rlx')), then sign that file with rlx sign")
+        from .ir.serialize import load
+
+        return load(path, require_signature=require_signature, signature=signature), dict(bindings)
     if Path(path).suffix.lower() != ".onnx":
         return load_model(path), dict(bindings)
     from .frontends.onnx import SymbolicShapeError, input_types
@@ -361,6 +379,19 @@ def device_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[...
 
 def json_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+
+
+def signature_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        f = click.option("--sig", "signature", type=click.Path(dir_okay=False), default=None,
+                         help="The detached signature (default: MODEL.sig).")(f)
+        return click.option("--require-signature", "require_signature", metavar="PUBKEY",
+                            type=click.Path(exists=True, dir_okay=False), envvar="RLX_REQUIRE_SIGNATURE",
+                            default=None,
+                            help="Load the model only if it carries a valid ed25519 signature by this "
+                                 "public key (rlx sign); checked before anything in the file is parsed. "
+                                 "Env: RLX_REQUIRE_SIGNATURE.")(f)
+    return wrap
 
 
 def bind_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -830,8 +861,10 @@ def _symbols_from_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict
 @json_option()
 @click.option("--output-dir", "-o", type=click.Path(file_okay=False), default=None,
               help="Save every output as DIR/NAME.npy.")
+@signature_option()
 def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: bool, seed: int,
-        binds: tuple[str, ...], as_json: bool, output_dir: str | None) -> None:
+        binds: tuple[str, ...], as_json: bool, output_dir: str | None, require_signature: str | None,
+        signature: str | None) -> None:
     """Run an .rlx or .onnx model and print its outputs.
 
     Prints each output's shape, dtype, a preview and statistics (or JSON), and can save them.
@@ -844,6 +877,7 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
       rlx run model.rlx --random --seed 1 --device cpu
       rlx run model.rlx --random --bind batch=8 --json
       rlx run model.rlx -i x=x.npy --output-dir out/
+      rlx run model.rlx --random --require-signature signer.pub
     """
     import numpy as np
 
@@ -851,7 +885,8 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     from .runtime import Session
 
     files = parse_pairs(inputs, "--input", example="x=x.npy")
-    graph, bindings = load_command_model(model, parse_bindings(binds), files)
+    graph, bindings = load_command_model(model, parse_bindings(binds), files,
+                                         require_signature=require_signature, signature=signature)
     want = {v.name: v.type for v in graph.inputs}
     unknown = sorted(set(files) - set(want))
     if unknown:
@@ -952,8 +987,9 @@ def _check_multi_device(devices: Sequence[str]) -> None:
 @click.option("--dot", "dot_path", metavar="FILE.dot", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Also write the graph as Graphviz DOT (nodes coloured by dispatch path, "
                                  "edges labelled with tensor types); '-' prints only the DOT.")
+@signature_option()
 def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: bool,
-            dot_path: str | None) -> None:
+            dot_path: str | None, require_signature: str | None, signature: str | None) -> None:
     """Show how a model would be dispatched (nothing runs).
 
     Per node: the path (native, common_ir, rewritten), kernels, device and estimated cost.
@@ -971,7 +1007,8 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
     from .hub import split_devices
     from .runtime import Session
 
-    graph, bindings = load_command_model(model, parse_bindings(binds))
+    graph, bindings = load_command_model(model, parse_bindings(binds), require_signature=require_signature,
+                                         signature=signature)
     check_bindings(graph, bindings)
     defaulted = sorted(s for s in graph.symbols if s not in bindings)
     full = {s: bindings.get(s, 1) for s in sorted(graph.symbols)}

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_core.errors import DispatchError
 from rlx_core.ir.builder import GraphBuilder
 
 CORE_OPS = {"matmul_i8", "requantize", "maximum", "reshape", "conv2d_i8", "max_pool2d_i8", "avg_pool2d_i8"}
@@ -38,8 +39,15 @@ def int8_core(q: Any, *, explicit_relu: bool = True) -> tuple[Any, list[Any], li
     params = {p.name for p in q.params}
     produced = {o for n in core for o in n.outputs}
     ext = [v for n in core for v in n.inputs if v not in params and v not in produced]
-    if len(set(ext)) != 1:
-        raise ValueError(f"the integer core must have one activation input, found {sorted(set(ext))}")
+    integer = any(n.op not in {"maximum", "reshape"} for n in core)  # a core needs an integer op
+    if len(set(ext)) != 1 or not integer:
+        span = f"nodes {core[0].name}..{core[-1].name}" if core else "no nodes"
+        raise DispatchError(
+            f"rlx-fpga found no integer core with one activation input in graph {q.name!r} "
+            f"(the longest run of {sorted(CORE_OPS)} nodes reads {sorted(set(ext)) or 'no input'})",
+            where=f"graph {q.name!r}, {span}",
+            fix="quantize the model first (rlx quantize MODEL --calib ... -o MODEL_int8.rlx); the FPGA "
+                "target runs INT8 graphs only")
     g = GraphBuilder(f"{q.name}_int8_core")
     t = {ext[0]: g.input("xq", "i8", tuple(q.types[ext[0]].shape))}
     for n in core:
