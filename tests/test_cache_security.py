@@ -414,6 +414,7 @@ def test_cache_info_and_clear_cover_every_cache(root: Path) -> None:
     assert caches["cpu-numba"]["bytes"] > 0
     if src is not None:
         assert caches["cpu-blas"]["entries"] == 1 and caches["cpu-blas"]["bytes"] > 1_000_000
+    assert caches["cpu-numba"]["what"].startswith("rlx-cpu")  # the plugin's own words, not the core's
     text = runner.invoke(cli, ["cache", "info"]).stdout
     assert str(root) in text and "authenticated" in text and "cpu-numba" in text and "cpu-blas" in text
     r = runner.invoke(cli, ["cache", "clear"])
@@ -435,3 +436,10 @@ def test_cache_info_reports_an_unsafe_root(root: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_plugin_cache_describes_itself_in_printable_ascii(root: Path) -> None:
+    assert cache_subdir("acme-kernels", about="acme \x1b[31mkernels\n(compiled)") is not None
+    caches = cache_mod.describe()["caches"]
+    assert caches["acme-kernels"]["what"] == "acme ?[31mkernels?(compiled)"
+    assert caches["acme-kernels"]["entries"] == 0  # the description is not an entry

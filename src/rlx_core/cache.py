@@ -65,18 +65,15 @@ MAGIC = b"RLXAUTH1"
 TAG_BYTES = 32
 SIDECAR = ".mac"
 MANIFEST = ".rlx-manifest"
-#: Every cache under the root, for `rlx cache info` / `rlx cache clear` (name -> what it holds).
+#: The core's own caches under the root (name -> what it holds). A plugin's cache describes itself:
+#: ``cache_subdir(name, about=...)`` keeps its text in the folder's ``.about`` file, so that
+#: `rlx cache info` names it in a process that never imported the plugin (the core names no backend).
 SUBDIRS: dict[str, str] = {
     "compile": "legalized graphs (core compile cache)",
-    "cpu-numba": "rlx-cpu generated Numba kernels (source, Numba index/data files)",
-    "cpu-blas": "rlx-cpu private OpenBLAS copy (dlopened)",
-    "vulkan-spirv": "rlx-vulkan SPIR-V shaders",
-    "metal-host": "rlx-metal MSL-on-host shared libraries (dlopened)",
-    "fpga-sim": "rlx-fpga Icarus Verilog builds (.vvp)",
-    "cortexm": "rlx-cortexm firmware builds",
     "bench": "`rlx bench` exported ONNX models",
     "calibration": "`rlx calibrate` results (kept by `rlx cache clear` unless --calibration)",
 }
+ABOUT = ".about"
 
 log = logging.getLogger("rlx_core.cache")
 
@@ -233,10 +230,11 @@ def cache_root() -> Path | None:
     return secure_dir(default_cache_dir())
 
 
-def cache_subdir(name: str, *, ignore_no_cache: bool = False) -> Path | None:
+def cache_subdir(name: str, *, ignore_no_cache: bool = False, about: str | None = None) -> Path | None:
     """``<root>/<name>``, created 0700; None when caching is off or the subdirectory is unsafe
     (a symlink, not ours, writable by others: subdirectories are never followed).
-    ``ignore_no_cache``: results rather than a cache (calibration) survive ``RLX_NO_CACHE=1``."""
+    ``ignore_no_cache``: results rather than a cache (calibration) survive ``RLX_NO_CACHE=1``.
+    ``about``: one line saying what the folder holds, for `rlx cache info` (plugins should pass it)."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"bad cache subdirectory name {name!r}")
     root = secure_dir(default_cache_dir()) if ignore_no_cache else cache_root()
@@ -257,7 +255,28 @@ def cache_subdir(name: str, *, ignore_no_cache: bool = False) -> Path | None:
     if why is not None:
         _warn_once(f"RLX cache {name!r} disabled, building in memory: {why}")
         return None
+    if about is not None and _read_about(d) != _clean_about(about):
+        try:
+            (d / ABOUT).write_text(_clean_about(about) + "\n")
+        except OSError:
+            pass  # only a description: a full disk must not stop the cache
     return d
+
+
+def _clean_about(text: str) -> str:
+    # Shown on a terminal: printable ASCII only, one short line.
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:120].strip()
+
+
+def _read_about(d: Path) -> str | None:
+    p = d / ABOUT
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1024:
+            return None
+        return _clean_about(p.read_text(errors="replace").splitlines()[0])
+    except (OSError, IndexError):
+        return None
 
 
 # -- authentication -------------------------------------------------------------------------------
@@ -498,11 +517,11 @@ def describe() -> dict[str, Any]:
     if root.is_dir():  # a third-party plugin's cache_subdir() shows up too
         for d in sorted(root.iterdir()):
             if d.is_dir() and not d.is_symlink() and not d.name.startswith(".") and d.name not in names:
-                names[d.name] = "plugin cache"
+                names[d.name] = _read_about(d) or "plugin cache"
     for name, what in names.items():
         d = root / name
         files = [f for f in d.rglob("*") if f.is_file() and not f.is_symlink()] if d.is_dir() else []
-        entries = [f for f in files if not f.name.endswith(SIDECAR) and f.name != MANIFEST
+        entries = [f for f in files if not f.name.endswith(SIDECAR) and f.name not in (MANIFEST, ABOUT)
                    and not f.name.startswith(".tmp-")]
         info["caches"][name] = {"dir": str(d), "what": what, "entries": len(entries),
                                 "bytes": sum(f.stat().st_size for f in files)}

@@ -102,7 +102,7 @@ def cache_root() -> Path:
     (removed at exit)."""
     from rlx_core.cache import cache_subdir
 
-    d = cache_subdir("cortexm")
+    d = cache_subdir("cortexm", about="rlx-cortexm firmware builds")
     if d is not None:
         return d
     if not _PRIVATE:

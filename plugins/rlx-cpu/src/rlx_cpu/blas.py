@@ -55,7 +55,7 @@ def _private_copy(src: str) -> tuple[str, bool]:
     usable cache the copy goes to a private temporary directory and is unlinked once loaded."""
     from rlx_core.cache import cache_subdir, publish_file, verify_file
 
-    d = cache_subdir("cpu-blas")
+    d = cache_subdir("cpu-blas", about="rlx-cpu private OpenBLAS copy (dlopened)")
     if d is None:
         fd, dst = tempfile.mkstemp(prefix="rlx_openblas_", suffix=".so")  # 0600, ours
         os.close(fd)

@@ -189,7 +189,7 @@ def _module_dir() -> Path | None:
     """The authenticated ``cpu-numba`` cache directory, or None: kernels are then compiled in memory."""
     from rlx_core.cache import cache_subdir
 
-    return cache_subdir("cpu-numba")
+    return cache_subdir("cpu-numba", about="rlx-cpu generated Numba kernels (source, Numba index/data files)")
 
 
 _MODULES: dict[str, Any] = {}

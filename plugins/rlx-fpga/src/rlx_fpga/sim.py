@@ -50,7 +50,7 @@ def cache_root() -> Path:
     """The authenticated ``fpga-sim`` cache directory, else a private per-process directory."""
     from rlx_core.cache import cache_subdir
 
-    return cache_subdir("fpga-sim") or _private_dir()
+    return cache_subdir("fpga-sim", about="rlx-fpga Icarus Verilog builds (.vvp)") or _private_dir()
 
 
 def _cached(root: Path) -> bool:

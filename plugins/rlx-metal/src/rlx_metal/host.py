@@ -44,7 +44,7 @@ def cache_dir() -> Path | None:
     """The authenticated ``metal-host`` cache directory, or None (libraries then built per process)."""
     from rlx_core.cache import cache_subdir
 
-    return cache_subdir("metal-host")
+    return cache_subdir("metal-host", about="rlx-metal MSL-on-host shared libraries (dlopened)")
 
 
 _SIG = re.compile(r"kernel void (\w+)\((.*?)\) \{", re.S)

@@ -44,7 +44,7 @@ def cache_dir() -> Path | None:
     """The authenticated ``vulkan-spirv`` cache directory, or None (SPIR-V then lives in memory)."""
     from rlx_core.cache import cache_subdir
 
-    return cache_subdir("vulkan-spirv")
+    return cache_subdir("vulkan-spirv", about="rlx-vulkan SPIR-V shaders")
 
 
 _SPV_MEM: dict[str, bytes] = {}
