@@ -13,9 +13,10 @@ import pytest
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.autodiff import (
-    JVP_RULES,
     VJP_RULES,
     Trace,
+    get_jvp,
+    get_vjp,
     grad,
     hvp,
     jvp,
@@ -339,9 +340,9 @@ def test_every_op_has_rules_or_a_decomposition() -> None:
         if schema.provider != "rlx-core":
             continue
         if schema.level == "mir":
-            assert schema.name in VJP_RULES and schema.name in JVP_RULES, schema.name
+            assert get_vjp(schema.name) is not None and get_jvp(schema.name) is not None, schema.name
         else:
-            assert schema.name in VJP_RULES or schema.decompose is not None
+            assert get_vjp(schema.name) is not None or schema.decompose is not None
     tested = {c.id.split("-")[1] for c in CASES if c.id.startswith(("mir-", "hir-"))}
     for name in HIR_OPS:
         assert name in tested, f"HIR op {name} has no gradient check"

@@ -53,7 +53,7 @@ def test_matrix_covers_every_mir_op_and_dtype() -> None:
     covered = {(c.op, c.dtype) for c in CASES}
     missing = [f"{op}[{dt}]" for op in MIR_OPS for dt in REGISTRY.get(op).dtypes if (op, dt) not in covered]
     assert not missing, f"no generated cases for {missing}"
-    assert len(MIR_OPS) == 54
+    assert MIR_OPS and set(MIR_OPS) <= set(REGISTRY.names("mir"))  # no op count pinned: ops come and go
 
 
 @pytest.mark.parametrize("op", MIR_OPS)

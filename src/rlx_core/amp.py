@@ -36,13 +36,23 @@ from .dtypes import DType
 from .errors import IRError
 from .ir.builder import Tensor
 from .ir.graph import Graph
+from .ir.schema import REGISTRY
 
-#: Ops run in the compute dtype (the matrix-product class: most FLOPs, tolerant of half inputs).
-LOW_PRECISION_OPS = frozenset({"linear", "matmul", "conv2d", "conv2d_bias", "attention"})
-#: Ops always run in f32 (range or accumulation sensitive), like torch.autocast's fp32 list.
-FP32_OPS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "reduce_sum",
-                      "reduce_mean", "reduce_prod", "cumsum", "exp", "log", "pow", "sqrt", "rsqrt",
-                      "reciprocal", "erf", "div"})
+
+def _amp_class(op: str) -> str | None:
+    """The op's autocast class from its schema (``OpSchema.amp``): "low", "f32" or None."""
+    return REGISTRY.get(op).amp if op in REGISTRY else None
+
+
+def _ops_of_class(cls: str) -> frozenset[str]:
+    return frozenset(s.name for s in REGISTRY.schemas() if s.amp == cls)
+
+
+#: Ops run in the compute dtype (the matrix-product class: most FLOPs, tolerant of half inputs),
+#: and ops always run in f32 (range or accumulation sensitive, like torch.autocast's fp32 list):
+#: the ops registered at import whose schema says ``amp="low"`` / ``amp="f32"``.
+LOW_PRECISION_OPS = _ops_of_class("low")
+FP32_OPS = _ops_of_class("f32")
 HALF_DTYPES = (DType.F16, DType.BF16)
 
 
@@ -96,9 +106,9 @@ def autocast(graph: Graph, compute_dtype: DType | str = "bf16", params: Sequence
         strong = [t for i, t in zip(node.inputs, ins) if t.dtype.is_float and i not in weak]
         if node.op == "cast" or not floats:
             target = None
-        elif node.op in LOW_PRECISION_OPS:
+        elif (amp := _amp_class(node.op)) == "low":
             target = cd
-        elif node.op in FP32_OPS:
+        elif amp == "f32":
             target = DType.F32
         elif strong:
             kinds = {t.dtype for t in strong}

@@ -25,12 +25,17 @@ from .ir.schema import REGISTRY, AttrSpec, OpSchema, register_op
 from .ir.types import Attrs, TensorType
 
 FUSED = "fused_elementwise"
-#: Elementwise ops a fused program may contain (all single-output, shape-preserving up to broadcast).
-FUSIBLE = frozenset({
-    "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
-    "erf", "floor", "ceil", "round", "logical_not", "add", "sub", "mul", "div", "pow", "maximum",
-    "minimum", "logical_and", "logical_or", "logical_xor", "equal", "not_equal", "less",
-    "less_equal", "greater", "greater_equal", "where", "cast"})
+
+
+def is_fusible(op: str) -> bool:
+    """Whether ``op`` may join a fused program: its schema says ``fusion="elementwise"`` (single
+    output, shape-preserving up to broadcast, with a C-style ``expr`` for every renderer)."""
+    return op in REGISTRY and REGISTRY.get(op).fusion == "elementwise"
+
+
+#: The fusible ops registered when this module was imported (the core's elementwise MIR ops);
+#: :func:`is_fusible` also answers for ops registered later.
+FUSIBLE = frozenset(s.name for s in REGISTRY.schemas() if s.fusion == "elementwise")
 
 
 def _attr_to_json(v: Any) -> Any:
@@ -69,9 +74,10 @@ def _walk(ops: Sequence[tuple[str, list[str], dict[str, Any]]], out: str, inputs
 def _infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     ops, out = decode(attrs["program"])  # type: ignore[arg-type]
     for name, _, _ in ops:
-        if name not in FUSIBLE:
+        if not is_fusible(name):
             raise IRError(f"{FUSED} program contains non-fusible op {name!r}",
-                          fix=f"fusible ops: {sorted(FUSIBLE)}")
+                          fix="a fused program holds only ops whose schema has fusion='elementwise'"
+                              f" (core: {', '.join(sorted(FUSIBLE))})")
 
     def apply(name: str, args: list[TensorType], a: dict[str, Any]) -> TensorType:
         schema = REGISTRY.get(name)
@@ -119,7 +125,7 @@ def elementwise_groups(graph: Graph) -> list[list[Node]]:
     taken: set[str] = set()
     groups: list[list[Node]] = []
     for sink in reversed(graph.nodes):
-        if sink.name in taken or sink.op not in FUSIBLE or len(sink.outputs) != 1:
+        if sink.name in taken or not is_fusible(sink.op) or len(sink.outputs) != 1:
             continue
         shape = graph.types[sink.outputs[0]].shape
         members = {sink.name: sink}
@@ -128,7 +134,7 @@ def elementwise_groups(graph: Graph) -> list[list[Node]]:
             n = frontier.pop()
             for i in n.inputs:
                 p = producers.get(i)
-                if p is None or p.name in members or p.name in taken or p.op not in FUSIBLE:
+                if p is None or p.name in members or p.name in taken or not is_fusible(p.op):
                     continue
                 if i in outputs or graph.types[i].shape != shape:
                     continue

@@ -271,22 +271,22 @@ class _Cases:
 
 # -- elementwise -------------------------------------------------------------------------------
 
-#: Input domains per unary op (values outside give NaN, which would test little).
-UNARY_DOMAIN: Mapping[str, ValueFn] = {"log": v_positive, "sqrt": v_positive, "rsqrt": v_positive,
-                                       "reciprocal": v_nonzero, "floor": v_halves, "ceil": v_halves,
-                                       "round": v_halves, "sign": v_ties, "logical_not": v_bool}
-_POSITIVE_DOMAIN = frozenset({"log", "sqrt", "rsqrt"})
-_COMPARE = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})
-#: Input domains per binary op: (a, b).
-BINARY_DOMAIN: Mapping[str, tuple[ValueFn, ValueFn]] = {
-    "div": (v_default, v_nonzero), "pow": (v_positive, v_default),
-    **{op: (v_ties, v_ties) for op in _COMPARE},
-}
+#: Value generators of the domains an op's schema names (``OpSchema.cases.domains``; values
+#: outside an op's domain give NaN, which would test little).
+DOMAINS: Mapping[str, ValueFn] = {"default": v_default, "positive": v_positive, "nonzero": v_nonzero,
+                                  "halves": v_halves, "ties": v_ties, "bool": v_bool}
+
+
+def _domain(op: str, i: int) -> str:
+    """The value domain of operand ``i`` of ``op`` from its schema's case spec ("default" if none)."""
+    spec = REGISTRY.get(op).cases if op in REGISTRY else None
+    return spec.domain(i) if spec is not None else "default"
 
 
 def _gen_unary(c: _Cases) -> None:
     dt, op = c.dtype, c.op
-    vf = UNARY_DOMAIN.get(op, v_default)
+    dom = _domain(op, 0)
+    vf = DOMAINS[dom]
     c.add("basic", "basic", [("x", c.arr(vf, (3, 4)))])
     c.add("scalar", "scalar", [("x", c.arr(vf, ()))])
     c.add("size0", "size0", [("x", c.arr(vf, (0, 3)))])
@@ -294,19 +294,21 @@ def _gen_unary(c: _Cases) -> None:
     c.add("noncontiguous", "noncontiguous", [("x", c.arr(vf, (3, 4), nc=True))])
     if vf is not v_default and not dt.is_bool:
         # The domain generator may be narrow (halves, ties); also cover generic values.
-        c.add("values", "basic", [("x", c.arr(v_positive if op in _POSITIVE_DOMAIN else v_default,
+        c.add("values", "basic", [("x", c.arr(v_positive if dom == "positive" else v_default,
                                               (2, 5)))])
     if dt.is_float:
         c.add("nan_inf", "nan_inf", [("x", c.arr(v_special, (2, 5)))])
-        c.add("large", "large", [("x", c.arr(v_large_pos if op in _POSITIVE_DOMAIN else v_large,
+        c.add("large", "large", [("x", c.arr(v_large_pos if dom == "positive" else v_large,
                                              (3, 4)))])
-    if dt.is_int and op in ("neg", "abs", "sign"):
+    spec = REGISTRY.get(op).cases if op in REGISTRY else None
+    if dt.is_int and spec is not None and spec.overflow:
         c.add("overflow", "overflow", [("x", c.arr(v_extreme, (3, 4)))])
 
 
 def _gen_binary(c: _Cases) -> None:
     dt, op = c.dtype, c.op
-    va, vb = BINARY_DOMAIN.get(op, (v_default, v_default))
+    da, db = _domain(op, 0), _domain(op, 1)
+    va, vb = DOMAINS[da], DOMAINS[db]
     if dt.is_bool:
         va = vb = v_bool
     shapes: list[tuple[str, str, Shape, Shape]] = [
@@ -328,7 +330,7 @@ def _gen_binary(c: _Cases) -> None:
                                              ("b", c.arr(vb, (3, 4), nc=True))])
     c.add("noncontiguous_1d", "noncontiguous", [("a", c.arr(va, (5,), nc=True)),
                                                 ("b", c.arr(vb, (5,), nc=True))])
-    if op in _COMPARE and not dt.is_bool:
+    if da == db == "ties" and not dt.is_bool:
         # Ties and generic values both matter for comparisons; v_ties alone never sees fractions.
         c.add("values", "basic", [("a", c.arr(v_default, (3, 4))), ("b", c.arr(v_default, (3, 4)))])
     if dt.is_float:
@@ -337,12 +339,13 @@ def _gen_binary(c: _Cases) -> None:
         row = fixed(np.asarray(SPECIALS).reshape(1, -1))
         n = len(SPECIALS)
         c.add("nan_inf", "nan_inf", [("a", c.arr(col, (n, 1))), ("b", c.arr(row, (1, n)))])
-        la = v_large_pos if op == "pow" else v_large
-        lb = v_default if op == "pow" else v_large
+        # A positive-only base (pow) grows large alone: a large exponent would only overflow.
+        la = v_large_pos if da == "positive" else v_large
+        lb = v_default if da == "positive" else v_large
         c.add("large", "large", [("a", c.arr(la, (3, 4))), ("b", c.arr(lb, (3, 4)))])
     if dt.is_int:
         c.add("overflow", "overflow", [("a", c.arr(v_extreme, (4, 5))),
-                                       ("b", c.arr(v_extreme_nonzero if op == "div" else v_extreme,
+                                       ("b", c.arr(v_extreme_nonzero if db == "nonzero" else v_extreme,
                                                    (4, 5)))])
 
 
@@ -1165,19 +1168,16 @@ def _gen_generic(c: _Cases, schema: OpSchema) -> None:
         c.add("generic", "basic", [(n, c.arr(vf, (2, 3))) for n in _operand_names(schema)])
 
 
-#: Dedicated generators of the core MIR and HIR ops.
+#: Generators by case family (``OpSchema.cases.family``: ``unary``, ``binary``, ...) and the
+#: dedicated generators of core ops that declare no case spec, by op name.
 GENERATORS: dict[str, Callable[[_Cases], None]] = {
-    "where": _gen_where, "cast": _gen_cast, "argmax": _gen_arg, "argmin": _gen_arg,
+    "unary": _gen_unary, "binary": _gen_binary, "where": _gen_where, "cast": _gen_cast,
+    "argmax": _gen_arg, "argmin": _gen_arg,
     "matmul": _gen_matmul, "conv2d": _gen_conv2d, "cumsum": _gen_cumsum, "reshape": _gen_reshape,
     "transpose": _gen_transpose, "expand": _gen_expand, "slice": _gen_slice, "concat": _gen_concat,
     "pad": _gen_pad, "gather": _gen_gather, "scatter_add": _gen_scatter_add, "iota": _gen_iota,
     **{op: _gen_reduction for op in ("reduce_sum", "reduce_prod", "reduce_mean", "reduce_max",
                                      "reduce_min")},
-    **{op: _gen_unary for op in ("neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "reciprocal",
-                                 "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil", "round",
-                                 "logical_not")},
-    **{op: _gen_binary for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                  "logical_and", "logical_or", "logical_xor", *sorted(_COMPARE))},
     # HIR ops
     "attention": _gen_attention, "linear": _gen_linear, "conv2d_bias": _gen_conv2d_bias,
     "batch_norm": _gen_batch_norm, "embedding": _gen_embedding,
@@ -1195,7 +1195,8 @@ def _schema(s: OpSchema | str) -> OpSchema:
 def cases_for(schema: OpSchema | str, dtype: DType | str, rng_seed: int = 0) -> list[OpCase]:
     """All cases of one op for one dtype; empty if ``dtype`` is not in ``schema.dtypes``.
 
-    Core ops use the dedicated generators in :data:`GENERATORS`. Other ops (plugin ops) get the
+    Ops with a case spec (``OpSchema.cases``) use the generator of its family in
+    :data:`GENERATORS`; other core ops their dedicated generator there. Other ops (plugin ops) get the
     generic suite; each generic case is kept only if the schema's inference accepts it, so an op
     with unusual operands yields fewer cases rather than broken ones.
     """
@@ -1204,7 +1205,10 @@ def cases_for(schema: OpSchema | str, dtype: DType | str, rng_seed: int = 0) -> 
     if dt not in schema.dtypes:
         return []
     c = _Cases(schema.name, dt, rng_seed)
-    gen = GENERATORS.get(schema.name) if schema.provider == "rlx-core" else None
+    if schema.cases is not None:
+        gen = GENERATORS.get(schema.cases.family)
+    else:
+        gen = GENERATORS.get(schema.name) if schema.provider == "rlx-core" else None
     if gen is not None:
         gen(c)
         return c.out
@@ -1256,17 +1260,16 @@ def build_case_graph(case: OpCase) -> Graph:
 #: Unit roundoff doubled (the distance from 1 to the next float) per floating dtype.
 EPS: Mapping[DType, float] = {DType.F16: 2.0**-10, DType.BF16: 2.0**-7, DType.F32: 2.0**-23,
                               DType.F64: 2.0**-52, DType.C64: 2.0**-23}
-#: Ops whose result is one of the inputs' values or an exactly representable function of them.
+#: Ops whose result is one of the inputs' values or an exactly representable function of them:
+#: those whose schema says ``accuracy="exact"`` (the elementwise ones) and these.
 EXACT_OPS: frozenset[str] = frozenset({
-    "reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "iota", "where",
-    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
-    "logical_not", "logical_and", "logical_or", "logical_xor",
-    "neg", "abs", "sign", "floor", "ceil", "round", "maximum", "minimum",
+    "reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "iota",
     "reduce_max", "reduce_min", "argmax", "argmin",
-    "relu", "max_pool2d", "embedding"})  # HIR: max(x, 0), a window's max, a table row
-#: Ops computed by library functions that are accurate to a few ulps, not correctly rounded.
-LIBRARY_OPS: frozenset[str] = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "pow",
-                                         "rsqrt"})
+    "relu", "max_pool2d", "embedding"}) | frozenset(  # HIR: max(x, 0), a window's max, a table row
+    s.name for s in REGISTRY.schemas() if s.accuracy == "exact")
+#: Ops computed by library functions that are accurate to a few ulps, not correctly rounded (the
+#: schema says ``accuracy="library"``).
+LIBRARY_OPS: frozenset[str] = frozenset(s.name for s in REGISTRY.schemas() if s.accuracy == "library")
 #: Ops that sum (or multiply) ``k`` terms per output element.
 ACCUMULATING_OPS: frozenset[str] = frozenset({"reduce_sum", "reduce_prod", "reduce_mean", "matmul",
                                               "conv2d", "cumsum", "scatter_add"})
@@ -1352,7 +1355,8 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
     if not (dt.is_float or dt.is_complex):
         return 0.0, 0.0
     complex_op = dt.is_complex or sdt.is_complex
-    if op in EXACT_OPS and not (op == "abs" and complex_op):
+    accuracy = REGISTRY.get(op).accuracy if op in REGISTRY else None  # ops registered after import
+    if (op in EXACT_OPS or accuracy == "exact") and not (op == "abs" and complex_op):
         return 0.0, 0.0
     e = EPS[dt]
     c = min(e, EPS[DType.F32])
@@ -1361,7 +1365,7 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
         lib = LIBRARY_ULPS if op in HIR_LIBRARY else 1
         acc = k * e if op in HIR_STORAGE_ACCUMULATING else k * c if op in HIR_ACCUMULATING else 0.0
         return 2 * e + lib * c + chain + acc, (chain + acc) * scale
-    library = op in LIBRARY_OPS or (complex_op and op not in _COMPLEX_EXACT_ARITH)
+    library = op in LIBRARY_OPS or accuracy == "library" or (complex_op and op not in _COMPLEX_EXACT_ARITH)
     rtol = 2 * e + (LIBRARY_ULPS if library else 1) * c
     if op in ACCUMULATING_OPS:
         return rtol + k * c, k * c * scale

@@ -1,7 +1,9 @@
 """Registries of differentiation and batching rules, one entry per op name.
 
 Rules build graph fragments with a :class:`~rlx_core.ir.builder.GraphBuilder`; they never compute
-numbers. A plugin that adds an op (``rlx_ops`` hook) makes it differentiable with
+numbers. An op may also carry its rules on its schema (``OpSchema.vjp``/``jvp``, as the core's
+elementwise ops do); :func:`get_vjp`/:func:`get_jvp` see both, a registered rule first.
+A plugin that adds an op (``rlx_ops`` hook) makes it differentiable with
 :func:`register_vjp` (reverse mode), :func:`register_jvp` (forward mode) and batchable with
 :func:`register_batch_rule`. Ops without a rule are handled through their decomposition when they
 have one; forward mode can also transpose a reverse rule (see :mod:`.transforms`).
@@ -14,6 +16,7 @@ from typing import Any
 
 from ..errors import IRError
 from ..ir.builder import GraphBuilder, Tensor
+from ..ir.schema import REGISTRY
 from ..ir.types import Attrs
 
 #: ``rule(b, inputs, outputs, cotangents, attrs) -> [input cotangent | None, ...]`` (one per input;
@@ -62,12 +65,19 @@ def register_batch_rule(op: str, rule: BatchRule | None = None, *, replace: bool
     return _register(BATCH_RULES, "batching", op, rule, replace)
 
 
+def _schema_rule(op: str, kind: str) -> Any:
+    # Ops declared with their rules on the schema (OpSchema.vjp/jvp) need no registration here.
+    return getattr(REGISTRY.get(op), kind) if op in REGISTRY else None
+
+
 def get_vjp(op: str) -> VjpRule | None:
-    return VJP_RULES.get(op)
+    """The reverse-mode rule of ``op``: a registered one, else the one on its schema, else None."""
+    return VJP_RULES.get(op) or _schema_rule(op, "vjp")
 
 
 def get_jvp(op: str) -> JvpRule | None:
-    return JVP_RULES.get(op)
+    """The forward-mode rule of ``op``: a registered one, else the one on its schema, else None."""
+    return JVP_RULES.get(op) or _schema_rule(op, "jvp")
 
 
 def get_batch_rule(op: str) -> BatchRule | None:

@@ -1,4 +1,4 @@
-"""Reverse (vjp) and forward (jvp) rules for every MIR op.
+"""Reverse (vjp) and forward (jvp) rules for the MIR ops that do not carry them on their schema.
 
 Each rule builds MIR nodes only, so gradients run on any backend and can be differentiated again.
 Conventions follow PyTorch where a choice exists: ``maximum``/``minimum`` split the gradient
@@ -50,182 +50,18 @@ def _fl(t: Tensor) -> bool:
     return t.dtype.is_float
 
 
-def _fit(b: GraphBuilder, t: Tensor | None, out: Tensor) -> Tensor | None:
-    """A tangent broadcast to the output's shape (elementwise ops with broadcasting)."""
-    return None if t is None else expand_to(b, t, out.shape)
-
-
 def zero_rules(op: str) -> None:
     """No gradient and no tangent: comparisons, logical ops, rounding, arg-reductions, iota."""
     register_vjp(op, lambda b, ins, outs, cts, attrs: [None] * len(ins))
     register_jvp(op, lambda b, ins, outs, ts, attrs: [None] * len(outs))
 
 
-for _op in ("sign", "floor", "ceil", "round", "logical_not", "logical_and", "logical_or", "logical_xor",
-            "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin",
-            "iota"):
+for _op in ("argmax", "argmin", "iota"):
     zero_rules(_op)
 
 
-# -- elementwise unary: vjp(g) = g * f'(x) and jvp(t) = t * f'(x) share one "apply" --------------
-
-def _unary(op: str, apply: Any) -> None:
-    def vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-        g = cts[0]
-        if g is None or not _fl(ins[0]):
-            return [None]
-        return [apply(b, g, ins[0], outs[0])]
-
-    def jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-        t = ts[0]
-        if t is None or not _fl(ins[0]):
-            return [None]
-        return [apply(b, t, ins[0], outs[0])]
-
-    register_vjp(op, vjp)
-    register_jvp(op, jvp)
-
-
-_unary("neg", lambda b, v, x, y: b.op("neg", v))
-_unary("abs", lambda b, v, x, y: v * b.op("sign", x))
-_unary("exp", lambda b, v, x, y: v * y)
-_unary("log", lambda b, v, x, y: v / x)
-_unary("sqrt", lambda b, v, x, y: (v * _c(b, 0.5, v)) / y)
-_unary("rsqrt", lambda b, v, x, y: v * (y * y * y * _c(b, -0.5, v)))
-_unary("reciprocal", lambda b, v, x, y: b.op("neg", v * (y * y)))
-_unary("sin", lambda b, v, x, y: v * b.op("cos", x))
-_unary("cos", lambda b, v, x, y: b.op("neg", v * b.op("sin", x)))
-_unary("tanh", lambda b, v, x, y: v * (_c(b, 1.0, v) - y * y))
-_unary("sigmoid", lambda b, v, x, y: v * (y * (_c(b, 1.0, v) - y)))
-_unary("erf", lambda b, v, x, y: v * (_c(b, 2.0 / math.sqrt(math.pi), v) * b.op("exp", b.op("neg", x * x))))
-
-
-# -- elementwise binary (with broadcasting) ------------------------------------------------------
-
-def _binary(op: str, vjp_fn: Any, jvp_fn: Any) -> None:
-    def vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-        g = cts[0]
-        if g is None or not _fl(outs[0]):
-            return [None, None]
-        a, c = ins
-        ga, gc = vjp_fn(b, g, a, c, outs[0])
-        return [None if ga is None else sum_to(b, ga, a.shape),
-                None if gc is None else sum_to(b, gc, c.shape)]
-
-    def jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-        if not _fl(outs[0]) or (ts[0] is None and ts[1] is None):
-            return [None]
-        return [_fit(b, jvp_fn(b, ts[0], ts[1], ins[0], ins[1], outs[0]), outs[0])]
-
-    register_vjp(op, vjp)
-    register_jvp(op, jvp)
-
-
-def _add_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-    if ta is None:
-        return tc
-    return ta if tc is None else ta + tc
-
-
-def _sub_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-    if ta is None:
-        return b.op("neg", tc)
-    return ta if tc is None else ta - tc
-
-
-def _mul_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-    parts = ([ta * c] if ta is not None else []) + ([a * tc] if tc is not None else [])
-    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
-
-
-def _div_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-    if tc is None:
-        return ta / c
-    num = b.op("neg", y * tc) if ta is None else ta - y * tc
-    return num / c
-
-
-def _pow_da(b: GraphBuilder, a: Tensor, c: Tensor) -> Tensor:
-    """d(a**c)/da = c * a**(c-1), and 0 where c == 0 (as torch, so 0**0 does not give 0*inf)."""
-    d = c * b.op("pow", a, c - _c(b, 1.0, c))
-    return b.op("where", b.op("equal", c, _c(b, 0.0, c)), _c(b, 0.0, c), d)
-
-
-def _pow_dc(b: GraphBuilder, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-    """d(a**c)/dc = a**c * log(a), and 0 where a == 0 and c >= 0 (as torch)."""
-    d = y * b.op("log", a)
-    z = _c(b, 0.0, a)
-    mask = b.op("logical_and", b.op("equal", a, z), b.op("greater_equal", c, z))
-    return b.op("where", mask, z, d)
-
-
-def _pow_jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-    parts = ([ta * _pow_da(b, a, c)] if ta is not None else []) + \
-            ([tc * _pow_dc(b, a, c, y)] if tc is not None else [])
-    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
-
-
-def _minmax(greater: str) -> tuple[Any, Any]:
-    """maximum (greater='greater') / minimum ('less'): the winner gets g, ties split it in half."""
-    def vjp(b: GraphBuilder, g: Tensor, a: Tensor, c: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        z = _c(b, 0.0, g)
-        half = g * _c(b, 0.5, g)
-        tie = b.op("where", b.op("equal", a, c), half, z)
-        return (b.op("where", b.op(greater, a, c), g, tie), b.op("where", b.op(greater, c, a), g, tie))
-
-    def jvp(b: GraphBuilder, ta: Any, tc: Any, a: Tensor, c: Tensor, y: Tensor) -> Tensor:
-        ta = ta if ta is not None else zeros_like(b, a)
-        tc = tc if tc is not None else zeros_like(b, c)
-        tie = (ta + tc) * _c(b, 0.5, y)
-        return b.op("where", b.op(greater, a, c), ta,
-                    b.op("where", b.op(greater, c, a), tc, tie))
-
-    return vjp, jvp
-
-
-_binary("add", lambda b, g, a, c, y: (g, g), _add_jvp)
-_binary("sub", lambda b, g, a, c, y: (g, b.op("neg", g)), _sub_jvp)
-_binary("mul", lambda b, g, a, c, y: (g * c, g * a), _mul_jvp)
-_binary("div", lambda b, g, a, c, y: (g / c, b.op("neg", g * y / c)), _div_jvp)
-_binary("pow", lambda b, g, a, c, y: (g * _pow_da(b, a, c), g * _pow_dc(b, a, c, y)), _pow_jvp)
-_binary("maximum", _minmax("greater")[0], _minmax("greater")[1])
-_binary("minimum", _minmax("less")[0], _minmax("less")[1])
-
-
-@register_vjp("where")
-def _where_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    cond, a, c = ins
-    if g is None or not _fl(outs[0]):
-        return [None, None, None]
-    z = _c(b, 0.0, g)
-    return [None, sum_to(b, b.op("where", cond, g, z), a.shape),
-            sum_to(b, b.op("where", cond, z, g), c.shape)]
-
-
-@register_jvp("where")
-def _where_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-    _, ta, tc = ts
-    if not _fl(outs[0]) or (ta is None and tc is None):
-        return [None]
-    z = _c(b, 0.0, outs[0])
-    return [_fit(b, b.op("where", ins[0], ta if ta is not None else z, tc if tc is not None else z), outs[0])]
-
-
-@register_vjp("cast")
-def _cast_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    if g is None or not (_fl(ins[0]) and _fl(outs[0])):
-        return [None]
-    return [g if g.dtype == ins[0].dtype else b.op("cast", g, to=ins[0].dtype)]
-
-
-@register_jvp("cast")
-def _cast_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-    t = ts[0]
-    if t is None or not (_fl(ins[0]) and _fl(outs[0])):
-        return [None]
-    return [t if t.dtype == outs[0].dtype else b.op("cast", t, to=outs[0].dtype)]
+# The elementwise ops (unary, binary, compare, logical, where, cast) carry their rules on their
+# schemas: see rlx_core.ir.ops.elementwise.
 
 
 # -- ops that are linear in their (single) differentiable input: jvp applies the op itself -------

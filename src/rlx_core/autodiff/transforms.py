@@ -29,7 +29,7 @@ from ..ir.graph import Graph, Node
 from ..ir.schema import REGISTRY
 from ..ir.types import TensorType
 from ._util import ADBuilder, decomposition_graph, full, unique_name, zeros_like
-from .registry import JVP_RULES, VJP_RULES
+from .registry import get_jvp, get_vjp
 
 ShouldInline = Callable[[str], bool]
 
@@ -97,15 +97,15 @@ def inline(b: ADBuilder, op: str, ins: Sequence[Tensor], attrs: Any, should_inli
 
 
 def _needs_vjp_inline(op: str) -> bool:
-    return op not in VJP_RULES and _has_decomposition(op)
+    return get_vjp(op) is None and _has_decomposition(op)
 
 
 def _needs_jvp_inline(op: str) -> bool:
-    return op not in JVP_RULES and _has_decomposition(op)
+    return get_jvp(op) is None and _has_decomposition(op)
 
 
 def _needs_any_inline(op: str) -> bool:
-    return (op not in VJP_RULES or op not in JVP_RULES) and _has_decomposition(op)
+    return (get_vjp(op) is None or get_jvp(op) is None) and _has_decomposition(op)
 
 
 _INLINE: dict[str, ShouldInline] = {"vjp": _needs_vjp_inline, "jvp": _needs_jvp_inline,
@@ -139,7 +139,7 @@ def vjp_node(b: ADBuilder, node: Node, cts: Sequence[Tensor | None]) -> list[Ten
     """Input cotangents of one node: its rule, else backprop through its decomposition."""
     ins = [b.tensor(i) for i in node.inputs]
     outs = [b.tensor(o) for o in node.outputs]
-    rule = VJP_RULES.get(node.op)
+    rule = get_vjp(node.op)
     if rule is not None:
         return _check_rule_result("vjp", node, rule(b, ins, outs, cts, node.attrs), ins)
     if _has_decomposition(node.op):
@@ -184,7 +184,9 @@ def _transposed_vjp(b: ADBuilder, node: Node, ins: list[Tensor], outs: list[Tens
     backpropagating the input tangents through ``u -> vjp(u)`` gives ``J @ t``."""
     us = [b.op("expand", b.const(0, o.dtype), shape=o.shape) if o.dtype.is_float else None for o in outs]
     start = len(b.nodes)
-    res = _check_rule_result("vjp", node, VJP_RULES[node.op](b, ins, outs, us, node.attrs), ins)
+    rule = get_vjp(node.op)
+    assert rule is not None  # jvp_node calls this only for ops with a vjp rule
+    res = _check_rule_result("vjp", node, rule(b, ins, outs, us, node.attrs), ins)
     sub = list(b.nodes[start:])
     seeds: dict[str, Tensor] = {}
     for r, t in zip(res, tins):
@@ -199,7 +201,7 @@ def jvp_node(b: ADBuilder, node: Node, tins: Sequence[Tensor | None]) -> list[Te
     """Output tangents of one node: its rule, else its decomposition, else its transposed vjp."""
     ins = [b.tensor(i) for i in node.inputs]
     outs = [b.tensor(o) for o in node.outputs]
-    rule = JVP_RULES.get(node.op)
+    rule = get_jvp(node.op)
     if rule is not None:
         return _check_rule_result("jvp", node, rule(b, ins, outs, tins, node.attrs), outs)
     if _has_decomposition(node.op):
@@ -208,7 +210,7 @@ def jvp_node(b: ADBuilder, node: Node, tins: Sequence[Tensor | None]) -> list[Te
         tan = {t.name: tt for t, tt in zip(ins, tins) if tt is not None}
         forward(b, list(b.nodes[start:]), tan)
         return [tan.get(d.name) for d in douts]
-    if node.op in VJP_RULES:
+    if get_vjp(node.op) is not None:
         return _transposed_vjp(b, node, ins, outs, tins)
     raise IRError(f"op {node.op!r} has no jvp rule, no decomposition and no vjp rule, so it cannot "
                   f"be differentiated in forward mode", where=node.where,

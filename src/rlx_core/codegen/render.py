@@ -1,9 +1,10 @@
 """Render a fused elementwise program (see :mod:`rlx_core.fusion`) as statements in a dialect.
 
 One renderer, small per-dialect tables — the tinygrad ``cstyle`` idea. A backend wraps the
-statements in its own kernel skeleton (index computation, buffer declarations, launch). Semantics
-follow the MIR references: ``maximum``/``minimum`` propagate NaN, ``round`` is half-to-even,
-float->int ``cast`` truncates, ``sigmoid`` is ``1/(1+exp(-x))``.
+statements in its own kernel skeleton (index computation, buffer declarations, launch). Each op's
+expression lives on its schema (``OpSchema.expr``, written against the :class:`Dialect` fields
+below), so the renderer names no op; the expressions follow the MIR references (NaN-propagating
+``maximum``/``minimum``, half-to-even ``round``, truncating float->int ``cast``).
 """
 
 from __future__ import annotations
@@ -99,85 +100,20 @@ DIALECTS: dict[str, Dialect] = {
                      literal=lambda v, dt: f"np.{'float32' if dt is DType.F32 else 'float64'}({float(v)!r})"),
 }
 
-_UNARY_MATH = ("exp", "log", "sqrt", "sin", "cos", "tanh", "floor", "ceil", "erf")
-_BINOP = {"add": "+", "sub": "-", "mul": "*", "div": "/", "equal": "==", "not_equal": "!=", "less": "<",
-          "less_equal": "<=", "greater": ">", "greater_equal": ">="}
-
-
-def _erf_poly(d: Dialect, x: Expr, dt: DType) -> Expr:
-    """erf via Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7) for dialects without erf (f32 only)."""
-    one = d.literal(1.0, dt)
-    t = f"({one} / ({one} + {d.literal(0.3275911, dt)} * {d.math('abs', dt)}({x})))"
-    poly = (f"((((({d.literal(1.061405429, dt)} * {t} + {d.literal(-1.453152027, dt)}) * {t} + "
-            f"{d.literal(1.421413741, dt)}) * {t} + {d.literal(-0.284496736, dt)}) * {t} + "
-            f"{d.literal(0.254829592, dt)}) * {t})")
-    y = f"({one} - {poly} * {d.math('exp', dt)}(-({x}) * ({x})))"
-    return d.ternary.format(c=f"({x} < {d.literal(0.0, dt)})", a=f"(-{y})", b=y)
-
-
 def render_op(d: Dialect, op: str, args: Sequence[Expr], in_types: Sequence[DType], out: DType,
               attrs: dict) -> Expr:
-    a = args[0] if args else ""
-    b = args[1] if len(args) > 1 else ""
-    dt = in_types[0] if in_types else out
-    lit = d.literal
-    numba = d.name == "numba"
+    """``op`` as one expression in ``d``: the dialect's own :attr:`Dialect.rule` first, else the
+    expression declared on the op's schema (``OpSchema.expr``; the core's are in
+    :mod:`rlx_core.ir.ops.elementwise`)."""
     if d.rule is not None:
         own = d.rule(op, args, in_types, out, attrs)
         if own is not None:
             return own
-    if op == "div" and d.idiv is not None and out.is_int:
-        return d.idiv.format(a=a, b=b)
-    if op in _BINOP:
-        return f"({a} {_BINOP[op]} {b})"
-    if op == "neg":
-        return f"(-{a})"
-    if op == "abs":
-        return f"abs({a})" if (numba or not dt.is_float) else f"{d.math('abs', dt)}({a})"
-    if op in _UNARY_MATH:
-        if op == "erf" and not d.has_erf:
-            return _erf_poly(d, a, dt)
-        if op == "erf" and numba and dt is DType.F32:
-            return f"_erf_f32({a})"  # defined by the Numba module prelude (fast, f32-accurate)
-        return f"{d.math(op, dt)}({a})"
-    if op == "round":
-        return f"np.rint({a})" if numba else f"{d.math('round', dt)}({a})"
-    if op == "rsqrt":
-        return f"({lit(1.0, dt)} / {d.math('sqrt', dt)}({a}))"
-    if op == "reciprocal":
-        return f"({lit(1.0, dt)} / {a})"
-    if op == "sigmoid":
-        return f"({lit(1.0, dt)} / ({lit(1.0, dt)} + {d.math('exp', dt)}(-{a})))"
-    if op == "sign":
-        zero = lit(0.0, dt) if dt.is_float else "0"
-        pos = d.cast.format(type=d.ctype(dt), x=f"({a} > {zero})")
-        neg = d.cast.format(type=d.ctype(dt), x=f"({a} < {zero})")
-        if dt.is_float:  # sign(NaN) is NaN, as in the reference
-            return d.ternary.format(c=f"({a} != {a})", a=a, b=f"({pos} - {neg})")
-        return f"({pos} - {neg})"
-    if op == "pow":
-        return f"({a} ** {b})" if numba else f"{d.math('pow', dt)}({a}, {b})"
-    if op in ("maximum", "minimum"):
-        cmp = ">" if op == "maximum" else "<"
-        # NaN propagates from either side, as the reference does.
-        return d.ternary.format(c=f"({a} {cmp} {b} or {a} != {a})" if numba else
-                                f"({a} {cmp} {b} || {a} != {a})", a=a, b=b)
-    if op == "logical_and":
-        return d.logical["and"].format(a=a, b=b)
-    if op == "logical_or":
-        return d.logical["or"].format(a=a, b=b)
-    if op == "logical_xor":
-        return f"({a} != {b})"
-    if op == "logical_not":
-        return d.logical["not"].format(a=a)
-    if op == "where":
-        return d.ternary.format(c=args[0], a=args[1], b=args[2])
-    if op == "cast":
-        if out is DType.BOOL:
-            return f"({a} != {lit(0.0, dt) if dt.is_float else '0'})"
-        return d.cast.format(type=d.ctype(out), x=a)
-    raise IRError(f"the renderer has no rule for op {op!r} in dialect {d.name!r}",
-                  fix="leave this op out of fused groups for this backend")
+    schema = REGISTRY.get(op, where=f"rendering a fused program for dialect {d.name!r}")
+    if schema.expr is None:
+        raise IRError(f"the renderer has no rule for op {op!r} in dialect {d.name!r}",
+                      fix="leave this op out of fused groups for this backend")
+    return schema.render(d, args, in_types, out, attrs)
 
 
 #: Helpers a generated Numba module defines once (see rlx_cpu.fused).

@@ -98,7 +98,7 @@ def _flops_linear(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: 
 
 _register(OpSchema(
     "linear", ("x", "w", "b"), _infer_linear, _ref_linear, level="hir", category="matmul",
-    dtypes=FLOATS, flops=_flops_linear, decompose=_dec_linear,
+    dtypes=FLOATS, flops=_flops_linear, decompose=_dec_linear, amp="low",
     doc="y = x @ w.T + b with w shaped (out, in) like torch.nn.Linear; pass a zero bias when the "
         "layer has none"))
 
@@ -257,7 +257,7 @@ def _flops_attention(ins: Sequence[TensorType], outs: Sequence[TensorType], attr
 
 _register(OpSchema(
     "attention", ("q", "k", "v", "mask*"), _infer_attention, _ref_attention, level="hir",
-    category="attention", dtypes=FLOATS, flops=_flops_attention, decompose=_dec_attention,
+    category="attention", dtypes=FLOATS, flops=_flops_attention, decompose=_dec_attention, amp="low",
     attrs=(AttrSpec("mask", "str", default="none", choices=MASK_KINDS,
                     doc="none | causal | sliding_window | bias (4th input added to the scores) | "
                         "padding (4th input (B, Sk), nonzero = keep)"),
@@ -331,7 +331,7 @@ _NORM_ATTRS = (AttrSpec("axis", "int", default=-1, doc="normalise axes axis..ran
 
 _register(OpSchema(
     "layer_norm", ("x", "gamma", "beta"), _infer_layer_norm, _ref_layer_norm, level="hir",
-    category="normalization", dtypes=FLOATS, decompose=_dec_layer_norm,
+    category="normalization", dtypes=FLOATS, decompose=_dec_layer_norm, amp="f32",
     flops=lambda i, o, a: 8.0 * _numel(o[0]),
     attrs=(*_NORM_ATTRS, AttrSpec("eps", "float", default=1e-05)),
     doc="(x - mean) / sqrt(var + eps) * gamma + beta over the trailing axes from `axis`; gamma "
@@ -365,7 +365,7 @@ def _dec_rms_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, An
 
 _register(OpSchema(
     "rms_norm", ("x", "gamma"), _infer_rms_norm, _ref_rms_norm, level="hir",
-    category="normalization", dtypes=FLOATS, decompose=_dec_rms_norm,
+    category="normalization", dtypes=FLOATS, decompose=_dec_rms_norm, amp="f32",
     flops=lambda i, o, a: 5.0 * _numel(o[0]),
     attrs=(*_NORM_ATTRS, AttrSpec("eps", "float", default=1e-06)),
     doc="x / sqrt(mean(x^2) + eps) * gamma over the trailing axes from `axis`"))
@@ -406,7 +406,7 @@ def _dec_batch_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, 
 
 _register(OpSchema(
     "batch_norm", ("x", "scale", "bias", "mean", "var"), _infer_batch_norm, _ref_batch_norm,
-    level="hir", category="normalization", dtypes=FLOATS, decompose=_dec_batch_norm,
+    level="hir", category="normalization", dtypes=FLOATS, decompose=_dec_batch_norm, amp="f32",
     flops=lambda i, o, a: 2.0 * _numel(o[0]),
     attrs=(AttrSpec("eps", "float", default=1e-5),),
     doc="inference batch norm over channel axis 1 (NCHW, any rank >= 2): "
@@ -524,12 +524,12 @@ _AXIS = (AttrSpec("axis", "int", default=-1),)
 
 _register(OpSchema(
     "softmax", ("x",), _infer_softmax("softmax"), _ref_softmax, level="hir", category="activation",
-    dtypes=FLOATS, decompose=_dec_softmax, attrs=_AXIS, flops=lambda i, o, a: 5.0 * _numel(o[0]),
+    dtypes=FLOATS, decompose=_dec_softmax, attrs=_AXIS, flops=lambda i, o, a: 5.0 * _numel(o[0]), amp="f32",
     doc="exp(x - max) / sum(exp(x - max)) along axis"))
 
 _register(OpSchema(
     "log_softmax", ("x",), _infer_softmax("log_softmax"), _ref_log_softmax, level="hir",
-    category="activation", dtypes=FLOATS, decompose=_dec_log_softmax, attrs=_AXIS,
+    category="activation", dtypes=FLOATS, decompose=_dec_log_softmax, attrs=_AXIS, amp="f32",
     flops=lambda i, o, a: 5.0 * _numel(o[0]),
     doc="(x - max) - log(sum(exp(x - max))) along axis"))
 
@@ -581,7 +581,7 @@ def _flops_conv2d_bias(ins: Sequence[TensorType], outs: Sequence[TensorType], at
 
 _register(OpSchema(
     "conv2d_bias", ("x", "w", "b"), _infer_conv2d_bias, _ref_conv2d_bias, level="hir",
-    category="conv", dtypes=FLOATS, flops=_flops_conv2d_bias, decompose=_dec_conv2d_bias,
+    category="conv", dtypes=FLOATS, flops=_flops_conv2d_bias, decompose=_dec_conv2d_bias, amp="low",
     attrs=_CONV_ATTRS,
     doc="2-D cross-correlation (x NCHW, w OIHW, as MIR conv2d) plus a per-output-channel bias b (O,)"))
 

@@ -13,156 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ALL_DTYPES, FLOAT_DTYPES, INDEX_DTYPES, INT_DTYPES, DType
+from ..dtypes import INDEX_DTYPES, DType
 from ..errors import DTypeError, ShapeError
 from .indices import normalize as normalize_indices
+
+# Elementwise ops (unary, binary, compare, logical, where, cast) are declared once each, with all
+# their facts, in their own module: importing it registers them.
+from .ops import elementwise as _elementwise  # noqa: F401
+from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED  # noqa: F401  (re-exported)
+from .ops._common import check_dtypes as _check_dtypes
+from .ops._common import same_dtype as _same_dtype
+from .ops._common import wrap_int as _wrap_int
 from .schema import AttrSpec, IndexInput, OpSchema, register_op
 from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
-
-REAL = FLOAT_DTYPES + INT_DTYPES
-NUMERIC = FLOAT_DTYPES + (DType.C64,) + INT_DTYPES
-FLOATS_C = FLOAT_DTYPES + (DType.C64,)
-SIGNED = FLOAT_DTYPES + (DType.C64, DType.I8, DType.I16, DType.I32, DType.I64)
-BOOL = (DType.BOOL,)
-
-
-def _check_dtypes(op: str, ts: Sequence[TensorType], allowed: Sequence[DType]) -> None:
-    for i, t in enumerate(ts):
-        if t.dtype not in allowed:
-            raise DTypeError(f"op {op!r} does not accept {t.dtype} (input {i})",
-                             fix=f"{op} accepts {', '.join(map(str, allowed))}; cast first")
-
-
-def _same_dtype(op: str, ts: Sequence[TensorType]) -> DType:
-    d = ts[0].dtype
-    for i, t in enumerate(ts[1:], 1):
-        if t.dtype != d:
-            raise DTypeError(f"op {op!r} needs equal dtypes, got {d} and {t.dtype} (input {i})",
-                             fix="insert a cast so both operands have the same dtype")
-    return d
-
-
-def _wrap_int(fn):
-    def ref(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-        with np.errstate(all="ignore"):
-            return [np.asarray(fn(*xs))]
-    return ref
-
-
-# -- elementwise unary -------------------------------------------------------------------------
-
-def _unary(name: str, fn: Any, dtypes: Sequence[DType], doc: str, out: DType | None = None,
-           out_fn: Any = None) -> None:
-    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-        _check_dtypes(name, ts, dtypes)
-        dt = out_fn(ts[0].dtype) if out_fn else (out or ts[0].dtype)
-        return [TensorType(dt, ts[0].shape)]
-
-    register_op(OpSchema(name, ("x",), infer, _wrap_int(fn), category="elementwise", doc=doc,
-                         dtypes=tuple(dtypes), elementwise=True))
-
-
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def _int_abs(x: np.ndarray) -> np.ndarray:
-    return np.abs(x)
-
-
-_unary("neg", np.negative, SIGNED, "-x")
-_unary("abs", np.abs, SIGNED, "|x|; for c64 the result is f32",
-       out_fn=lambda d: DType.F32 if d is DType.C64 else d)
-_unary("sign", np.sign, FLOAT_DTYPES + (DType.I8, DType.I16, DType.I32, DType.I64), "-1, 0 or 1")
-_unary("exp", np.exp, FLOATS_C, "e**x")
-_unary("log", np.log, FLOATS_C, "natural log")
-_unary("sqrt", np.sqrt, FLOATS_C, "square root")
-_unary("rsqrt", lambda x: 1.0 / np.sqrt(x), FLOAT_DTYPES, "1/sqrt(x)")
-_unary("reciprocal", lambda x: 1.0 / x, FLOATS_C, "1/x")
-_unary("sin", np.sin, FLOATS_C, "sine")
-_unary("cos", np.cos, FLOATS_C, "cosine")
-_unary("tanh", np.tanh, FLOATS_C, "hyperbolic tangent")
-_unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), FLOAT_DTYPES, "1/(1+e**-x)")
-_unary("erf", lambda x: _erf(x) if x.size else x.astype(np.float64), FLOAT_DTYPES, "Gauss error function")
-_unary("floor", np.floor, FLOAT_DTYPES, "round toward -inf")
-_unary("ceil", np.ceil, FLOAT_DTYPES, "round toward +inf")
-_unary("round", np.round, FLOAT_DTYPES, "round half to even")
-_unary("logical_not", np.logical_not, BOOL, "not x")
-
-
-# -- elementwise binary ------------------------------------------------------------------------
-
-def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "iu":
-        q = np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64))
-        return (q * (np.sign(a).astype(np.int64) * np.sign(b).astype(np.int64))).astype(
-            np.result_type(a, b))
-    return a / b
-
-
-def _binary(name: str, fn: Any, dtypes: Sequence[DType], doc: str, out: DType | None = None) -> None:
-    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-        _check_dtypes(name, ts, dtypes)
-        dt = _same_dtype(name, ts)
-        return [TensorType(out or dt, broadcast_shapes(ts[0].shape, ts[1].shape))]
-
-    register_op(OpSchema(name, ("a", "b"), infer, _wrap_int(fn), category="elementwise", doc=doc,
-                         dtypes=tuple(dtypes), elementwise=True))
-
-
-_binary("add", np.add, NUMERIC, "a + b (integers wrap)")
-_binary("sub", np.subtract, NUMERIC, "a - b (integers wrap)")
-_binary("mul", np.multiply, NUMERIC, "a * b (integers wrap)")
-_binary("div", _int_div, NUMERIC, "a / b; integers truncate toward zero")
-_binary("pow", np.power, FLOATS_C, "a ** b")
-_binary("maximum", np.maximum, REAL, "max(a, b); NaN propagates")
-_binary("minimum", np.minimum, REAL, "min(a, b); NaN propagates")
-_binary("logical_and", np.logical_and, BOOL, "a and b")
-_binary("logical_or", np.logical_or, BOOL, "a or b")
-_binary("logical_xor", np.logical_xor, BOOL, "a xor b")
-_binary("equal", np.equal, ALL_DTYPES, "a == b", out=DType.BOOL)
-_binary("not_equal", np.not_equal, ALL_DTYPES, "a != b", out=DType.BOOL)
-_binary("less", np.less, REAL, "a < b", out=DType.BOOL)
-_binary("less_equal", np.less_equal, REAL, "a <= b", out=DType.BOOL)
-_binary("greater", np.greater, REAL, "a > b", out=DType.BOOL)
-_binary("greater_equal", np.greater_equal, REAL, "a >= b", out=DType.BOOL)
-
-
-def _infer_where(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    if ts[0].dtype is not DType.BOOL:
-        raise DTypeError(f"where: condition must be bool, got {ts[0].dtype}",
-                         fix="compare first (e.g. greater) to get a bool mask")
-    dt = _same_dtype("where", ts[1:])
-    return [TensorType(dt, broadcast_shapes(ts[0].shape, ts[1].shape, ts[2].shape))]
-
-
-register_op(OpSchema("where", ("cond", "a", "b"), _infer_where,
-                     _wrap_int(lambda c, a, b: np.where(c, a, b)), category="elementwise",
-                     doc="cond ? a : b", elementwise=True))
-
-
-def _infer_cast(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    return [TensorType(attrs["to"], ts[0].shape)]
-
-
-def _ref_cast(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-    to: DType = attrs["to"]  # type: ignore[assignment]
-    x = xs[0]
-    with np.errstate(all="ignore"):
-        if to.is_int and x.dtype.kind == "f":
-            x = np.trunc(x)
-        if to is DType.BOOL:
-            return [x != 0]
-        if x.dtype.kind == "c" and not to.is_complex:
-            x = x.real
-        return [x.astype(to.np)]
-
-
-register_op(OpSchema("cast", ("x",), _infer_cast, _ref_cast,
-                     attrs=(AttrSpec("to", "dtype", doc="target dtype, e.g. to='f32'"),),
-                     category="elementwise", elementwise=True,
-                     doc="convert dtype; float->int truncates toward zero, ->bool is x != 0, "
-                         "complex->real drops the imaginary part"))
-
 
 # -- reductions --------------------------------------------------------------------------------
 
@@ -186,7 +49,8 @@ _RED_ATTRS = (AttrSpec("axes", "ints", default=None, doc="axes to reduce; None r
               AttrSpec("keepdims", "bool", default=False))
 
 
-def _reduction(name: str, fn: Any, dtypes: Sequence[DType], doc: str, nonempty: bool = False) -> None:
+def _reduction(name: str, fn: Any, dtypes: Sequence[DType], doc: str, nonempty: bool = False,
+               amp: str | None = None) -> None:
     def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
         _check_dtypes(name, ts, dtypes)
         axes = _axes(attrs, ts[0].rank)
@@ -201,13 +65,14 @@ def _reduction(name: str, fn: Any, dtypes: Sequence[DType], doc: str, nonempty: 
             return [np.asarray(fn(xs[0], axis=axes, keepdims=bool(attrs["keepdims"])))]
 
     register_op(OpSchema(name, ("x",), infer, ref, attrs=_RED_ATTRS, category="reduction", doc=doc,
-                         dtypes=tuple(dtypes),
+                         dtypes=tuple(dtypes), fusion="reduction", amp=amp,
                          flops=lambda i, o, a: float(i[0].numel())))
 
 
-_reduction("reduce_sum", np.sum, NUMERIC, "sum over axes (integers wrap)")
-_reduction("reduce_prod", np.prod, NUMERIC, "product over axes")
-_reduction("reduce_mean", np.mean, FLOATS_C, "mean over axes")
+# Sums and products run in f32 under autocast (accumulation error grows with the count).
+_reduction("reduce_sum", np.sum, NUMERIC, "sum over axes (integers wrap)", amp="f32")
+_reduction("reduce_prod", np.prod, NUMERIC, "product over axes", amp="f32")
+_reduction("reduce_mean", np.mean, FLOATS_C, "mean over axes", amp="f32")
 _reduction("reduce_max", np.max, REAL, "max over axes; NaN propagates", nonempty=True)
 _reduction("reduce_min", np.min, REAL, "min over axes; NaN propagates", nonempty=True)
 
@@ -263,7 +128,8 @@ def _matmul_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: 
 
 register_op(OpSchema("matmul", ("a", "b"), _infer_matmul,
                      _wrap_int(lambda a, b: np.matmul(a, b)), category="matmul", dtypes=NUMERIC,
-                     flops=_matmul_flops, doc="batched matrix product with broadcasting (NumPy rules)"))
+                     flops=_matmul_flops, amp="low",
+                     doc="batched matrix product with broadcasting (NumPy rules)"))
 
 
 # -- data movement -----------------------------------------------------------------------------
@@ -351,7 +217,12 @@ register_op(OpSchema("expand", ("x",), _infer_expand,
 _BIG = 2**62
 
 
-def _slice_params(attrs: Attrs, shape: Sequence[Dim]) -> list[tuple[int, slice]]:
+def slice_params(attrs: Attrs, shape: Sequence[Dim]) -> list[tuple[int, slice]]:
+    """A ``slice`` node's attributes resolved against its input shape: one ``(axis, slice)`` per sliced
+    axis, axes normalised, ``stops`` clamped so a Python/NumPy slice takes them as they are.
+
+    Public (``rlx_core.plugin.slice_params``) so every backend slices exactly as the reference does;
+    raises :class:`ShapeError` for mismatched lengths, a zero step or an axis listed twice."""
     starts, stops = attrs["starts"], attrs["stops"]
     axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))  # type: ignore[arg-type]
     steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)  # type: ignore[arg-type]
@@ -370,7 +241,7 @@ def _slice_params(attrs: Attrs, shape: Sequence[Dim]) -> list[tuple[int, slice]]
 
 def _infer_slice(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     shape = list(ts[0].shape)
-    for ax, sl in _slice_params(attrs, shape):
+    for ax, sl in slice_params(attrs, shape):
         d = shape[ax]
         if isinstance(d, str):
             if sl.start == 0 and sl.stop >= _BIG and sl.step == 1:
@@ -383,7 +254,7 @@ def _infer_slice(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
 
 def _ref_slice(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     idx: list[Any] = [slice(None)] * xs[0].ndim
-    for ax, sl in _slice_params(attrs, xs[0].shape):
+    for ax, sl in slice_params(attrs, xs[0].shape):
         idx[ax] = sl
     return [xs[0][tuple(idx)]]
 
@@ -600,7 +471,7 @@ register_op(OpSchema("conv2d", ("x", "w"), _infer_conv2d,
                                      doc="(top, left, bottom, right)"),
                             AttrSpec("dilations", "ints", default=(1, 1)),
                             AttrSpec("groups", "int", default=1)),
-                     category="conv", dtypes=NUMERIC, flops=_conv_flops,
+                     category="conv", dtypes=NUMERIC, flops=_conv_flops, amp="low",
                      doc="2-D cross-correlation, x NCHW, w OIHW (no bias: add it after)"))
 
 
@@ -630,7 +501,7 @@ register_op(OpSchema("cumsum", ("x",), _infer_cumsum, _ref_cumsum,
                      attrs=(AttrSpec("axis", "int", default=-1),
                             AttrSpec("exclusive", "bool", default=False),
                             AttrSpec("reverse", "bool", default=False)),
-                     category="scan", dtypes=NUMERIC, doc="running sum along axis"))
+                     category="scan", dtypes=NUMERIC, amp="f32", doc="running sum along axis"))
 
 MIR_OPS: tuple[str, ...] = ()
 

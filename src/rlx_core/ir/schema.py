@@ -102,6 +102,43 @@ class IndexInput:
 InferFn = Callable[[Sequence[TensorType], Attrs], Sequence[TensorType]]
 ReferenceFn = Callable[[Sequence[Any], Attrs], Sequence[Any]]
 CostFn = Callable[[Sequence[TensorType], Sequence[TensorType], Attrs], float]
+#: ``expr(dialect, args, in_dtypes, out_dtype, attrs) -> str``: the op as one C-style expression of
+#: its argument expressions in a :class:`rlx_core.codegen.render.Dialect`; it may raise
+#: :class:`~rlx_core.errors.IRError` to refuse a dtype the dialect cannot compute.
+ExprFn = Callable[[Any, Sequence[str], Sequence[DType], DType, Mapping[str, Any]], str]
+#: Autodiff rules, as :data:`rlx_core.autodiff.registry.VjpRule` / ``JvpRule`` (typed loosely here
+#: so the IR does not import the builder).
+GradFn = Callable[..., Sequence[Any]]
+
+AMP_CLASSES = ("low", "f32")
+FUSION_CLASSES = ("elementwise", "reduction")
+ACCURACY_CLASSES = ("exact", "library")
+#: Value domains the conformance generator knows (see :mod:`rlx_core.testing`).
+CASE_DOMAINS = ("default", "positive", "nonzero", "halves", "ties", "bool")
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """How the conformance generator (:func:`rlx_core.testing.cases_for`) feeds an op.
+
+    ``family`` picks the generator: ``"unary"`` / ``"binary"`` (the elementwise suites: shapes,
+    broadcasting, scalars, size 0/1, non-contiguous, NaN/Inf, large values) or the name of a
+    dedicated generator in ``rlx_core.testing.GENERATORS``. ``domains`` gives one value domain per
+    operand (one of :data:`CASE_DOMAINS`; values outside an op's domain give NaN, which tests
+    little). ``overflow`` adds integer cases at the type's extremes (``neg``/``abs`` of INT_MIN).
+    """
+
+    family: str
+    domains: tuple[str, ...] = ()
+    overflow: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [d for d in self.domains if d not in CASE_DOMAINS]
+        if bad:
+            raise IRError(f"case domain {bad[0]!r} is unknown", fix=f"use one of {CASE_DOMAINS}")
+
+    def domain(self, i: int) -> str:
+        return self.domains[i] if i < len(self.domains) else "default"
 
 
 def _default_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:
@@ -136,6 +173,27 @@ class OpSchema:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     #: Operands holding indices (ONNX range rules, checked on the host): see :class:`IndexInput`.
     index_inputs: tuple[IndexInput, ...] = ()
+    # Per-op facts the passes read from here rather than from op-name tables of their own (issue
+    # 15, "one home per op"; TVM's op attributes are the model). ``flops`` above is the cost hint.
+    #: :func:`rlx_core.amp.autocast` class: ``"low"`` runs in the compute dtype (the matrix-product
+    #: class), ``"f32"`` always in f32 (range or accumulation sensitive), ``None`` at the widest
+    #: float dtype of the operands.
+    amp: str | None = None
+    #: ``"elementwise"``: may join a ``fused_elementwise`` program (needs ``expr``);
+    #: ``"reduction"``; ``None``: opaque to fusion.
+    fusion: str | None = None
+    #: C-style expression per dialect, for fused kernels: an :data:`ExprFn`, or a template such as
+    #: ``"({a} + {b})"`` (operands ``{a}``, ``{b}``, ``{c}``) written the same in every dialect.
+    expr: ExprFn | str | None = None
+    #: Reverse- and forward-mode rules (``rlx_core.autodiff`` falls back to these when no rule was
+    #: registered for the op with ``register_vjp``/``register_jvp``).
+    vjp: GradFn | None = None
+    jvp: GradFn | None = None
+    #: How the conformance suite generates cases for the op (core ops; ``None``: by op name).
+    cases: CaseSpec | None = None
+    #: Tolerance class: ``"exact"`` (results are input values or exactly representable),
+    #: ``"library"`` (a libm-style function, a few ulps), ``None`` (correctly rounded).
+    accuracy: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name.replace(".", "_").isidentifier():
@@ -146,8 +204,30 @@ class OpSchema:
         if self.level == "hir" and self.decompose is None:
             raise IRError(f"HIR op {self.name!r} has no decomposition into MIR",
                           fix="every HIR op must provide decompose=...")
+        for field_name, value, allowed in (("amp", self.amp, AMP_CLASSES),
+                                           ("fusion", self.fusion, FUSION_CLASSES),
+                                           ("accuracy", self.accuracy, ACCURACY_CLASSES)):
+            if value is not None and value not in allowed:
+                raise IRError(f"op {self.name!r} has {field_name}={value!r}",
+                              fix=f"{field_name} is None or one of {allowed}")
+        if self.fusion == "elementwise" and self.expr is None:
+            raise IRError(f"op {self.name!r} is fusible (fusion='elementwise') but has no expr",
+                          fix="give expr=... (a C-style template or an ExprFn) so fused kernels "
+                              "can render it, or leave fusion=None")
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "attrs", tuple(self.attrs))
+
+    def render(self, dialect: Any, args: Sequence[str], in_dtypes: Sequence[DType], out: DType,
+               attrs: Mapping[str, Any]) -> str:
+        """This op as one expression of ``args`` in ``dialect`` (see :attr:`expr`)."""
+        if self.expr is None:
+            raise IRError(f"op {self.name!r} has no C-style expression (dialect "
+                          f"{getattr(dialect, 'name', dialect)!r})",
+                          fix="leave this op out of fused groups for this backend, or give its "
+                              "schema expr=...")
+        if isinstance(self.expr, str):
+            return self.expr.format(**dict(zip("abc", args)))
+        return self.expr(dialect, args, in_dtypes, out, attrs)
 
     @property
     def variadic(self) -> bool:
