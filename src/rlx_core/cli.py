@@ -50,7 +50,9 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("rlx_core.train_bench:bench_group",
               "Benchmark RLX against ONNX Runtime, PyTorch and NumPy (infer, train-mlp)."),
     "export": ("rlx_core.export_cmd:export_command",
-               "Export a model as a standalone artifact (--target wasm, cortexm, fpga)."),
+               "Export a model as a standalone artifact (targets come from plugins: rlx export -h)."),
+    "plugins": ("rlx_core.plugins_cmd:plugins_command",
+                "List the export targets and commands installed plugins add (rlx NAME-...)."),
     "quantize": ("rlx_core.quant.cli:quantize_command",
                  "Quantize a model: INT8 post-training (calibrated) or INT4 weight-only."),
     "keygen": ("rlx_core.signing:keygen_command", "Make an ed25519 key pair for signing models."),
@@ -83,15 +85,26 @@ class RLXGroup(click.Group):
     """
 
     def __init__(self, *args: Any, lazy_commands: dict[str, tuple[str, str]] | None = None,
-                 **kwargs: Any) -> None:
+                 plugin_commands: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lazy_commands = lazy_commands if lazy_commands is not None else {}
+        self.plugin_commands = plugin_commands
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands) + [n for n in self.lazy_commands if n not in self.commands]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name not in self.lazy_commands and self.plugin_commands:
+            # Not a core name: a plugin's command (hook rlx_cli_commands), found by its namespace,
+            # so only the plugin(s) named by the command's prefix are imported.
+            from .extensions import find_command
+
+            try:
+                return find_command(hub_instance(), cmd_name, frozenset(self.list_commands(ctx)))
+            except RLXError as e:
+                print_error(e)
+                raise click.exceptions.Exit(EXIT_FAIL) from None
         if cmd is not None or cmd_name not in self.lazy_commands:
             return cmd
         target = self.lazy_commands[cmd_name][0]
@@ -168,7 +181,8 @@ def print_error(e: RLXError, *, title: str | None = None) -> None:
                                      border_style="red", expand=False))
 
 
-@click.group(cls=RLXGroup, lazy_commands=LAZY_COMMANDS, context_settings=CONTEXT_SETTINGS)
+@click.group(cls=RLXGroup, lazy_commands=LAZY_COMMANDS, plugin_commands=True,
+             context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "-V", "--version", prog_name="rlx",
                       message=f"%(prog)s %(version)s (plugin API {API_VERSION})")
 @click.option("--debug", is_flag=True, help="Show Python tracebacks (same as RLX_DEBUG=1).")
@@ -596,6 +610,7 @@ def _check_backend(h: Hub, name: str) -> dict[str, Any]:
         "distributions": [{"name": e.distribution, "version": e.dist_version, "entry_point": e.value}
                           for e in entries],
         "backend_version": None, "api_version": None, "description": None, "devices": [],
+        "exporters": [], "commands": [],
     }
     try:
         backend = h.load(name)
@@ -605,6 +620,12 @@ def _check_backend(h: Hub, name: str) -> dict[str, Any]:
     except RLXError as e:
         rec.update(kind=_failure_kind(e), reason=e.what, error=_error_json(e))
         return rec
+    from .extensions import doctor_check
+
+    # What the plugin adds to the command line: a hook that fails here would break `rlx export`
+    # or `rlx NAME-...` later, so it fails the plugin now, with its cause.
+    extensions, problem = doctor_check(backend, frozenset(cli.list_commands(click.Context(cli))))
+    rec.update(extensions)
     for i, d in enumerate(devices):
         drec: dict[str, Any] = {"name": d.name, "index": i, "available": d.available, "reason": d.reason,
                                 "caps_source": d.caps.source, "host_memory": d.host_memory,
@@ -625,6 +646,9 @@ def _check_backend(h: Hub, name: str) -> dict[str, Any]:
     else:
         rec.update(status="PASS", reason=f"{SMOKE_DESC} ran correctly on "
                                          f"{', '.join(d['name'] for d in checked)}")
+    if problem is not None and rec["status"] != "FAIL":
+        rec.update(status="FAIL", kind=_failure_kind(problem), reason=problem.what,
+                   error=_error_json(problem))
     return rec
 
 
@@ -709,6 +733,10 @@ def _print_doctor(rep: Mapping[str, Any]) -> None:
         if b["description"]:
             line.append(f"  {b['description']}", style="dim")
         out.print(line)
+        adds = [f"{what}: {', '.join(b.get(key) or [])}" for what, key in
+                (("export targets", "exporters"), ("commands", "commands")) if b.get(key)]
+        if adds:
+            out.print(Text(f"        {'; '.join(adds)}", style="dim"))
         if b["devices"]:
             t = Table(box=None, padding=(0, 2), show_edge=False, pad_edge=False)
             for col in ("device", "available", "caps", "check"):

@@ -31,9 +31,14 @@ Minimal plugin::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from .records import ExporterInfo
 
 PROJECT = "rlx"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -138,4 +143,39 @@ def rlx_compile(program: Any, device: Any) -> Any:
     ``program.steps`` are in execution order; each kernel step names the claim the dispatcher
     chose. ``program.plan`` gives every value its offset in one arena. A kernel-per-node backend
     maps steps to calls; a whole-program backend emits one artifact (C, wasm, RTL).
+    """
+
+
+@hookspec
+def rlx_exporters() -> list[ExporterInfo]:
+    """Return :class:`~rlx_core.records.ExporterInfo` records: the targets of ``rlx export --target T``.
+
+    Name the command by ``"package.module:attr"`` so the exporter's own imports wait until it is used;
+    ``rlx export --help`` lists every installed target, ``rlx export --target T --help`` shows its
+    options. Two distributions exporting one target is an error naming both.
+
+    Example::
+
+        @hookimpl
+        def rlx_exporters():
+            return [ExporterInfo(target="mydev", help="C sources for My board",
+                                 command="rlx_mydev.export:export_command")]
+    """
+
+
+@hookspec
+def rlx_cli_commands() -> list[click.Command]:
+    """Return click commands this plugin adds to ``rlx``: ``rlx <name> ...``.
+
+    Names are namespaced by the backend: ``NAME`` (e.g. a click group) or ``NAME-something``. A name
+    taken by a core command or by another plugin is an error naming both distributions; ``rlx doctor``
+    reports a plugin whose hook fails. Plugins are imported only when such a command is invoked or
+    listed (``rlx plugins``), so ``rlx --help`` stays fast.
+
+    Example::
+
+        @hookimpl
+        def rlx_cli_commands():
+            from .cli import flash_command   # a click command named "mydev-flash"
+            return [flash_command]
     """

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .dtypes import DType
 from .errors import PluginError
 from .ir.types import Attrs, TensorType
+
+if TYPE_CHECKING:
+    import click
 
 
 def _need(cond: bool, what: str, fix: str) -> None:
@@ -194,3 +197,37 @@ class CompiledProgram(Protocol):
     """What ``rlx_compile`` returns: runs the whole program on host NumPy arrays."""
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ExporterInfo:
+    """One target of ``rlx export --target TARGET`` (hook ``rlx_exporters``): an artifact generator.
+
+    Give either ``command``, a click command taking ``MODEL --target TARGET ...`` (or its
+    ``"package.module:attr"`` name, imported only when that target is used, so listing exporters
+    stays cheap), or ``function`` with ``options``: the core then builds the command from the shared
+    arguments (MODEL, ``--output/-o``, ``--bind``, ``--json``) plus ``options`` (click parameters) and
+    calls ``function(graph, out_dir, bindings, **options)``, which writes the artifact and returns a
+    JSON-able summary. ``distribution`` and ``backend`` are filled in by the core.
+    """
+
+    target: str
+    help: str
+    command: click.Command | str | None = None
+    function: Callable[..., Mapping[str, Any] | None] | None = None
+    options: tuple[click.Parameter, ...] = ()
+    distribution: str = ""
+    backend: str = ""
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.target, str) and self.target.replace("-", "").replace("_", "").isalnum()
+              and self.target[:1].isalpha(),
+              f"exporter target {self.target!r} is invalid", "use a short lowercase name such as 'wasm'")
+        _need(isinstance(self.help, str) and bool(self.help.strip()) and "\n" not in self.help.strip(),
+              f"exporter {self.target!r}: help must be one non-empty line", "describe the artifact in a line")
+        _need((self.command is None) != (self.function is None),
+              f"exporter {self.target!r} gives {'both' if self.function else 'neither'} a command and a "
+              "function", "give command=... (a click command or 'module:attr') or function=... with options")
+        _need(self.command is None or isinstance(self.command, str) or hasattr(self.command, "main"),
+              f"exporter {self.target!r}: command is {type(self.command).__name__}, not a click command",
+              "pass a click.Command or its 'package.module:attr' name")

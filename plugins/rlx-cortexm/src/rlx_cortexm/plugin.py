@@ -25,6 +25,15 @@ def rlx_backend_info() -> BackendInfo:
                        description="INT8 graphs as one C program for Arm Cortex-M (arm-none-eabi-gcc, QEMU)",
                        vendor="RLX", whole_program=True)
 
+@hookimpl
+def rlx_exporters() -> list[Any]:
+    from rlx_core.records import ExporterInfo  # rlx_core.plugin once it lands
+
+    # Named, not imported: the exporter's own imports wait until `rlx export --target cortexm` runs.
+    return [ExporterInfo(target="cortexm", command="rlx_cortexm.export:export_command",
+                         help="one C program for Arm Cortex-M, with a Makefile (INT8 models)")]
+
+
 
 def _caps(mhz: float, fpu: bool) -> DeviceCaps:
     hz = mhz * 1e6

@@ -28,6 +28,15 @@ def rlx_backend_info() -> BackendInfo:
                        description="INT8 graphs as synthesizable Verilog (MAC array), simulated with "
                                    "Icarus Verilog", vendor="RLX", whole_program=True)
 
+@hookimpl
+def rlx_exporters() -> list[Any]:
+    from rlx_core.records import ExporterInfo  # rlx_core.plugin once it lands
+
+    # Named, not imported: the exporter's own imports wait until `rlx export --target fpga` runs.
+    return [ExporterInfo(target="fpga", command="rlx_fpga.export:export_command",
+                         help="synthesizable Verilog with .mem weight files (INT8 models)")]
+
+
 
 def _caps(macs: int, hz: float) -> DeviceCaps:
     return DeviceCaps(peak_flops={"i8": 2.0 * macs * hz, "i32": hz, "default": hz},

@@ -46,6 +46,15 @@ def _caps() -> DeviceCaps:
 
 
 @hookimpl
+def rlx_exporters() -> list[Any]:
+    from rlx_core.records import ExporterInfo  # rlx_core.plugin once it lands
+
+    # Named, not imported: the exporter's own imports wait until `rlx export --target wasm` runs.
+    return [ExporterInfo(target="wasm", command="rlx_wasm.export:export_command",
+                         help="one .wasm module, its weights and JavaScript loaders (Node.js, browsers)")]
+
+
+@hookimpl
 def rlx_probe_devices() -> list[DeviceInfo]:
     try:
         import wasmtime
