@@ -13,7 +13,7 @@ from typing import Any
 
 from ..dtypes import DType
 from ..ir.builder import GraphBuilder, Tensor
-from ..ir.hir import masked_score
+from ..ir.hir import masked_score, rstd
 from ..ir.types import Attrs, normalize_axis
 from ._util import count, reshape, sum_to, swap_last
 from .registry import register_jvp, register_vjp
@@ -147,8 +147,8 @@ def _norm_axes(attrs: Attrs, x: Tensor) -> tuple[int, ...]:
 
 def _ln_stats(b: GraphBuilder, x: Tensor, axes: Sequence[int], eps: float) -> tuple[Tensor, Tensor]:
     c = x - _mean_keep(b, x, axes)
-    rstd = b.op("rsqrt", _mean_keep(b, c * c, axes) + _c(b, eps, x))
-    return c * rstd, rstd
+    inv = rstd(b, _mean_keep(b, c * c, axes), eps)
+    return c * inv, inv
 
 
 @register_vjp("layer_norm")
@@ -185,7 +185,7 @@ def _layer_norm_jvp(b: B, ins: Ts, outs: Ts, ts: Cts,
 
 
 def _rms(b: GraphBuilder, x: Tensor, axes: Sequence[int], eps: float) -> Tensor:
-    return b.op("rsqrt", _mean_keep(b, x * x, axes) + _c(b, eps, x))
+    return rstd(b, _mean_keep(b, x * x, axes), eps)
 
 
 @register_vjp("rms_norm")

@@ -307,6 +307,12 @@ def _ref_layer_norm(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
 _HALF = (DType.F16, DType.BF16)
 
 
+def rstd(g: GraphBuilder, var: Tensor, eps: float) -> Tensor:
+    """``1/sqrt(var + eps)``: the inverse standard deviation of every norm, in its decomposition and
+    in its derivative rules (:mod:`rlx_core.autodiff.hir_rules`), built one way."""
+    return g.op("rsqrt", var + g.const(eps, var.dtype))
+
+
 def _up(g: GraphBuilder, *xs: Tensor) -> list[Tensor]:
     """Half-precision operands in f32: squares and window sums overflow or lose bits in f16."""
     return [g.op("cast", x, to=DType.F32) if x.dtype in _HALF else x for x in xs]
@@ -324,7 +330,7 @@ def _dec_layer_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, 
     # Variance of centred values: E[x^2] - E[x]^2 cancels catastrophically in f16/f32.
     c = x - g.op("reduce_mean", x, axes=axes, keepdims=True)
     var = g.op("reduce_mean", c * c, axes=axes, keepdims=True)
-    return [_down(g, c * g.op("rsqrt", var + g.const(a["eps"], x.dtype)) * gamma + beta, x0)]
+    return [_down(g, c * rstd(g, var, a["eps"]) * gamma + beta, x0)]
 
 
 _NORM_ATTRS = (AttrSpec("axis", "int", default=-1, doc="normalise axes axis..rank-1"),)
@@ -360,7 +366,7 @@ def _dec_rms_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, An
     x, gamma = _up(g, *ins)
     axes = _norm_axes("rms_norm", x.type, a["axis"])
     ms = g.op("reduce_mean", x * x, axes=axes, keepdims=True)
-    return [_down(g, x * g.op("rsqrt", ms + g.const(a["eps"], x.dtype)) * gamma, x0)]
+    return [_down(g, x * rstd(g, ms, a["eps"]) * gamma, x0)]
 
 
 _register(OpSchema(
@@ -396,7 +402,7 @@ def _dec_batch_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, 
     a = _attrs("batch_norm", attrs)
     x, scale, bias, mean, var = ins
     view = (x.shape[1],) + (1,) * (x.rank - 2)
-    inv = scale * g.op("rsqrt", var + g.const(a["eps"], x.dtype))
+    inv = scale * rstd(g, var, a["eps"])
 
     def per_channel(t: Tensor) -> Tensor:
         return g.op("reshape", t, shape=view)
