@@ -1,0 +1,91 @@
+"""One home per op (issue 15): an op's facts live on its schema, and the passes read them there.
+
+A new elementwise op declared with one ``OpSchema`` must be fusible, renderable in every dialect,
+differentiable, autocast by its class and covered by the conformance generator, with no other
+core file naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_core.amp import autocast
+from rlx_core.autodiff import get_jvp, get_vjp
+from rlx_core.codegen import render_program
+from rlx_core.dtypes import FLOAT_DTYPES, DType
+from rlx_core.errors import IRError
+from rlx_core.fusion import FUSIBLE, encode, is_fusible
+from rlx_core.ir import REGISTRY, GraphBuilder, OpSchema, TensorType, register_op
+from rlx_core.ir.schema import CaseSpec
+from rlx_core.ir.types import Attrs
+from rlx_core.testing import cases_for, tolerance
+
+OP = "test_homes.cube"
+
+
+def _infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    return [ts[0]]
+
+
+def _vjp(b: Any, ins: Sequence[Any], outs: Sequence[Any], cts: Sequence[Any], attrs: Attrs) -> list:
+    g = cts[0]
+    return [None if g is None else g * (ins[0] * ins[0] * b.const(3.0, ins[0].dtype))]
+
+
+@pytest.fixture
+def cube() -> Iterator[OpSchema]:
+    schema = register_op(OpSchema(
+        OP, ("x",), _infer, lambda xs, a: [xs[0] ** 3], category="elementwise", elementwise=True,
+        dtypes=FLOAT_DTYPES, provider="tests", fusion="elementwise", expr="({a} * {a} * {a})",
+        vjp=_vjp, amp="f32", cases=CaseSpec("unary", ("positive",)), accuracy="exact"))
+    try:
+        yield schema
+    finally:
+        REGISTRY.unregister(OP)
+
+
+def test_a_new_elementwise_op_is_one_declaration(cube: OpSchema) -> None:
+    assert is_fusible(OP) and OP not in FUSIBLE  # FUSIBLE is the import-time snapshot
+    program = encode([(OP, ["i0"], {}), ("exp", ["t0"], {})], "t1")
+    for name in ("c", "cuda", "metal", "wgsl", "numba"):
+        lines, _, _ = render_program(program, ["x"], [DType.F32], name)
+        assert "(x * x * x)" in lines[0], (name, lines)
+    assert get_vjp(OP) is _vjp and get_jvp(OP) is None
+    ids = {c.id.split("-", 1)[1] for c in cases_for(OP, "f32")}
+    assert {"basic", "scalar", "size0", "noncontiguous", "nan_inf", "large"} <= ids
+    assert all((c.inputs[0][1] > 0).all() for c in cases_for(OP, "f32") if c.kind == "basic")
+    assert tolerance("f32", OP) == (0.0, 0.0)
+    g = GraphBuilder("amp")
+    x = g.input("x", "f32", (2,))
+    g.output(g.op(OP, g.op("matmul", x, g.param("w", np.ones((2, 2), np.float32)))))
+    cast = autocast(g.build(), "bf16", params=["w"])
+    op_in = next(n for n in cast.nodes if n.op == OP).inputs[0]
+    assert cast.types[op_in].dtype is DType.F32  # amp="f32": runs in f32 after a bf16 matmul
+
+
+def test_core_elementwise_ops_carry_all_their_facts() -> None:
+    for schema in REGISTRY.schemas("mir"):
+        if schema.fusion != "elementwise":
+            continue
+        assert schema.expr is not None and schema.cases is not None, schema.name
+        assert get_vjp(schema.name) is not None and get_jvp(schema.name) is not None, schema.name
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    ({"fusion": "elementwise"}, "expr"),
+    ({"amp": "half"}, "amp"),
+    ({"fusion": "fused"}, "fusion"),
+    ({"accuracy": "close"}, "accuracy"),
+])
+def test_bad_op_attributes_are_refused(kwargs: dict[str, Any], fix: str) -> None:
+    with pytest.raises(IRError, match=fix):
+        OpSchema("test_homes.bad", ("x",), _infer, lambda xs, a: [xs[0]], **kwargs)
+
+
+def test_unknown_case_domain_is_refused() -> None:
+    with pytest.raises(IRError, match="domain"):
+        CaseSpec("unary", ("negative",))
