@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rlx_conformance import run_suite
 from rlx_conformance.checks import CONTRACT, collect, op_checks
+from rlx_conformance.reuse import certified_or_run
 from rlx_conformance.runner import keyword_filter, parse_xfails
 
 from rlx_core.ir.schema import REGISTRY
@@ -17,7 +18,8 @@ from rlx_core.ir.schema import REGISTRY
 
 @pytest.fixture(scope="module")
 def cpu_cert() -> object:
-    return run_suite("cpu")
+    # CI certified cpu before pytest (RLX_CERT_DIR): its results are reused, not run again.
+    return certified_or_run("cpu")
 
 
 def test_cpu_is_certified_with_zero_failures(cpu_cert: object) -> None:

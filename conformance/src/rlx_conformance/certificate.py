@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 STATUSES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+#: Version tag of :meth:`Certificate.write_results` files.
+RESULTS_FORMAT = "rlx-conformance-results/1"
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,27 @@ class Certificate:
 
     def write_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    def write_results(self, path: str | Path, env: dict[str, str] | None = None) -> None:
+        """Everything needed to rebuild this certificate (every result, passed ones included), and
+        ``env``: the settings it ran under, so :func:`rlx_conformance.reuse.certified_or_run` reuses it
+        only where the same run would be made."""
+        head = {k: v for k, v in asdict(self).items() if k != "results"}
+        data = {"format": RESULTS_FORMAT, **head, "env": env or {},
+                "results": [[r.id, r.kind, r.variant, r.status, r.message, r.path, r.op, r.dtype]
+                            for r in self.results]}
+        Path(path).write_text(json.dumps(data, separators=(",", ":")) + "\n")
+
+    @classmethod
+    def read_results(cls, path: str | Path) -> tuple[Certificate, dict[str, str]]:
+        """The certificate and the settings of a file written by :meth:`write_results`."""
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != RESULTS_FORMAT:
+            raise ValueError(f"{path}: not an rlx-conformance results file ({RESULTS_FORMAT})")
+        env = data.pop("env")
+        data.pop("format")
+        results = [Result(*row) for row in data.pop("results")]
+        return cls(**data, results=results), env
 
     def to_markdown(self) -> str:
         c = self.counts()

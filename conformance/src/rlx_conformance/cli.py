@@ -14,13 +14,15 @@ import click
               help="Write the certificate as JSON here.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the certificate as Markdown here.")
+@click.option("--results", "results_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write every result here (passed ones too), for tests to reuse (RLX_CERT_DIR).")
 @click.option("-k", "keyword", help="Only checks whose id matches (substrings with and/or/not).")
 @click.option("--xfails", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Expected-failure manifest (default: the plugin's conformance-xfails.txt).")
 @click.option("--list", "list_only", is_flag=True, help="List the check ids and exit.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def conformance(backend: str, json_path: Path | None, md_path: Path | None, keyword: str | None,
-                xfails: Path | None, list_only: bool, quiet: bool) -> None:
+def conformance(backend: str, json_path: Path | None, md_path: Path | None, results_path: Path | None,
+                keyword: str | None, xfails: Path | None, list_only: bool, quiet: bool) -> None:
     """Certify BACKEND (e.g. `cpu` or `cuda:1`) with the shared conformance suite.
 
     Runs every op x dtype x generated case, the model graphs and the contract checks; prints a
@@ -79,6 +81,10 @@ def conformance(backend: str, json_path: Path | None, md_path: Path | None, keyw
     if json_path:
         cert.write_json(json_path)
         out.print(f"certificate (JSON): {json_path}")
+    if results_path:
+        from .reuse import run_env
+
+        cert.write_results(results_path, env=run_env())
     if md_path:
         cert.write_markdown(md_path)
         out.print(f"certificate (Markdown): {md_path}")
