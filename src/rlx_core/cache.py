@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import API_VERSION, __version__
+from . import API_VERSION, __version__, settings
 from .dispatch import Assignment, Legalized, Plan
 from .ir.graph import Graph
 
@@ -105,15 +105,11 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, CacheWarning, stacklevel=3)
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
 def default_cache_dir() -> Path:
     """Where the cache root is configured to be (not checked: use :func:`cache_root`)."""
-    env = os.environ.get("RLX_CACHE_DIR")
-    if env:
-        return Path(env)
+    env: Path | None = settings.CACHE_DIR.get()
+    if env is not None:
+        return env
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "rlx"
 
@@ -225,7 +221,7 @@ def secure_dir(path: str | os.PathLike[str]) -> Path | None:
 
 def cache_root() -> Path | None:
     """The validated cache root, or None when caching is off (see :func:`secure_dir`)."""
-    if _env_on("RLX_NO_CACHE"):
+    if settings.NO_CACHE.get():
         return None
     return secure_dir(default_cache_dir())
 
@@ -292,7 +288,7 @@ def _key_for(path: Path) -> bytes | None:
     return key
 
 
-def _tag(key: bytes, name: str, chunks: Iterator[bytes] | bytes) -> bytes:
+def _tag(key: bytes, name: str, chunks: Iterator[bytes] | bytes | memoryview) -> bytes:
     t0 = time.perf_counter()
     h = hmac.new(key, b"rlx-cache-v1\0" + name.encode() + b"\0", hashlib.sha256)
     n = 0
@@ -505,7 +501,7 @@ def describe() -> dict[str, Any]:
     """What `rlx cache info` shows: the root, whether it is safe and keyed, and every subdirectory's
     entries and bytes (sidecars and manifests not counted as entries)."""
     root = default_cache_dir()
-    info: dict[str, Any] = {"dir": str(root), "no_cache": _env_on("RLX_NO_CACHE"), "safe": False,
+    info: dict[str, Any] = {"dir": str(root), "no_cache": settings.NO_CACHE.get(), "safe": False,
                             "authenticated": False, "why": None, "caches": {}}
     if root.is_dir():
         real, why = _check_root(root)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import API_VERSION, __version__
+from . import API_VERSION, __version__, settings
 from .errors import BackendNotFoundError, InputError, PluginConflictError, PluginError, RLXError
 
 if TYPE_CHECKING:
@@ -68,8 +68,11 @@ CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_
 
 
 def _debug_enabled(ctx: click.Context | None) -> bool:
-    if os.environ.get("RLX_DEBUG", "").strip().lower() not in ("", "0", "false", "no"):
-        return True
+    try:
+        if settings.DEBUG.get():
+            return True
+    except RLXError:  # reported as the command's error by the `cli` group callback
+        pass
     while ctx is not None:
         if ctx.params.get("debug"):
             return True
@@ -199,6 +202,9 @@ def cli(debug: bool) -> None:
       rlx run model.rlx --input x=x.npy
       rlx explain model.rlx --device cuda,cpu
     """
+    # A bad RLX_DEBUG is an error, not a silent "off"; `rlx doctor` still runs to report it.
+    if click.get_current_context().invoked_subcommand != "doctor":
+        settings.DEBUG.get()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -400,8 +406,8 @@ def signature_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         f = click.option("--sig", "signature", type=click.Path(dir_okay=False), default=None,
                          help="The detached signature (default: MODEL.sig).")(f)
         return click.option("--require-signature", "require_signature", metavar="PUBKEY",
-                            type=click.Path(exists=True, dir_okay=False), envvar="RLX_REQUIRE_SIGNATURE",
-                            default=None,
+                            type=click.Path(exists=True, dir_okay=False),
+                            envvar=settings.REQUIRE_SIGNATURE.name, default=None,
                             help="Load the model only if it carries a valid ed25519 signature by this "
                                  "public key (rlx sign); checked before anything in the file is parsed. "
                                  "Env: RLX_REQUIRE_SIGNATURE.")(f)
@@ -656,8 +662,7 @@ def doctor_report(h: Hub) -> dict[str, Any]:
     """Everything `rlx doctor` prints, as data."""
     import platform
 
-    env_keys = ("RLX_BACKENDS", "RLX_DISABLE_PLUGINS", "RLX_CACHE_DIR", "RLX_NO_CACHE", "RLX_DEBUG",
-                "RLX_DISPATCH_REPORT", "RLX_PLUGIN_IMPORT_TIMEOUT")
+    env_keys = [s.name for s in settings.all_settings() if s.owner == settings.CORE]
     try:
         import numpy as np
 
@@ -682,7 +687,7 @@ def doctor_report(h: Hub) -> dict[str, Any]:
         except RLXError as e:
             default["error"] = _error_json(e)
     core["default_device"] = default
-    disabled = {p.strip() for p in h.env.get("RLX_DISABLE_PLUGINS", "").split(",")}
+    disabled = set(settings.DISABLE_PLUGINS.get(h.env) or [])
     for n in sorted(set(entries) - set(order)):
         e = entries[n]
         why = ("disabled by RLX_DISABLE_PLUGINS" if n in disabled
@@ -778,10 +783,71 @@ def _print_doctor(rep: Mapping[str, Any]) -> None:
                        style="bold red" if s["failed"] else "bold green"))
 
 
+def settings_report(h: Hub) -> dict[str, Any]:
+    """Every declared ``RLX_*`` setting with its current value and source (what ``rlx doctor
+    --settings`` prints). Plugins' settings come from their ``rlx_settings`` hook, for every installed
+    plugin, selected by RLX_BACKENDS or not: one may set a plugin's variables before selecting it."""
+    from .hub import DOCTOR_IMPORT_TIMEOUT
+    from .hub import Hub as HubClass
+
+    # A plugin named in RLX_DISABLE_PLUGINS is never imported, even here: that is what disabling is for.
+    side = HubClass(env={k: v for k, v in h.env.items() if k != settings.BACKENDS.name},
+                    import_timeout=h.import_timeout or DOCTOR_IMPORT_TIMEOUT)
+    unlisted: list[dict[str, Any]] = []
+    selected = set(h.names())
+    for name in sorted(side.entries()):
+        if name not in side.names():
+            unlisted.append({"plugin": name, "reason": "disabled by RLX_DISABLE_PLUGINS", "error": None})
+            continue
+        try:
+            backend = h.load(name) if name in selected else side.load(name)
+            for s in backend.list_of("rlx_settings", settings.Setting):
+                settings.register(s)
+        except RLXError as e:
+            unlisted.append({"plugin": name, "reason": e.what, "error": _error_json(e)})
+    rows = [s.describe(h.env) for s in settings.all_settings()]
+    bad = sum(1 for r in rows if r["error"])
+    return {"settings": rows, "unlisted_plugins": unlisted, "invalid": bad,
+            "exit_code": EXIT_FAIL if bad else EXIT_OK}
+
+
+def _print_settings(rep: Mapping[str, Any]) -> None:
+    from rich.text import Text
+
+    out = console()
+    rows = rep["settings"]
+    out.print(Text(f"RLX settings ({len(rows)}; set = from the environment)", style="bold"))
+    owner = None
+    for r in rows:
+        if r["owner"] != owner:
+            owner = r["owner"]
+            out.print(Text(f"\n  {owner}", style="bold"))
+        line = Text(f"    {r['name']}", style="bold")
+        if r["error"]:
+            line.append(f" = {r['raw']!r}  invalid: {r['error']['what']}", style="red")
+        elif r["source"] == "env":
+            line.append(f" = {r['raw'].strip()}", style="green")
+            line.append(f"  (set; default {r['default_text']})", style="dim")
+        else:
+            line.append(f"  default: {r['default_text']}", style="dim")
+        line.append(f"  [{r['allowed']}]", style="dim")
+        out.print(line)
+        out.print(Text(f"        {r['doc']}"))
+        if r["error"] and r["error"]["fix"]:
+            out.print(Text(f"        fix: {r['error']['fix']}", style="green"))
+    for u in rep["unlisted_plugins"]:
+        out.print(Text(f"\n  {u['plugin']}: settings not listed ({u['reason']})", style="yellow"))
+    if rep["invalid"]:
+        out.print(Text(f"\n{rep['invalid']} invalid setting(s)", style="bold red"))
+
+
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @json_option()
+@click.option("--settings", "show_settings", is_flag=True,
+              help="List every RLX_* setting (core and installed plugins): value, source, default, doc. "
+                   "Exit 1 when one has an invalid value.")
 @click.pass_context
-def doctor(ctx: click.Context, as_json: bool) -> None:
+def doctor(ctx: click.Context, as_json: bool, show_settings: bool) -> None:
     """Check installed backends: loading, devices, and a tiny graph run.
 
     Every backend must load, list its devices, and compile and run x + 1 correctly.
@@ -799,12 +865,20 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
       rlx doctor
       rlx doctor --json > doctor.json
       RLX_BACKENDS=cuda,cpu rlx doctor
+      rlx doctor --settings
     """
     h = hub_instance()
     if h.import_timeout is None:  # a plugin whose import hangs must not hang the diagnosis
         from .hub import DOCTOR_IMPORT_TIMEOUT
 
         h.import_timeout = DOCTOR_IMPORT_TIMEOUT
+    if show_settings:
+        srep = settings_report(h)
+        if as_json:
+            echo_json(srep)
+        else:
+            _print_settings(srep)
+        ctx.exit(srep["exit_code"])
     rep = doctor_report(h)
     if as_json:
         echo_json(rep)

@@ -82,3 +82,9 @@ class InputError(RLXError):
 
 class CalibrationError(RLXError):
     """A calibration micro-benchmark could not run."""
+
+
+class SettingError(RLXError, ValueError):
+    """An ``RLX_*`` setting has a value its declaration does not allow, or is declared twice differently.
+
+    Also a ValueError, so code that caught the ad-hoc environment parsers' errors still catches it."""

@@ -31,14 +31,29 @@ Minimal plugin::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the records and IR types, for type checkers only: importing them loads NumPy
+    from collections.abc import Sequence
+
     import click
 
-    from .records import ExporterInfo
+    from .ir.schema import OpSchema
+    from .lir import Program
+    from .records import (
+        BackendInfo,
+        CompiledProgram,
+        Decomposition,
+        DeviceCaps,
+        DeviceInfo,
+        ExporterInfo,
+        KernelClaim,
+        NodeVariant,
+        Rewrite,
+    )
+    from .settings import Setting
 
 PROJECT = "rlx"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -46,7 +61,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec(firstresult=True)
-def rlx_backend_info() -> Any:
+def rlx_backend_info() -> BackendInfo:
     """Return the backend's :class:`~rlx_core.records.BackendInfo` (identity and API version).
 
     Called right after import; a major ``api_version`` different from ``rlx_core.API_VERSION``
@@ -61,7 +76,7 @@ def rlx_backend_info() -> Any:
 
 
 @hookspec(firstresult=True)
-def rlx_probe_devices() -> Any:
+def rlx_probe_devices() -> Sequence[DeviceInfo]:
     """Return a list of :class:`~rlx_core.records.DeviceInfo`, one per device, available or not.
 
     An unavailable device carries the reason (``"no CUDA driver: libcuda.so.1 not found"``) so
@@ -76,7 +91,7 @@ def rlx_probe_devices() -> Any:
 
 
 @hookspec(firstresult=True)
-def rlx_kernels(device: Any) -> Any:
+def rlx_kernels(device: DeviceInfo) -> Sequence[KernelClaim]:
     """Return the :class:`~rlx_core.records.KernelClaim` list for ``device``.
 
     Each claim names one op and the variants (dtypes, attributes, shapes) it runs natively. The
@@ -91,7 +106,7 @@ def rlx_kernels(device: Any) -> Any:
 
 
 @hookspec
-def rlx_decompositions() -> Any:
+def rlx_decompositions() -> Sequence[Decomposition]:
     """Return :class:`~rlx_core.records.Decomposition` records: ops built from simpler ops.
 
     The core registers the decompositions of every HIR op through this same hook; a plugin adds
@@ -106,7 +121,7 @@ def rlx_decompositions() -> Any:
 
 
 @hookspec
-def rlx_rewrites() -> Any:
+def rlx_rewrites() -> Sequence[Rewrite]:
     """Return :class:`~rlx_core.records.Rewrite` records: legal changes of a node (``rewritten``).
 
     Example: compute an f16 node in f32 between two casts when the device has no f16 kernel.
@@ -114,7 +129,7 @@ def rlx_rewrites() -> Any:
 
 
 @hookspec
-def rlx_ops() -> Any:
+def rlx_ops() -> Sequence[OpSchema]:
     """Return :class:`~rlx_core.ir.schema.OpSchema` records for ops this plugin adds to the IR.
 
     A new op must come with inference and a float64 NumPy reference; the conformance suite then
@@ -123,7 +138,7 @@ def rlx_ops() -> Any:
 
 
 @hookspec(firstresult=True)
-def rlx_kernel_cost(claim: Any, variant: Any, caps: Any) -> Any:
+def rlx_kernel_cost(claim: KernelClaim, variant: NodeVariant, caps: DeviceCaps) -> float | None:
     """Return the estimated seconds for ``claim`` on ``variant``, or ``None`` for the roofline default.
 
     Example::
@@ -137,7 +152,7 @@ def rlx_kernel_cost(claim: Any, variant: Any, caps: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def rlx_compile(program: Any, device: Any) -> Any:
+def rlx_compile(program: Program, device: DeviceInfo) -> CompiledProgram:
     """Turn an LIR :class:`~rlx_core.lir.Program` into an object with ``run(inputs) -> outputs``.
 
     ``program.steps`` are in execution order; each kernel step names the claim the dispatcher
@@ -178,4 +193,23 @@ def rlx_cli_commands() -> list[click.Command]:
         def rlx_cli_commands():
             from .cli import flash_command   # a click command named "mydev-flash"
             return [flash_command]
+    """
+
+
+@hookspec
+def rlx_settings() -> Sequence[Setting]:
+    """Return the :class:`~rlx_core.settings.Setting` records of this plugin's ``RLX_*`` variables.
+
+    Declare each once at import with ``rlx_core.plugin.declare_setting`` (``owner`` = the plugin's
+    distribution) and read it with ``SETTING.get()``, never ``os.environ``: one parser, one error
+    message. This hook lets ``rlx doctor --settings`` list them, selected plugin or not.
+
+    Example::
+
+        THREADS = declare_setting("RLX_MYDEV_THREADS", "int", 4, "Worker threads.", owner="rlx-mydev",
+                                  min=1)
+
+        @hookimpl
+        def rlx_settings():
+            return [THREADS]
     """

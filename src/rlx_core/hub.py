@@ -19,7 +19,6 @@ Environment:
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -55,10 +54,10 @@ class PluginEntry:
 
 
 def _env_list(env: Mapping[str, str], key: str) -> list[str] | None:
-    raw = env.get(key)
-    if raw is None or not raw.strip():
-        return None
-    return [p.strip() for p in raw.split(",") if p.strip()]
+    from .settings import lookup
+
+    value: list[str] | None = lookup(key).get(env)
+    return value
 
 
 def _short_cause(e: BaseException) -> str:
@@ -75,17 +74,16 @@ def _short_cause(e: BaseException) -> str:
 
 def import_timeout(env: Mapping[str, str], default: float | None) -> float | None:
     """Seconds from ``RLX_PLUGIN_IMPORT_TIMEOUT`` (``0`` = no limit), else ``default``."""
-    raw = env.get(IMPORT_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return default
+    from .errors import SettingError
+    from .settings import PLUGIN_IMPORT_TIMEOUT
+
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 0:
-        raise BackendNotFoundError(f"{IMPORT_TIMEOUT_ENV}={raw!r} is not a number of seconds",
-                                   where=f"environment variable {IMPORT_TIMEOUT_ENV}",
-                                   fix="set it to seconds such as 30, or 0 for no limit")
+        value: float | None = PLUGIN_IMPORT_TIMEOUT.get(env)
+    except SettingError as e:  # callers handle BackendNotFoundError: the hub cannot load anything
+        raise BackendNotFoundError(e.what, where=e.where, fix="set it to seconds such as 30, or 0 for "
+                                                              "no limit") from None
+    if value is None:
+        return default
     return value or None
 
 
@@ -408,9 +406,9 @@ class Hub:
                                   f"{IMPORT_TIMEOUT_ENV} if it is only slow; or disable it with "
                                   f"RLX_DISABLE_PLUGINS={entry.name}")
         if "error" in box:
-            e = box["error"]
-            raise PluginError(f"{label} failed to import: {_short_cause(e)}",
-                              where=f"entry point {entry.value}", fix=fix, kind="import") from e
+            err = box["error"]
+            raise PluginError(f"{label} failed to import: {_short_cause(err)}",
+                              where=f"entry point {entry.value}", fix=fix, kind="import") from err
         return box["plugin"]
 
     def _load_entry(self, entry: PluginEntry, plugin: Any) -> Backend:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, settings
 from .cost import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
 from .errors import BackendNotFoundError, InputError, PluginError
@@ -24,10 +24,6 @@ from .ir.indices import check_inputs as check_index_inputs
 from .lir import Program, Transfer, lower
 from .records import KernelClaim, NodeVariant
 from .report import DispatchReport, ReportEntry, TransferEntry
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
 class Session:
@@ -51,8 +47,7 @@ class Session:
         self.hub = hub or get_hub()
         self.lower_only = lower_only
         #: Fuse elementwise chains the backend runs natively (RLX_FUSION=0 turns it off).
-        self.fusion = (os.environ.get("RLX_FUSION", "1").strip() not in ("0", "false", "no")
-                       if fusion is None else fusion)
+        self.fusion = settings.FUSION.get() if fusion is None else fusion
         names = split_devices(device) or [self.hub.default_backend()]
         self.devices: list[tuple[Backend, Any]] = []
         for spec in names:
@@ -68,7 +63,7 @@ class Session:
                 self.devices.append((backend, backend.device(idx)))
         self.backend, self.device = self.devices[0]
         if use_cache is None:
-            use_cache = not _env_flag("RLX_NO_CACHE")
+            use_cache = not settings.NO_CACHE.get()
         from .cache import CompileCache
 
         self.cache = CompileCache(cache_dir) if use_cache else None
@@ -203,7 +198,7 @@ class Session:
             exe.report = self.check(graph)
         else:
             exe._specialise({})
-        if _env_flag("RLX_DISPATCH_REPORT") and exe.report is not None:
+        if settings.DISPATCH_REPORT.get() and exe.report is not None:
             print(exe.report.to_text(), file=sys.stderr)
         return exe
 
@@ -213,16 +208,16 @@ class Session:
 
 #: Specialisations kept per executable unless RLX_MAX_SPECIALIZATIONS or the Session says otherwise:
 #: each holds a compiled program and its arena, so 60 batch sizes once grew a process by ~470 MiB.
-DEFAULT_MAX_SPECIALIZATIONS = 16
+DEFAULT_MAX_SPECIALIZATIONS: int = settings.MAX_SPECIALIZATIONS.default
 
 
 def _max_specializations(value: int | None) -> int:
     from .errors import RLXError
-    from .settings import env_int
 
     fix = "keep at least 1 specialisation, e.g. RLX_MAX_SPECIALIZATIONS=16 (unset: 16)"
     if value is None:
-        return env_int("RLX_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS, minimum=1, fix=fix)
+        count: int = settings.MAX_SPECIALIZATIONS.get()
+        return count
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RLXError(f"max_specializations={value!r} is not an integer >= 1", where="Session", fix=fix)
     return value

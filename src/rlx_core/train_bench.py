@@ -459,7 +459,10 @@ class TorchMLP:
 # -- running ----------------------------------------------------------------------------------------
 
 def default_threads() -> int:
-    return int(os.environ.get("RLX_BENCH_THREADS", os.cpu_count() or 1))
+    from .settings import BENCH_THREADS
+
+    threads: int = BENCH_THREADS.get() or os.cpu_count() or 1
+    return threads
 
 
 @contextmanager

@@ -38,6 +38,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from .. import settings as _settings
 from ..dtypes import DType
 from ..errors import IRError, RLXError, SerializationError
 from ..ir.builder import GraphBuilder, Tensor
@@ -568,8 +569,8 @@ _CONTRACTIONS = frozenset({"MatMul", "MatMulInteger", "QLinearMatMul", "Gemm", "
                            "QLinearConv", "ConvTranspose", "DeformConv", "Einsum"})
 #: Inputs up to this many elements are given to shape inference as data (shapes, repeats, limits).
 _PREDICT_DATA_ELEMS = 4096
-DEFAULT_FOLD_MAX_ELEMENTS = 1 << 24
-DEFAULT_FOLD_MAX_BYTES = 64 << 20
+DEFAULT_FOLD_MAX_ELEMENTS: int = _settings.ONNX_FOLD_MAX_ELEMENTS.default
+DEFAULT_FOLD_MAX_BYTES: int = _settings.ONNX_FOLD_MAX_BYTES.default
 
 
 class FoldBudget:
@@ -595,12 +596,12 @@ class FoldBudget:
     @classmethod
     def for_model(cls, proto: Any, max_elements: int | None = None,
                   max_bytes: int | None = None) -> FoldBudget:
-        from ..settings import env_int
+        from ..settings import ONNX_FOLD_MAX_BYTES, ONNX_FOLD_MAX_ELEMENTS
 
         if max_elements is None:
-            max_elements = env_int("RLX_ONNX_FOLD_MAX_ELEMENTS", DEFAULT_FOLD_MAX_ELEMENTS)
+            max_elements = ONNX_FOLD_MAX_ELEMENTS.get()
         if max_bytes is None:
-            max_bytes = env_int("RLX_ONNX_FOLD_MAX_BYTES", DEFAULT_FOLD_MAX_BYTES)
+            max_bytes = ONNX_FOLD_MAX_BYTES.get()
         # The stored size (not dims, which a hostile file can make huge without any data).
         own = sum(t.ByteSize() for t, _ in _walk_tensors(proto))
         return cls(int(max_elements), int(max_bytes), own)

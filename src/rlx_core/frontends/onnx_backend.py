@@ -62,7 +62,9 @@ def rlx_device(device: str | None = "CPU", rlx_device: str | None = None) -> str
     """The RLX device for an ONNX device string (see the module docstring for the order)."""
     if rlx_device:
         return rlx_device
-    forced = os.environ.get("RLX_ONNX_DEVICE", "").strip() or DEFAULT_DEVICE
+    from ..settings import ONNX_DEVICE
+
+    forced = ONNX_DEVICE.get() or DEFAULT_DEVICE
     if forced:
         return forced
     device = (device or "CPU").strip()
