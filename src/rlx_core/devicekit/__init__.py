@@ -27,6 +27,7 @@ from typing import Any
 
 _HOME = {
     "single_op_program": "claims", "program_of": "claims", "render_check": "claims", "renders": "claims",
+    "check_ops": "claims",
     "dtypes_in": "claims", "all_of": "claims", "elementwise_claims": "claims", "fused_claim": "claims",
     "Compiler": "compiler", "tool_version": "compiler",
     "Launch": "program", "Allocator": "program", "HostAllocator": "program", "Runtime": "program",

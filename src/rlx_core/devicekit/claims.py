@@ -40,7 +40,9 @@ def program_of(v: NodeVariant) -> str:
     return single_op_program(v.op, len(v.in_types), dict(v.attrs))
 
 
-def _walk(program: str, in_dtypes: tuple[DType, ...], op_ok: OpCheck) -> str | None:
+def check_ops(program: str, in_dtypes: tuple[DType, ...], op_ok: OpCheck) -> str | None:
+    """The first reason ``op_ok`` refuses an op of ``program`` (each op with its inferred dtypes), or
+    None. Raises what the schemas raise for a malformed program."""
     ops, _ = decode(program)
     env = {f"i{k}": t for k, t in enumerate(in_dtypes)}
     for j, (op, args, attrs) in enumerate(ops):
@@ -67,7 +69,7 @@ def render_check(render: Render, label: str, *, op_ok: OpCheck | None = None,
     def check(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
         try:
             if op_ok is not None:
-                why = _walk(program, in_dtypes, op_ok)
+                why = check_ops(program, in_dtypes, op_ok)
                 if why:
                     return why
             src = render(program, in_dtypes, out_dtype)
