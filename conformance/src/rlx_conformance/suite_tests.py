@@ -21,8 +21,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def ctx(request: pytest.FixtureRequest) -> Context:
-    from rlx_core.hub import Hub, parse_device
-    from rlx_core.runtime import Session
+    from rlx_core.plugin import Hub, Session, parse_device
 
     config = request.config
     st = state(config)

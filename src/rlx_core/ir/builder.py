@@ -15,7 +15,7 @@ from ..dtypes import DType
 from ..errors import IRError
 from .graph import Graph, Node, Value, infer_node
 from .schema import REGISTRY
-from .types import Dim, TensorType
+from .types import Attrs, Dim, TensorType
 
 
 class Tensor:
@@ -188,7 +188,7 @@ class GraphBuilder:
         n_out = schema.num_outputs
         outs = (nname,) if n_out == 1 else tuple(f"{nname}:{i}" for i in range(n_out))
         attrs = {k: v for k, v in attrs.items()}
-        node = Node(nname, op, tuple(x.name for x in ins), outs, {})
+        node = Node(nname, op, tuple(x.name for x in ins), outs, Attrs({}))
         node = Node(nname, op, node.inputs, outs, schema.check_attrs(attrs, node.where))
         types = infer_node(schema, node, [x.type for x in ins])
         self._nodes.append(node)

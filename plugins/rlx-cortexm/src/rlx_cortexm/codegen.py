@@ -15,10 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlx_core.codegen.names import safe_comment
-from rlx_core.dtypes import DType
-from rlx_core.ir.types import TensorType, normalize_axis
-from rlx_core.lir import Program, Step
+from rlx_core.plugin import DType, Program, Step, TensorType, normalize_axis, safe_comment
 
 from . import __version__
 
@@ -231,7 +228,7 @@ def _e_requantize(ctx: _Ctx, s: Step) -> str:
 
 def _pool(ctx: _Ctx, s: Step, fn: str) -> str:
     (x,), (y,) = s.inputs, s.outputs
-    from rlx_core.quant.ops import pool_geometry
+    from rlx_core.plugin import pool_geometry
 
     (kh, kw), (sh, sw), (pt, pl, _, _) = pool_geometry(s.op, s.attrs)
     n, h, w, c = ctx.shape(x)
@@ -243,7 +240,7 @@ def _pool(ctx: _Ctx, s: Step, fn: str) -> str:
 
 
 def _e_softmax(ctx: _Ctx, s: Step) -> str:
-    from rlx_core.quant.fixedpoint import softmax_lut
+    from rlx_core.plugin import softmax_lut
 
     (x,), (y,) = s.inputs, s.outputs
     shape = ctx.shape(x)

@@ -16,8 +16,7 @@ from typing import Any
 import click
 import numpy as np
 
-from rlx_core.cli import export_options
-from rlx_core.codegen.names import safe_comment
+from rlx_core.plugin import export_options, safe_comment
 
 from . import __version__
 from .firmware import QEMU_BASE_FLAGS, QEMU_SANDBOX, RLX_INBOX
@@ -79,8 +78,9 @@ def lower_graph(graph: Any, *, index: int = 0, bindings: Mapping[str, int] | Non
     program.
     Symbols not in ``bindings`` are bound to 1; no fusion, no compile cache (the exported program
     is exactly what the backend's claims give)."""
-    import rlx_core.quant  # noqa: F401  (the quantized ops)
-    from rlx_core.runtime import Session
+    from rlx_core.plugin import Session, register_quant_ops
+
+    register_quant_ops()  # an INT8 graph uses the quantized ops
 
     bind = {s: 1 for s in graph.symbols}
     bind.update(bindings or {})
@@ -159,8 +159,9 @@ def export_command(model: str, target_name: str, out_dir: str, cpu: str, binds: 
       rlx export mlp_int8.rlx --target cortexm -o fw/ --cpu m4 --bind batch=1
       make -C fw run
     """
-    import rlx_core.quant  # noqa: F401  (an INT8 model uses the quantized ops)
-    from rlx_core.cli import echo_json, load_model, parse_bindings, parse_pairs
+    from rlx_core.plugin import echo_json, load_model, parse_bindings, parse_pairs, register_quant_ops
+
+    register_quant_ops()  # an INT8 model uses the quantized ops
 
     graph = load_model(model)
     arrays = None

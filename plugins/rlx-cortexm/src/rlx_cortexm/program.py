@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.lir import Program
+from rlx_core.plugin import Program
 
 from . import codegen, firmware
 from .targets import Target

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.ir.types import Attrs, normalize_axis
+from rlx_core.plugin import Attrs, normalize_axis
 
 ROWS_NUMBA_MIN = 32768
 _NB: Any = None
@@ -169,7 +169,7 @@ def attention_supported(v: Any) -> str | None:
 
 
 def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Any:
-    from rlx_core.ir.hir import masked_score
+    from rlx_core.plugin import masked_score
 
     q, k, v = ins[:3]
     o = outs[0]
@@ -241,6 +241,6 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
 
 
 def _dtype(npdt: np.dtype) -> Any:
-    from rlx_core.dtypes import DType
+    from rlx_core.plugin import DType
 
     return DType.parse(npdt)

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import scipy.special as sps
 
-from rlx_core.ir.indices import device_error
-from rlx_core.ir.types import Attrs, normalize_axis
+from rlx_core.plugin import Attrs, device_error, normalize_axis
 
 Run = Callable[[], None]
 Factory = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], Attrs], Run]
@@ -98,7 +97,7 @@ def k_where(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs)
     o = outs[0]
     if o.dtype in (np.float32, np.float64) and o.size >= 8192:
         # One generated pass (select per element) instead of a fill plus a masked copy.
-        from rlx_core.dtypes import DType
+        from rlx_core.plugin import DType
 
         from .fused import k_fused, supported
 
@@ -211,11 +210,11 @@ def k_expand(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
 
 
 def k_slice(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
-    from rlx_core.ir.mir import _slice_params
+    from rlx_core.plugin import slice_params
 
     x, o = ins[0], outs[0]
     idx: list[Any] = [slice(None)] * x.ndim
-    for ax, sl in _slice_params(attrs, x.shape):
+    for ax, sl in slice_params(attrs, x.shape):
         idx[ax] = sl
     src = x[tuple(idx)]
     return lambda: np.copyto(o, src)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.lir import Program, Step
+from rlx_core.plugin import Program, Step
 
 
 def _aligned_arena(nbytes: int, align: int = 64) -> np.ndarray:

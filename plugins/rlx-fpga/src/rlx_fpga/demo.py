@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.errors import DispatchError
-from rlx_core.ir.builder import GraphBuilder
+from rlx_core.plugin import DispatchError, GraphBuilder
 
 CORE_OPS = {"matmul_i8", "requantize", "maximum", "reshape", "conv2d_i8", "max_pool2d_i8", "avg_pool2d_i8"}
 
@@ -67,7 +66,7 @@ def int8_core(q: Any, *, explicit_relu: bool = True) -> tuple[Any, list[Any], li
 
 def run_host(nodes: list[Any], q: Any, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run ``nodes`` of ``q`` with the ops' exact references (the float ends of an INT8 graph)."""
-    from rlx_core.ir.schema import REGISTRY
+    from rlx_core.plugin import REGISTRY
 
     env = dict(values)
     for n in nodes:
@@ -96,8 +95,7 @@ def _digits(model: str, n_test: int, *, parallel: int, seed: int) -> dict[str, A
     from sklearn.datasets import load_digits
 
     from rlx_core import Session
-    from rlx_core.quant import quantize_graph
-    from rlx_core.quant.examples import split_digits, train_cnn, train_mlp
+    from rlx_core.plugin import quantize_graph, split_digits, train_cnn, train_mlp
 
     from .export import lower_graph
     from .program import FPGAProgram

@@ -14,8 +14,7 @@ from typing import Any
 
 import click
 
-from rlx_core.cli import export_options
-from rlx_core.codegen.names import safe_comment
+from rlx_core.plugin import export_options, safe_comment
 
 from . import __version__
 
@@ -52,8 +51,9 @@ def lower_graph(graph: Any, *, index: int = 0, bindings: Mapping[str, int] | Non
     """Dispatch and lower ``graph`` for FPGA device ``index`` (no simulator needed): the LIR program.
     Symbols not in ``bindings`` are bound to 1; no fusion, no compile cache (the exported program
     is exactly what the backend's claims give)."""
-    import rlx_core.quant  # noqa: F401  (the quantized ops)
-    from rlx_core.runtime import Session
+    from rlx_core.plugin import Session, register_quant_ops
+
+    register_quant_ops()  # an INT8 graph uses the quantized ops
 
     bind = {s: 1 for s in graph.symbols}
     bind.update(bindings or {})
@@ -102,8 +102,9 @@ def export_graph(graph: Any, out_dir: str | Path, *, parallel: int = 4,
 def export_command(model: str, target_name: str, out_dir: str, parallel: int, binds: tuple[str, ...],
                    as_json: bool) -> None:
     """Export an INT8 model as synthesizable Verilog (rlx_top.v, *.mem, tb.v, README.md)."""
-    import rlx_core.quant  # noqa: F401
-    from rlx_core.cli import echo_json, load_model, parse_bindings
+    from rlx_core.plugin import echo_json, load_model, parse_bindings, register_quant_ops
+
+    register_quant_ops()  # an INT8 model uses the quantized ops
 
     graph = load_model(model)
     info = export_graph(graph, out_dir, parallel=parallel, bindings=parse_bindings(binds))

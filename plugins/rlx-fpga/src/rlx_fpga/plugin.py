@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_core import API_VERSION
-from rlx_core.hookspecs import hookimpl
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant
+from rlx_core.plugin import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant, hookimpl
 
 from . import __version__
 
@@ -28,14 +27,14 @@ def rlx_backend_info() -> BackendInfo:
                        description="INT8 graphs as synthesizable Verilog (MAC array), simulated with "
                                    "Icarus Verilog", vendor="RLX", whole_program=True)
 
+
 @hookimpl
 def rlx_exporters() -> list[Any]:
-    from rlx_core.records import ExporterInfo  # rlx_core.plugin once it lands
+    from rlx_core.plugin import ExporterInfo
 
     # Named, not imported: the exporter's own imports wait until `rlx export --target fpga` runs.
     return [ExporterInfo(target="fpga", command="rlx_fpga.export:export_command",
                          help="synthesizable Verilog with .mem weight files (INT8 models)")]
-
 
 
 def _caps(macs: int, hz: float) -> DeviceCaps:
@@ -59,10 +58,9 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 
 @hookimpl
 def rlx_ops() -> list[Any]:
-    from rlx_core.ir.schema import REGISTRY
-    from rlx_core.quant import QUANT_OPS
+    from rlx_core.plugin import REGISTRY, register_quant_ops
 
-    return [REGISTRY.get(name) for name in QUANT_OPS]
+    return [REGISTRY.get(name) for name in register_quant_ops()]
 
 
 def _static(v: NodeVariant) -> str | None:
@@ -85,8 +83,9 @@ def _elementwise_pred(v: NodeVariant) -> str | None:
 
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    import rlx_core.quant  # noqa: F401
-    from rlx_core.dtypes import DType
+    from rlx_core.plugin import DType, register_quant_ops
+
+    register_quant_ops()  # the quantized ops claimed below
 
     i8, i32 = DType.I8, DType.I32
     return [

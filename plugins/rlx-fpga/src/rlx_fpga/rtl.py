@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.codegen.names import identifier, safe_comment
+from rlx_core.plugin import identifier, safe_comment
 
 #: the ops (and their claimed dtypes) the generator implements
 SUPPORTED = ("matmul_i8", "requantize", "maximum", "reshape", "add", "conv2d_i8", "max_pool2d_i8",

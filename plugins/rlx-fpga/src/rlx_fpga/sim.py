@@ -48,7 +48,7 @@ def _private_dir() -> Path:
 
 def cache_root() -> Path:
     """The authenticated ``fpga-sim`` cache directory, else a private per-process directory."""
-    from rlx_core.cache import cache_subdir
+    from rlx_core.plugin import cache_subdir
 
     return cache_subdir("fpga-sim", about="rlx-fpga Icarus Verilog builds (.vvp)") or _private_dir()
 
@@ -86,7 +86,7 @@ def build(design: Design) -> Path:
         h.update(k.encode())
         h.update(design.mem_files[k].encode())
     h.update(testbench(design).encode())
-    from rlx_core.cache import seal_tree, verify_tree
+    from rlx_core.plugin import seal_tree, verify_tree
 
     root = cache_root()
     cached = _cached(root)

@@ -20,10 +20,8 @@ import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
 
-from rlx_core.codegen import render_program
-from rlx_core.dtypes import DType
-from rlx_core.errors import IRError
-from rlx_core.fusion import decode
+from rlx_core.plugin import DType, IRError, render_program
+from rlx_core.plugin import decode_fused as decode
 
 #: MSL type per dtype the kernels handle.
 MSL_TYPES: dict[DType, str] = {DType.F32: "float", DType.I32: "int", DType.I64: "long", DType.BOOL: "bool"}

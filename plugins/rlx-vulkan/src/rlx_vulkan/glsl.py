@@ -13,10 +13,7 @@ import re
 from collections.abc import Sequence
 from functools import cache, lru_cache
 
-from rlx_core.codegen import render_program
-from rlx_core.codegen.render import DIALECTS
-from rlx_core.dtypes import DType
-from rlx_core.errors import IRError
+from rlx_core.plugin import DIALECTS, DType, IRError, render_program
 
 WG = 64
 TYPES = {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool", DType.I64: "int64_t"}

@@ -23,10 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.errors import RLXError
-from rlx_core.ir.types import TensorType, normalize_axis
-from rlx_core.lir import Program, Step
+from rlx_core.plugin import DType, Program, RLXError, Step, TensorType, normalize_axis
 
 from . import elementwise as ew
 from . import kernels as k
@@ -232,14 +229,14 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
         st = ew.broadcast_strides(_shape(ins[0]), oshape)
         return simple(k.copy_kernel(mb, oshape, st, 0, ew.contiguous_strides(oshape), 0, isz))
     if op == "slice":
-        from rlx_core.ir.mir import _slice_params
+        from rlx_core.plugin import slice_params
 
         shape = list(_shape(ins[0]))
         own = ew.contiguous_strides(shape)
         st = list(own)
         offset = 0
         oshape = list(_shape(out))
-        for ax, sl in _slice_params(s.attrs, shape):
+        for ax, sl in slice_params(s.attrs, shape):
             start, _stop, step = sl.indices(shape[ax])
             st[ax] = own[ax] * step
             if oshape[ax]:

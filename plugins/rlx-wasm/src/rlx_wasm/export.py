@@ -31,8 +31,7 @@ from typing import Any
 
 import click
 
-from rlx_core.codegen.names import js_value, safe_comment
-from rlx_core.errors import InputError
+from rlx_core.plugin import InputError, js_value, safe_comment
 
 from . import __version__
 
@@ -186,8 +185,7 @@ def _dtype(d: Any) -> str:
 def compile_for_export(graph: Any, bindings: Mapping[str, int] | None = None,
                        simd: bool | None = None) -> Any:
     """Dispatch, lower and generate the module for ``graph`` with its symbols bound (no instance)."""
-    from rlx_core.lir import lower
-    from rlx_core.runtime import Session
+    from rlx_core.plugin import Session, lower
 
     from .codegen import generate
     from .options import simd_enabled
@@ -257,10 +255,10 @@ def export_wasm(graph: Any, out_dir: str | os.PathLike[str], bindings: Mapping[s
 
 
 def _load_model(model: str, bindings: dict[str, int]) -> tuple[Any, dict[str, int]]:
-    from rlx_core.cli import check_bindings, load_command_model
+    from rlx_core.plugin import check_bindings, load_command_model
 
     if model.lower() == "minilm" and not Path(model).exists():
-        from rlx_core.models.minilm import MiniLM
+        from rlx_core.plugin import MiniLM
 
         graph = MiniLM().graph
     else:
@@ -296,7 +294,7 @@ def export_command(model: str, target: str, out_dir: str, binds: tuple[str, ...]
       rlx export minilm -t wasm -o minilm-wasm/ -b batch=1 -b seq=16
       node -e 'import("./out/rlx_model.mjs").then(async m => console.log((await m.load()).run({x: [1, 2]})))'
     """
-    from rlx_core.cli import echo_json, parse_bindings
+    from rlx_core.plugin import echo_json, parse_bindings
 
     graph, bindings = _load_model(model, parse_bindings(binds))
     man = export_wasm(graph, out_dir, bindings, simd=False if no_simd else None)

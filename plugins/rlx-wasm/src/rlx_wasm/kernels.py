@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.ir.types import TensorType, normalize_axis
+from rlx_core.plugin import DType, TensorType, normalize_axis
 
 from . import mathlib
 from .elementwise import REPR, Emit, cast_expr, collapse, const, contiguous_strides

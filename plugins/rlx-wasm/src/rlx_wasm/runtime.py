@@ -67,7 +67,7 @@ def _call(fn: Any, store: Any) -> None:
     except wasmtime.Trap as e:
         if e.trap_code is not wasmtime.TrapCode.UNREACHABLE:
             raise
-        from rlx_core.errors import InputError
+        from rlx_core.plugin import InputError
 
         raise InputError("gather/scatter_add: an index computed on the device is out of range (the "
                          "wasm kernel stopped before reading or writing outside its tensor)",

@@ -13,10 +13,16 @@ from typing import Any
 import numpy as np
 
 from rlx_core import API_VERSION
-from rlx_core.codegen.names import safe_comment
-from rlx_core.dtypes import DType
-from rlx_core.hookspecs import hookimpl
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant
+from rlx_core.plugin import (
+    BackendInfo,
+    DeviceCaps,
+    DeviceInfo,
+    DType,
+    KernelClaim,
+    NodeVariant,
+    hookimpl,
+    safe_comment,
+)
 
 from . import __version__
 
