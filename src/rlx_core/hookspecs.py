@@ -1,15 +1,14 @@
 """Every hook a backend plugin can implement, in one module (read this to write a backend).
 
 A plugin is a module (or object) named by an entry point in the group ``rlx.backends``; the entry
-point's name is the backend name. Implement hooks with ``@rlx_core.hookspecs.hookimpl``. A hook
+point's name is the backend name. Implement hooks with ``@rlx_core.plugin.hookimpl``. A hook
 implementation may take fewer arguments than its spec (pluggy's opt-in arguments), so specs can
 grow without breaking plugins. Hooks must only *describe* things: importing heavy libraries
 (cupy, wasmtime ...) belongs in ``rlx_probe_devices`` or ``rlx_compile``, never at module import.
 
 Minimal plugin::
 
-    from rlx_core.hookspecs import hookimpl
-    from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+    from rlx_core.plugin import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, hookimpl
 
     @hookimpl
     def rlx_backend_info():
