@@ -36,7 +36,7 @@ What is here, by role:
   ``render_check``, ``check_ops``, ``renders``, ``dtypes_in``, ``all_of``, ``single_op_program``,
   ``program_of``, ``elementwise_claims``, ``fused_claim`` (claims); ``Compiler``, ``tool_version``
   (cached builds); ``Launch``, ``Allocator``, ``HostAllocator``, ``Runtime``, ``KitProgram``,
-  ``Replay`` (running);
+  ``Replay``, ``CtypesRuntime`` (running);
 * quantized ops: ``register_quant_ops``, ``quantize_graph``, ``softmax_lut``, ``pool_geometry``;
 * exporters (``rlx export --target T``): ``export_options``, ``echo_json``, ``parse_pairs``,
   ``parse_bindings``, ``check_bindings``, ``load_model``, ``load_command_model``;
@@ -161,6 +161,7 @@ _LAZY: dict[str, str] = {
     "Launch": "rlx_core.devicekit",
     "Allocator": "rlx_core.devicekit",
     "HostAllocator": "rlx_core.devicekit",
+    "CtypesRuntime": "rlx_core.devicekit",
     "Runtime": "rlx_core.devicekit",
     "KitProgram": "rlx_core.devicekit",
     "Replay": "rlx_core.devicekit",
@@ -218,7 +219,7 @@ __all__ = [
     "MiniLM", "split_digits", "train_mlp", "train_cnn",
     "single_op_program", "program_of", "render_check", "check_ops", "renders", "dtypes_in", "all_of",
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
-    "HostAllocator", "Runtime", "KitProgram", "Replay",
+    "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -249,6 +250,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.devicekit import (
         Allocator,
         Compiler,
+        CtypesRuntime,
         HostAllocator,
         KitProgram,
         Launch,

@@ -31,6 +31,7 @@ _HOME = {
     "dtypes_in": "claims", "all_of": "claims", "elementwise_claims": "claims", "fused_claim": "claims",
     "Compiler": "compiler", "tool_version": "compiler",
     "Launch": "program", "Allocator": "program", "HostAllocator": "program", "Runtime": "program",
+    "CtypesRuntime": "program",
     "KitProgram": "program", "Replay": "program",
 }
 

@@ -93,6 +93,41 @@ class Runtime(Protocol):
 Lower = Callable[[Step, "KitProgram"], Sequence[Launch]]
 
 
+class CtypesRuntime:
+    """Kernels that run on the host (a C-family dialect compiled for the CPU): each source a shared
+    library from ``load`` (typically a :class:`~rlx_core.devicekit.Compiler`'s ``load_all``) whose
+    ``entry(void** buffers, const int* params)`` is called through ctypes with the buffers' raw
+    pointers (arena or constants) and the launch's parameters as int32."""
+
+    def __init__(self, load: Callable[[Sequence[str]], Mapping[str, Any]], entry: str) -> None:
+        self.allocator = HostAllocator()
+        self._load = load
+        self.entry = entry
+
+    def load(self, sources: Sequence[str]) -> Mapping[str, Any]:
+        return self._load(sources)
+
+    def bind(self, program: KitProgram) -> Callable[[], None]:
+        import ctypes
+
+        calls: list[tuple[Any, int, int]] = []
+        keep: list[Any] = []  # the pointer and parameter arrays the calls point into
+        for ln in program.all_launches():
+            addresses = [self.allocator.address(*program.buffer(v)) for v in ln.bufs]
+            ptrs = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+            params = np.ascontiguousarray(ln.params, np.int32)
+            keep += [ptrs, params]
+            fn = getattr(program.functions[ln.source], self.entry)
+            calls.append((fn, ctypes.addressof(ptrs), params.ctypes.data))
+
+        def run() -> None:
+            for fn, bufs, params in calls:
+                fn(bufs, params)
+
+        run.keep = keep  # type: ignore[attr-defined]
+        return run
+
+
 class Replay:
     """Record once, replay per run: the capability of APIs with command lists (CUDA graphs, Vulkan
     command buffers, Metal indirect command buffers).

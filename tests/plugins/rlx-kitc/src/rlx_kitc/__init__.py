@@ -1,0 +1,1 @@
+"""rlx-kitc: a test-only backend on the device kit (see plugin.py)."""
