@@ -20,6 +20,7 @@ from rlx_core.hub import Hub, parse_device
 from .certificate import Certificate
 from .checks import collect
 from .runner import keyword_filter, run_suite
+from .settings import CERT_DIR
 
 CERT_DIR_ENV = "RLX_CERT_DIR"
 #: Settings that cannot change a check's outcome: where caches and certificates live, which plugins
@@ -38,7 +39,7 @@ def reusable(backend: str, env: Mapping[str, str] | None = None) -> Certificate 
     """The full certificate of ``backend`` from ``$RLX_CERT_DIR/<name>.results.json``, when that file
     exists, is a full run on the same device, and ran under the same settings; else ``None``."""
     env = os.environ if env is None else env
-    folder = env.get(CERT_DIR_ENV, "").strip()
+    folder = CERT_DIR.get(env)
     if not folder:
         return None
     name, index = parse_device(backend)

@@ -139,12 +139,14 @@ def bench_launch_chain(n_kernels: int = 256) -> dict[str, Any]:
 # -- 1. MiniLM ------------------------------------------------------------------------------------
 
 def _minilm_parts() -> tuple[dict[str, Any], dict[str, Any]] | None:
+    from rlx_cuda.settings import MINILM_DIR
+
     from rlx_core.formats.safetensors import read_safetensors
 
-    env = os.environ.get("RLX_MINILM_DIR")
+    env: Path | None = MINILM_DIR.get()
     try:
         if env:
-            folder = Path(env)
+            folder = env
         else:
             from rlx_core.models.minilm import model_dir
 
@@ -322,7 +324,9 @@ def main() -> None:
 
     # Like with like: RLX runs f32 GEMMs in full f32 unless RLX_CUDA_TF32=1, so PyTorch must not use
     # TF32 either (its default today, but an environment or a future default could change it).
-    tf32 = os.environ.get("RLX_CUDA_TF32", "0").strip() not in ("", "0", "false", "no")
+    from rlx_cuda.kernels import tf32 as tf32_enabled
+
+    tf32 = tf32_enabled()
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -330,7 +334,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "driver": cp.cuda.runtime.driverGetVersion(), "cupy": cp.__version__, "torch": torch.__version__,
-        "python": platform.python_version(), "tf32": os.environ.get("RLX_CUDA_TF32", "0"),
+        "python": platform.python_version(), "tf32": "1" if tf32 else "0",
         "torch_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
         "command": "python plugins/rlx-cuda/bench/bench_cuda.py" + (" --quick" if args.quick else ""),

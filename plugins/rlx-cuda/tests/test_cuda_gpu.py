@@ -9,7 +9,6 @@ after calibration.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,9 +285,11 @@ def test_attention_warp_and_block_rows(s: int) -> None:
 
 
 def _minilm_dir() -> Path | None:
-    env = os.environ.get("RLX_MINILM_DIR")
+    from rlx_cuda.settings import MINILM_DIR
+
+    env: Path | None = MINILM_DIR.get()
     if env:
-        return Path(env)
+        return env
     try:
         from rlx_core.models.minilm import model_dir
 

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     runtimes = [r.strip() for r in a.runtimes.split(",") if r.strip()]
     rows = run(seqs, a.min_reps, a.min_time, runtimes)
     import rlx_wasm
+    from rlx_wasm.options import simd_enabled
 
     import rlx_core
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0], "rlx_core": rlx_core.__version__,
             "rlx_wasm": rlx_wasm.__version__,
             "wasmtime": wt, "onnxruntime": ortv,
-            "simd": os.environ.get("RLX_WASM_SIMD", "1"), "date": time.strftime("%Y-%m-%d %H:%M")}
+            "simd": "1" if simd_enabled() else "0", "date": time.strftime("%Y-%m-%d %H:%M")}
     if a.json:
         print(json.dumps({"meta": meta, "results": rows}, indent=2))
         return 0

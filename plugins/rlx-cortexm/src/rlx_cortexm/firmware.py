@@ -291,7 +291,9 @@ def run(fw: Firmware, target: Target, data: bytes, *, timeout: float | None = No
     if len(data) > RLX_INBOX_BYTES - 4:
         raise FirmwareError(f"the inputs are {len(data)} bytes; the firmware's inbox holds "
                             f"{RLX_INBOX_BYTES - 4} (RLX_INBOX in rlx_cortexm.firmware and csrc/rlx_link.ld)")
-    limit = timeout if timeout is not None else float(os.environ.get("RLX_CORTEXM_TIMEOUT", "300"))
+    from .settings import TIMEOUT
+
+    limit = timeout if timeout is not None else float(TIMEOUT.get())
     # A private directory (0700) of its own: QEMU opens only rlx_in.bin and rlx_out.bin in it.
     with tempfile.TemporaryDirectory(prefix="rlx-cortexm-run-") as tmp:
         work = Path(tmp)

@@ -141,3 +141,10 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     from .targets import target
 
     return CortexMProgram(program, target(int(device.name.split(":")[1])))
+
+
+@hookimpl
+def rlx_settings() -> list[Any]:
+    from .settings import SETTINGS
+
+    return list(SETTINGS)

@@ -18,11 +18,13 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from . import settings
+
 #: The Debian/Ubuntu package that provides each tool.
 APT_PACKAGES = {"arm-none-eabi-gcc": "gcc-arm-none-eabi", "arm-none-eabi-size": "binutils-arm-none-eabi",
                 "qemu-system-arm": "qemu-system-arm"}
-_ENV = {"arm-none-eabi-gcc": "RLX_CORTEXM_GCC", "arm-none-eabi-size": "RLX_CORTEXM_SIZE",
-        "qemu-system-arm": "RLX_CORTEXM_QEMU"}
+_ENV = {"arm-none-eabi-gcc": settings.GCC, "arm-none-eabi-size": settings.SIZE,
+        "qemu-system-arm": settings.QEMU}
 INSTALL_HINT = "apt-get install gcc-arm-none-eabi qemu-system-arm"
 
 #: Flags every build uses (the exported Makefile uses the same).
@@ -73,8 +75,9 @@ def target(key_or_index: str | int) -> Target:
 
 def tool(name: str) -> str | None:
     """Path of ``name`` (or of the override in its RLX_CORTEXM_* variable), or None."""
-    override = os.environ.get(_ENV[name])
-    if override:
+    path = _ENV[name].get()
+    if path is not None:
+        override = str(path)
         return override if os.path.isfile(override) and os.access(override, os.X_OK) else None
     return shutil.which(name)
 
@@ -92,4 +95,4 @@ def missing_reason(*, need_qemu: bool = True) -> str | None:
     pkgs = sorted({APT_PACKAGES[m] for m in missing})
     return (f"{', '.join(missing)} not found on PATH: install the Debian/Ubuntu package(s) "
             f"{' '.join(pkgs)} (apt-get install {' '.join(pkgs)}), or point "
-            f"{', '.join(_ENV[m] for m in missing)} at the executables")
+            f"{', '.join(_ENV[m].name for m in missing)} at the executables")

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from . import settings
+
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _DNNL_OP = {_NO_TRANS: ord("N"), _TRANS: ord("T")}  # dnnl_sgemm's transa/transb characters
 _LOCK = threading.Lock()
@@ -77,7 +79,7 @@ def _load() -> dict[str, Any]:
         if _STATE:
             return _STATE
         _STATE["ok"] = False
-        if os.environ.get("RLX_CPU_PRIVATE_BLAS", "1") == "0":
+        if not settings.PRIVATE_BLAS.get():
             _STATE["why"] = "RLX_CPU_PRIVATE_BLAS=0"
             return _STATE
         src = _library()
@@ -110,7 +112,7 @@ def _load() -> dict[str, Any]:
 def _load_dnnl() -> tuple[tuple[int, int, int] | None, str]:
     """(the addresses of dnnl_sgemm, omp_get_max_threads and omp_set_num_threads, for
     :mod:`rlx_cpu._gemm_rows`; or None and why not)."""
-    if os.environ.get("RLX_CPU_ONEDNN", "1") == "0":
+    if not settings.ONEDNN.get():
         return None, "RLX_CPU_ONEDNN=0"
     from importlib.metadata import PackageNotFoundError, distribution
 

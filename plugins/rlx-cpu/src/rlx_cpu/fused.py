@@ -30,9 +30,10 @@ from rlx_core.fusion import decode
 from rlx_core.ir.schema import REGISTRY
 from rlx_core.ir.types import Attrs
 
+from . import settings
 from .parallel import split_rows
 
-NUMBA_MIN = int(os.environ.get("RLX_CPU_NUMBA_MIN", "8192"))
+NUMBA_MIN: int = settings.NUMBA_MIN.get()
 CODEGEN_DTYPES = frozenset({DType.F32, DType.F64, DType.BOOL, DType.I32, DType.I64})
 _LOCK = threading.Lock()
 

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import settings
+
 #: Elements of work a thread must get before a kernel is split. Small kernels sit between small
 #: GEMMs, which run on NumPy's threaded BLAS whose threads then spin on the other cores: MiniLM at
 #: batch 1 (~200K-element attention/GELU, 49K-element layer_norm) ran 1.1 ms slower split than
@@ -25,22 +27,10 @@ from typing import Any
 MIN_ELEMS_PER_THREAD = 262144
 
 
-def env_int(name: str, default: int, minimum: int, fix: str) -> int:
-    """Integer setting ``name`` (at least ``minimum``; ``default`` when unset or empty); a value
-    that is not an integer raises a ValueError naming the variable and ``fix``."""
-    env = os.environ.get(name, "").strip()
-    if not env:
-        return default
-    try:
-        return max(minimum, int(env))
-    except ValueError:
-        raise ValueError(f"{name}={env!r} is not an integer; {fix}") from None
-
-
 def default_threads() -> int:
-    if os.environ.get("RLX_CPU_THREADS", "").strip():
-        return env_int("RLX_CPU_THREADS", 1, 1, "set it to a thread count such as 2, or unset it to "
-                       "use every core")
+    threads: int | None = settings.THREADS.get()
+    if threads is not None:
+        return threads
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -353,7 +343,8 @@ def _chunks(members: Sequence[RowRun], parts: int) -> int:
 
 def _max_pieces() -> int:
     """``RLX_CPU_CHAIN_PIECES``: pieces a thread at most (default 4; 1 = one fixed piece a thread)."""
-    return env_int("RLX_CPU_CHAIN_PIECES", 4, 1, "use 1-4 (pieces a thread)")
+    pieces: int = settings.CHAIN_PIECES.get()
+    return pieces
 
 
 def chain(runs: Sequence[Any], ids: Sequence[Any],
@@ -364,7 +355,7 @@ def chain(runs: Sequence[Any], ids: Sequence[Any],
     which lets a chain run ahead of it when they touch nothing in common (None: it never moves).
     ``RLX_CPU_CHAIN=0`` turns chaining off."""
     parts = pool().threads
-    if parts < 2 or os.environ.get("RLX_CPU_CHAIN", "1") == "0":
+    if parts < 2 or not settings.CHAIN.get():
         return list(runs), list(ids)
     acc = list(access) if access is not None else [None] * len(runs)
     runs, ids = list(runs), list(ids)

@@ -13,12 +13,19 @@ from typing import Any
 
 import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
-from rlx_core.dtypes import DType
-from rlx_core.hookspecs import hookimpl
-from rlx_core.ir.schema import REGISTRY
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+from rlx_core.plugin import (
+    FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)
+    REGISTRY,
+    BackendInfo,
+    DeviceCaps,
+    DeviceInfo,
+    DType,
+    KernelClaim,
+    hookimpl,
+)
 
-from . import __version__
+from . import __version__, settings
+from .settings import Setting
 
 HALF = frozenset({DType.F16, DType.BF16})
 #: Ops computed exactly in storage precision, so half types may run natively.
@@ -99,8 +106,16 @@ def rlx_probe_devices() -> list[DeviceInfo]:
                        reuse_distance=_reuse_distance(),
                        details={"machine": platform.machine(), "processor": platform.processor() or "?",
                                 "cores": str(os.cpu_count()), "threads": str(_pool_threads()),
-                                "threads_from": "RLX_CPU_THREADS" if os.environ.get("RLX_CPU_THREADS")
-                                else "cores available to this process"})]
+                                "threads_from": _threads_from()})]
+
+
+def _threads_from() -> str:
+    return settings.THREADS.name if settings.THREADS.source() == "env" else "cores available to this process"
+
+
+@hookimpl
+def rlx_settings() -> list[Setting]:
+    return list(settings.SETTINGS)
 
 
 def _reuse_distance() -> int:
@@ -109,10 +124,8 @@ def _reuse_distance() -> int:
     ``python bench/profile_cpu.py minilm --batch 32 --chains``: 8 steps take MiniLM's one chain from
     60 to 22 barriers for 107 instead of 57 MB of arena.
     ``RLX_CPU_REUSE_DISTANCE=0`` plans memory as tightly as possible."""
-    from .parallel import env_int  # stdlib only: discovery stays fast
-
-    return env_int("RLX_CPU_REUSE_DISTANCE", 8, 0, "use a step count such as 8, or 0 for the "
-                   "tightest memory plan")
+    distance: int = settings.REUSE_DISTANCE.get()
+    return distance
 
 
 def _pool_threads() -> int | str:

@@ -43,7 +43,9 @@ def _load() -> None:
     if _TRIED:
         return
     _TRIED = True
-    if os.environ.get("RLX_CPU_DIRECT_BLAS", "1") == "0":
+    from .settings import DIRECT_BLAS
+
+    if not DIRECT_BLAS.get():
         return
     i64, ci, f32, f64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_double, ctypes.c_void_p
     for path in _candidates():

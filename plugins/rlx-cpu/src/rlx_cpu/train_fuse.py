@@ -20,14 +20,13 @@ them (``np.may_share_memory`` on the planned views). Outputs are written where t
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import train_blas
+from . import settings, train_blas
 
 Run = Callable[[], Any]
 #: at most this many elements, a row-wise op runs as one Numba call (its NumPy passes cost overhead)
@@ -38,11 +37,12 @@ def pair_min_flops() -> int:
     """Two adjacent independent GEMMs of at least this many flops each run at once, a core each
     (``RLX_CPU_PAIR_MIN_FLOPS``). Off unless set: on the shared 2-core machine it was measured it
     has not helped (the two single-threaded GEMMs did not overlap)."""
-    return int(os.environ.get("RLX_CPU_PAIR_MIN_FLOPS", 1 << 62))
+    flops: int = settings.PAIR_MIN_FLOPS.get()
+    return flops
 
 
 def enabled() -> bool:
-    return os.environ.get("RLX_CPU_FUSE_BIND", "1") != "0"
+    return bool(settings.FUSE_BIND.get())
 
 
 class _Fuser:
@@ -690,7 +690,7 @@ def transposed_layout(program: Any) -> set[str]:
     gradient, momentum, updates), and is made only when every kernel touching those values
     computes by index whatever the strides (``_LAYOUT_FREE``). ``RLX_CPU_WEIGHT_LAYOUT=0`` keeps
     everything row-major."""
-    if os.environ.get("RLX_CPU_WEIGHT_LAYOUT", "1") == "0":
+    if not settings.WEIGHT_LAYOUT.get():
         return set()
     g = program.graph
     steps = list(program.kernels)

@@ -227,3 +227,10 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     from .program import CudaProgram
 
     return CudaProgram(program, int(device.name.split(":")[1]))
+
+
+@hookimpl
+def rlx_settings() -> list[Any]:
+    from .settings import SETTINGS
+
+    return list(SETTINGS)

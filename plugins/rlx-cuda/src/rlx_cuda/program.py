@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -30,7 +29,9 @@ from . import kernels as kern
 
 
 def graphs_enabled() -> bool:
-    return os.environ.get("RLX_CUDA_GRAPHS", "1").strip() not in ("0", "false", "no")
+    from .settings import GRAPHS
+
+    return bool(GRAPHS.get())
 
 
 class CudaProgram:

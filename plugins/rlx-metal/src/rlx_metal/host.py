@@ -34,7 +34,9 @@ _LOCK = threading.Lock()
 
 def compiler() -> str | None:
     """The C++ compiler used (``RLX_METAL_CXX``, else clang++, else g++), or None."""
-    env = os.environ.get("RLX_METAL_CXX", "").strip()
+    from .settings import CXX
+
+    env: str | None = CXX.get()
     if env:
         return shutil.which(env)
     return shutil.which("clang++") or shutil.which("g++")

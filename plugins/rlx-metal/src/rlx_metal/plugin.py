@@ -46,7 +46,9 @@ ELEMENTWISE = tuple(sorted(FUSIBLE))
 def mode() -> str:
     """"Apple GPU" when metalcompute runs on macOS (and RLX_METAL_MODE is not "host"), else
     "MSL on host"."""
-    if os.environ.get("RLX_METAL_MODE", "").strip().lower() == "host" or platform.system() != "Darwin":
+    from .settings import MODE
+
+    if MODE.get() == "host" or platform.system() != "Darwin":
         return "MSL on host"
     try:
         import metalcompute  # noqa: F401
@@ -217,3 +219,10 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     if device.details.get("mode") == "Apple GPU":
         return AppleRunner(program)
     return HostRunner(program)
+
+
+@hookimpl
+def rlx_settings() -> list[Any]:
+    from .settings import SETTINGS
+
+    return list(SETTINGS)

@@ -175,3 +175,10 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     from .program import VulkanProgram
 
     return VulkanProgram(program)
+
+
+@hookimpl
+def rlx_settings() -> list[Any]:
+    from .settings import SETTINGS
+
+    return list(SETTINGS)

@@ -10,7 +10,6 @@ on disk by the hash of the GLSL source.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +22,12 @@ import numpy as np
 _LOCK = threading.Lock()
 _CTX: Any = None
 _CTX_ERR: str | None = None
+
+
+def _tiled() -> bool:
+    from .settings import TILED
+
+    return bool(TILED.get())
 
 
 def glslang() -> str | None:
@@ -112,7 +117,7 @@ class Context:
         self.api = f"{v >> 22}.{(v >> 12) & 0x3ff}.{v & 0xfff}"
         self.device_type = int(props.deviceType)
         self.cpu_device = self.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU and \
-            os.environ.get("RLX_VULKAN_TILED", "0") != "1"
+            not _tiled()
         self.max_groups = int(props.limits.maxComputeWorkGroupCount[0])
         qci = vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                          queueFamilyIndex=self.qfi, queueCount=1, pQueuePriorities=[1.0])

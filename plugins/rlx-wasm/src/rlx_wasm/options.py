@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 _SIMD: bool | None = None
 
 
@@ -21,4 +19,6 @@ def simd_enabled(option: bool | None = None) -> bool:
         return bool(option)
     if _SIMD is not None:
         return _SIMD
-    return os.environ.get("RLX_WASM_SIMD", "1").strip().lower() not in ("0", "false", "no", "off")
+    from .settings import SIMD
+
+    return bool(SIMD.get())

@@ -150,3 +150,10 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     from .runtime import WasmProgram
 
     return WasmProgram(generate(program, simd_enabled()))
+
+
+@hookimpl
+def rlx_settings() -> list[Any]:
+    from .settings import SETTINGS
+
+    return list(SETTINGS)

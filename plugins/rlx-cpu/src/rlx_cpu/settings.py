@@ -1,0 +1,54 @@
+"""rlx-cpu's ``RLX_CPU_*`` settings, declared once (``rlx doctor --settings`` lists them).
+
+Stdlib and ``rlx_core.plugin`` only: imported by the plugin module, so discovery stays fast."""
+
+from __future__ import annotations
+
+from rlx_core.plugin import Setting, declare_setting
+
+OWNER = "rlx-cpu"
+
+THREADS = declare_setting(
+    "RLX_CPU_THREADS", "int", None,
+    "Threads of rlx-cpu's row pool (GEMMs left to NumPy follow OPENBLAS_NUM_THREADS: set both to cap all).",
+    owner=OWNER, min=1,
+    default_text="the cores this process may run on")
+REUSE_DISTANCE = declare_setting(
+    "RLX_CPU_REUSE_DISTANCE", "int", 8,
+    "Steps a freed arena buffer waits before reuse (lets row chains overlap); 0 = tightest memory plan.",
+    owner=OWNER, min=0)
+CHAIN = declare_setting("RLX_CPU_CHAIN", "bool", True,
+                        "Chain consecutive row kernels into one threaded dispatch.", owner=OWNER)
+CHAIN_PIECES = declare_setting(
+    "RLX_CPU_CHAIN_PIECES", "int", 4,
+    "Pieces a thread takes of a row chain, in turn (1 = one fixed piece: faster on a quiet machine).",
+    owner=OWNER, min=1)
+DIRECT_BLAS = declare_setting(
+    "RLX_CPU_DIRECT_BLAS", "bool", True,
+    "Fused training kernels call NumPy's OpenBLAS directly (GEMM with beta, in-place AXPY; 0: NumPy only).",
+    owner=OWNER)
+PRIVATE_BLAS = declare_setting(
+    "RLX_CPU_PRIVATE_BLAS", "bool", True,
+    "GEMMs use rlx-cpu's private single-threaded BLAS (oneDNN/OpenBLAS; 0: both off, np.matmul).",
+    owner=OWNER)
+ONEDNN = declare_setting(
+    "RLX_CPU_ONEDNN", "bool", True,
+    "f32 GEMMs use oneDNN's sgemm where its wheel is installed (0: OpenBLAS).", owner=OWNER)
+NUMBA_MIN = declare_setting(
+    "RLX_CPU_NUMBA_MIN", "int", 8192,
+    "Elements from which a fused elementwise kernel runs as compiled Numba code instead of NumPy.",
+    owner=OWNER, min=0)
+FUSE_BIND = declare_setting(
+    "RLX_CPU_FUSE_BIND", "bool", True,
+    "Training programs fuse GEMM+update patterns into BLAS calls when they are bound.", owner=OWNER)
+WEIGHT_LAYOUT = declare_setting(
+    "RLX_CPU_WEIGHT_LAYOUT", "bool", True,
+    "Training programs may store weights column-major so no GEMM transposes (0: all row-major).",
+    owner=OWNER)
+PAIR_MIN_FLOPS = declare_setting(
+    "RLX_CPU_PAIR_MIN_FLOPS", "int", 1 << 62,
+    "Two adjacent independent GEMMs of at least this many flops each run at once, one core each.",
+    owner=OWNER, min=0, default_text="off (2**62)")
+
+SETTINGS: list[Setting] = [THREADS, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS, ONEDNN,
+                           NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS]
