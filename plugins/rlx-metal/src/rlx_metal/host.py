@@ -1,8 +1,8 @@
 """MSL on host: the exact MSL rlx-metal generates, compiled as C++17 with a small ``metal_stdlib``
 compatibility header (``include/metal_stdlib``) and a generated driver that runs the kernel once per
 thread of the grid (``thread_position_in_grid`` becomes the loop index). Each kernel becomes one
-shared library (cached on disk by source hash, authenticated before every dlopen: see
-:mod:`rlx_core.cache`), loaded with ctypes.
+shared library, built, cached and authenticated before every dlopen by the device kit's
+:class:`~rlx_core.devicekit.Compiler` (:class:`HostCompiler`), loaded with ctypes.
 
 This mode checks the generated MSL's semantics on any machine with clang++ or g++; it says nothing
 about the Apple GPU (performance, fast-math, Metal compiler acceptance).
@@ -11,24 +11,18 @@ about the Apple GPU (performance, fast-math, Metal compiler acceptance).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import re
 import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlx_core.errors import IRError
+from rlx_core.plugin import Compiler, IRError, tool_version
 
 from . import msl
 
 INCLUDE = Path(__file__).resolve().parent / "include"
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w", "-fno-fast-math", "-ffp-contract=off")
-_LIBS: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
 
@@ -40,13 +34,6 @@ def compiler() -> str | None:
     if env:
         return shutil.which(env)
     return shutil.which("clang++") or shutil.which("g++")
-
-
-def cache_dir() -> Path | None:
-    """The authenticated ``metal-host`` cache directory, or None (libraries then built per process)."""
-    from rlx_core.cache import cache_subdir
-
-    return cache_subdir("metal-host", about="rlx-metal MSL-on-host shared libraries (dlopened)")
 
 
 _SIG = re.compile(r"kernel void (\w+)\((.*?)\) \{", re.S)
@@ -71,44 +58,43 @@ def driver(source: str) -> str:
             f"  for (uint g = 0; g < n; ++g) {name}({', '.join(args)});\n}}\n")
 
 
-def _build(source: str, cxx: str) -> ctypes.CDLL:
-    unit = msl.module([source])
-    key = hashlib.sha256((cxx + " ".join(FLAGS) + (INCLUDE / "metal_stdlib").read_text() + unit)
-                         .encode()).hexdigest()[:24]
-    with _LOCK:
-        lib = _LIBS.get(key)
-    if lib is not None:
+class HostCompiler(Compiler):
+    """MSL + the generated driver -> one shared library per kernel (the kit caches and loads it)."""
+
+    dialect = "msl-host"
+    cache_name = "metal-host"
+    about = "rlx-metal MSL-on-host shared libraries (dlopened)"
+    suffix = ".so"
+
+    def __init__(self, cxx: str) -> None:
+        super().__init__()
+        self.cxx = cxx
+        self.label = f"rlx-metal: {cxx}"
+
+    def identity(self) -> str:
+        return "\0".join((self.cxx, tool_version(self.cxx), " ".join(FLAGS), msl.HEADER,
+                           (INCLUDE / "metal_stdlib").read_text()))
+
+    def build(self, source: str, out: Path) -> None:
+        (out.parent / "kernels.metal").write_text(msl.module([source]))  # the exact MSL an Apple GPU gets
+        cpp = out.parent / "host.cpp"
+        cpp.write_text(f'#include "kernels.metal"\n\n{driver(source)}')
+        self.run_tool([self.cxx, *FLAGS, "-I", str(INCLUDE), "-o", str(out), str(cpp)], source)
+
+    def link(self, path: Path) -> ctypes.CDLL:
+        lib = ctypes.CDLL(str(path))
+        lib.rlx_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.rlx_launch.restype = None
         return lib
-    from rlx_core.cache import publish_file, verify_file
-
-    d = cache_dir()
-    so = d / f"k_{key}.so" if d is not None else None
-    # A cached library is dlopened only after its MAC sidecar matched (a planted or edited one is
-    # deleted and rebuilt); race-free because only the user can write the cache directory.
-    if so is None or not verify_file(so):
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
-            metal = Path(tmp) / "kernels.metal"
-            metal.write_text(unit)  # the exact MSL an Apple GPU would get
-            cpp = Path(tmp) / "host.cpp"
-            cpp.write_text(f'#include "kernels.metal"\n\n{driver(source)}')
-            out = Path(tmp) / "k.so"
-            r = subprocess.run([cxx, *FLAGS, "-I", str(INCLUDE), "-o", str(out), str(cpp)],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                raise IRError(f"rlx-metal: {cxx} rejected the generated MSL:\n{r.stderr[-2000:]}",
-                              fix="report this bug with the kernel source")
-            if so is None or not publish_file(out, so):
-                lib = ctypes.CDLL(str(out))  # no cache: loaded from the private temporary directory
-                return _register(key, lib)
-    return _register(key, ctypes.CDLL(str(so)))
 
 
-def _register(key: str, lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.rlx_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.rlx_launch.restype = None
-    with _LOCK:
-        _LIBS[key] = lib
-    return lib
+_COMPILERS: dict[str, HostCompiler] = {}
+
+
+def forget() -> None:
+    """Drop the loaded libraries' memo (the disk cache stays and is re-checked on the next use)."""
+    for c in list(_COMPILERS.values()):
+        c.forget()
 
 
 def build_all(sources: Sequence[str]) -> dict[str, ctypes.CDLL]:
@@ -117,9 +103,6 @@ def build_all(sources: Sequence[str]) -> dict[str, ctypes.CDLL]:
     if cxx is None:
         raise IRError("rlx-metal (MSL on host) needs a C++ compiler: none of clang++/g++ was found",
                       fix="apt-get install g++ (or clang), or set RLX_METAL_CXX")
-    uniq = list(dict.fromkeys(sources))
-    if len(uniq) <= 1:
-        return {s: _build(s, cxx) for s in uniq}
-    with ThreadPoolExecutor(max_workers=min(len(uniq), os.cpu_count() or 2)) as ex:
-        libs = list(ex.map(lambda s: _build(s, cxx), uniq))
-    return dict(zip(uniq, libs))
+    with _LOCK:
+        comp = _COMPILERS.setdefault(cxx, HostCompiler(cxx))
+    return comp.load_all(sources)

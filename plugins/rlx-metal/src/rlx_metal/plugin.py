@@ -14,18 +14,26 @@ from __future__ import annotations
 
 import os
 import platform
-from functools import lru_cache
 from typing import Any
 
-import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
-from rlx_core.dtypes import DType
-from rlx_core.errors import RLXError
-from rlx_core.fusion import FUSIBLE, decode
-from rlx_core.hookspecs import hookimpl
-from rlx_core.ir.schema import REGISTRY
-from rlx_core.ir.types import TensorType, normalize_axis
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+from rlx_core.plugin import (
+    FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)
+    FUSIBLE,
+    BackendInfo,
+    DeviceCaps,
+    DeviceInfo,
+    DType,
+    KernelClaim,
+    TensorType,
+    all_of,
+    elementwise_claims,
+    fused_claim,
+    hookimpl,
+    normalize_axis,
+    render_check,
+    renders,
+)
 
 from . import __version__, msl
 
@@ -116,39 +124,8 @@ def op_ok(op: str, ins: tuple[DType, ...], out: DType) -> str | None:
     return None
 
 
-@lru_cache(maxsize=8192)
-def _program_ok(program: str, in_dtypes: tuple[DType, ...], out: DType) -> str | None:
-    try:
-        ops, res = decode(program)
-        env = {f"i{k}": t for k, t in enumerate(in_dtypes)}
-        for j, (op, args, attrs) in enumerate(ops):
-            schema = REGISTRY.get(op)
-            ins = tuple(env[x] for x in args)
-            odt = schema.infer([TensorType(t, ()) for t in ins], schema.check_attrs(attrs, op))[0].dtype
-            why = op_ok(op, ins, odt)
-            if why:
-                return why
-            env[f"t{j}"] = odt
-        msl.elementwise_source(program, in_dtypes, out)
-    except RLXError as e:
-        return f"not renderable as MSL: {e.what}"
-    except Exception as e:
-        return f"not renderable as MSL: {type(e).__name__}: {e}"
-    return None
-
-
-def _ew_pred(v: Any) -> str | None:
-    ins = tuple(t.dtype for t in v.in_types)
-    why = op_ok(v.op, ins, v.out_types[0].dtype)
-    if why:
-        return why
-    from .program import _single
-
-    return _program_ok(_single(v.op, len(ins), dict(v.attrs)), ins, v.out_types[0].dtype)
-
-
-def _fused_pred(v: Any) -> str | None:
-    return _program_ok(str(v.attrs["program"]), tuple(t.dtype for t in v.in_types), v.out_types[0].dtype)
+#: the render check (device kit): every op passes ``op_ok``, then the program renders as MSL
+_program_ok = render_check(lambda p, i, o: msl.elementwise_source(p, i, o), "as MSL", op_ok=op_ok)
 
 
 def _numel(t: TensorType) -> int:
@@ -176,28 +153,14 @@ def _claim(op: str, dtypes: frozenset[DType] | None, kind: str = "", **kw: Any) 
     return KernelClaim(op, f"metal.{kind}{op}", dtypes=dtypes, **kw)
 
 
-def _both(*preds: Any) -> Any:
-    def check(v: Any) -> str | None:
-        for p in preds:
-            why = p(v)
-            if why:
-                return why
-        return None
-    return check
-
-
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    claims = []
-    for op in ELEMENTWISE:
-        schema_dts = frozenset(REGISTRY.get(op).dtypes)
-        dts = (schema_dts | B) & FIB if op in ("where", "cast") else schema_dts & FIB
-        claims.append(_claim(op, dts, "ew.", predicate=_both(_fits, _ew_pred), in_place=True,
-                             out_dtypes=FIB))
+    renderable = all_of(_fits, renders(_program_ok))
+    claims = elementwise_claims("metal.ew.", FIB, renderable, ops=ELEMENTWISE, out_dtypes=FIB)
     claims += [
-        _claim("fused_elementwise", None, predicate=_both(_fits, _fused_pred), in_place=True,
-               constraint="f32/i32/i64/bool programs of claimed elementwise ops (shared renderer, "
-                          "metal dialect)"),
+        fused_claim("metal.fused_elementwise", renderable,
+                    constraint="f32/i32/i64/bool programs of claimed elementwise ops (shared renderer, "
+                               "metal dialect)"),
         _claim("matmul", F32, constraint="one thread per output element, f32 accumulation"),
         _claim("softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
         _claim("log_softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),

@@ -1,37 +1,39 @@
-"""The rlx-metal executable: one arena laid out by ``program.plan``, one MSL kernel launch per LIR
-step, in order. A launch is ``(kernel source, buffer values, int params P)``; ``P[0]`` is the grid.
+"""The rlx-metal executable: the LIR lowered to MSL launches (:func:`launches`), run by the device
+kit. A launch is ``(kernel source, buffer values, int params P)``; ``P[0]`` is the grid.
 
 Two runners share the launches: :class:`HostRunner` ("MSL on host", any machine with a C++
-compiler) and :class:`AppleRunner` ("Apple GPU", through ``metalcompute`` on macOS; written for
-that platform, not exercised on Linux).
+compiler: a :class:`~rlx_core.devicekit.KitProgram` over host memory, each kernel a ctypes call of
+its shared library) and :class:`AppleRunner` ("Apple GPU", through ``metalcompute`` on macOS;
+written for that platform, not exercised on Linux).
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.errors import IRError
-from rlx_core.ir.types import TensorType, normalize_axis
-from rlx_core.lir import Program, Step
+from rlx_core.plugin import (
+    CtypesRuntime,
+    DType,
+    IRError,
+    KitProgram,
+    Launch,
+    Program,
+    Step,
+    TensorType,
+    normalize_axis,
+    single_op_program,
+)
 
 from . import msl
 
 
-@dataclass
-class Launch:
-    kernel: str  # claim name (profile counts)
-    source: str
-    bufs: list[str]  # value names (inputs..., output)
-    params: np.ndarray  # int32
-    views: dict[str, tuple[str, int]] | None = None  # value -> (buffer value, element offset) override
+def _launch(kernel: str, source: str, bufs: Sequence[str], params: np.ndarray) -> Launch:
+    return Launch(kernel, source, tuple(bufs), params, (int(params[0]), 1, 1))
 
 
 def _contig(shape: tuple[int, ...]) -> list[int]:
@@ -64,7 +66,7 @@ def _shape(t: TensorType) -> tuple[int, ...]:
 
 def _copy(kernel: str, x: str, y: str, dt: DType, dims: list[int], ys: list[int], xs: list[int],
           yo: int = 0, xo: int = 0) -> Launch:
-    return Launch(kernel, msl.copy_source(dt)[1], [x, y],
+    return _launch(kernel, msl.copy_source(dt)[1], [x, y],
                   _p(math.prod(dims), len(dims), yo, xo, dims, ys, xs))
 
 
@@ -81,7 +83,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         prog = str(a["program"]) if op == "fused_elementwise" else _single(op, len(ins), dict(a))
         src = msl.elementwise_source(prog, tuple(t.dtype for t in its), ot.dtype)[1]
         strides = [s for t in its for s in _bcast_strides(_shape(t), oshape)]
-        return [Launch(k, src, [*ins, out], _p(n, len(oshape), oshape, strides))]
+        return [_launch(k, src, [*ins, out], _p(n, len(oshape), oshape, strides))]
     if op == "matmul":
         ta, tb = its
         ash = _shape(ta) if ta.rank > 1 else (1, *_shape(ta))
@@ -92,7 +94,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         sa = [s * m * kk for s in _bcast_strides(ash[:-2], batch)]
         sb = [s * kk * nn for s in _bcast_strides(bsh[:-2], batch)]
         src = msl.matmul_source(ot.dtype)[1]
-        return [Launch(k, src, [*ins, out], _p(n, m, nn, kk, len(batch), batch, sa, sb))]
+        return [_launch(k, src, [*ins, out], _p(n, m, nn, kk, len(batch), batch, sa, sb))]
     if op in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min"):
         xshape = _shape(its[0])
         r = len(xshape)
@@ -103,7 +105,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         rd = sorted(red)
         src = msl.reduce_source(op.split("_", 1)[1], ot.dtype)[1]
         cnt = math.prod(xshape[d] for d in rd)
-        return [Launch(k, src, [ins[0], out],
+        return [_launch(k, src, [ins[0], out],
                        _p(n, len(kept), [xshape[d] for d in kept], [st[d] for d in kept], len(rd),
                           [xshape[d] for d in rd], [st[d] for d in rd], cnt))]
     if op in ("softmax", "log_softmax", "layer_norm"):
@@ -115,7 +117,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
             src = msl.layer_norm_source(float(a["eps"]))[1]  # type: ignore[arg-type]
         else:
             src = msl.softmax_source(op == "log_softmax")[1]
-        return [Launch(k, src, [*ins, out], _p(rows, inner))]
+        return [_launch(k, src, [*ins, out], _p(rows, inner))]
     dt = ot.dtype
     if op == "reshape":
         return [_copy(k, ins[0], out, dt, [n], [1], [1])]
@@ -128,10 +130,10 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         elif op == "expand":
             v = np.broadcast_to(base, oshape)
         else:
-            from rlx_core.ir.mir import _slice_params
+            from rlx_core.plugin import slice_params
 
             idx: list[Any] = [slice(None)] * len(xshape)
-            for axx, sl in _slice_params(a, xshape):
+            for axx, sl in slice_params(a, xshape):
                 idx[axx] = sl
             v = base[tuple(idx)]
         off = (v.__array_interface__["data"][0] - base.__array_interface__["data"][0]) if v.size else 0
@@ -150,7 +152,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         pads = a["pads"]
         xs = _shape(its[0])
         ost = _contig(oshape)
-        fill = Launch(k, msl.fill_source(dt, msl.literal(a["value"], dt))[1], [out], _p(n))  # type: ignore[arg-type]
+        fill = _launch(k, msl.fill_source(dt, msl.literal(a["value"], dt))[1], [out], _p(n))  # type: ignore[arg-type]
         yo = sum(int(pads[d]) * ost[d] for d in range(len(xs)))  # type: ignore[index]
         res = [fill]
         if math.prod(xs):
@@ -160,20 +162,17 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         xs = _shape(its[0])
         ax = normalize_axis(int(a["axis"]), len(xs))  # type: ignore[arg-type]
         src = msl.gather_source(dt, its[1].dtype)[1]
-        return [Launch(k, src, [*ins, out],
+        return [_launch(k, src, [*ins, out],
                        _p(n, math.prod(_shape(its[1])), math.prod(xs[ax + 1:]), xs[ax]))]
     if op == "iota":
         if not oshape:
-            return [Launch(k, msl.iota_source(dt)[1], [out], _p(1, 1, 1))]
+            return [_launch(k, msl.iota_source(dt)[1], [out], _p(1, 1, 1))]
         ax = normalize_axis(int(a["axis"]), len(oshape))  # type: ignore[arg-type]
-        return [Launch(k, msl.iota_source(dt)[1], [out], _p(n, oshape[ax], math.prod(oshape[ax + 1:])))]
+        return [_launch(k, msl.iota_source(dt)[1], [out], _p(n, oshape[ax], math.prod(oshape[ax + 1:])))]
     raise IRError(f"rlx-metal has no MSL for {op}", fix="report this bug (the claim and codegen disagree)")
 
 
-def _single(op: str, n_inputs: int, attrs: dict) -> str:
-    from rlx_core.fusion import encode
-
-    return encode([(op, [f"i{k}" for k in range(n_inputs)], dict(attrs))], "t0")
+_single = single_op_program  # (kept: tests render single ops through it)
 
 
 def all_sources(program: Program) -> list[str]:
@@ -181,73 +180,24 @@ def all_sources(program: Program) -> list[str]:
     return [ln.source for s in program.kernels for ln in launches(s, g.types)]
 
 
-class HostRunner:
+def _build_all(sources: Sequence[str]) -> Mapping[str, Any]:
+    from . import host
+
+    return host.build_all(list(sources))
+
+
+class HostRunner(KitProgram):
+    """MSL on host: each kernel a shared library (:func:`rlx_metal.host.build_all`) whose
+    ``rlx_launch(void** buffers, const int* P)`` runs its grid, called through ctypes."""
+
     mode = "MSL on host"
 
     def __init__(self, program: Program) -> None:
-        from . import host
-
-        self.program = program
-        g = program.graph
-        plan = program.plan
-        self.launches = [(s.kernel, ln) for s in program.kernels for ln in launches(s, g.types)]
-        libs = host.build_all([ln.source for _, ln in self.launches])
-        self.arena = np.zeros(max(plan.arena_bytes, 1) + 64, np.uint8)
-        shift = (-self.arena.ctypes.data) % 64
-        base = self.arena[shift:]
-        views: dict[str, np.ndarray] = {}
-        for name, off in plan.offsets.items():
-            t = g.types[name]
-            nb = t.nbytes()
-            views[name] = base[off:off + nb].view(t.dtype.np).reshape(_shape(t))
-        self.keep: list[Any] = []
-        for p in g.params:
-            w = np.ascontiguousarray(np.asarray(g.weights[p.name]).astype(p.type.dtype.np, copy=False))
-            if w.size == 0:
-                w = np.zeros(1, p.type.dtype.np)
-            views[p.name] = w
-        self.views = views
-        self.calls: list[tuple[str, Any, Any, Any]] = []
-        for kname, ln in self.launches:
-            if int(ln.params[0]) == 0:
-                self.calls.append((kname, None, None, None))
-                continue
-            ptrs = (ctypes.c_void_p * len(ln.bufs))(*[self._ptr(b) for b in ln.bufs])
-            self.keep += [ptrs, ln.params]
-            self.calls.append((kname, libs[ln.source].rlx_launch, ctypes.addressof(ptrs),
-                               ln.params.ctypes.data))
-
-    def _ptr(self, value: str) -> int:
-        v = self.views[value]
-        return int(v.ctypes.data) if v.size else int(self.arena.ctypes.data)
-
-    def _run(self, inputs: Mapping[str, np.ndarray], counts: Counter[str] | None) -> dict[str, np.ndarray]:
-        for v in self.program.inputs:
-            dst = self.views.get(v.name)
-            if dst is not None and dst.size:
-                np.copyto(dst, inputs[v.name], casting="unsafe")
-        for _, fn, pb, pp in self.calls:
-            if fn is not None:
-                fn(pb, pp)
-        if counts is not None:
-            for s in self.program.kernels:
-                counts[s.kernel] += 1
-        out = {}
-        for _, value in self.program.outputs:
-            src = self.views[value] if value in self.views else np.asarray(inputs[value])
-            t = self.program.graph.types[value]
-            out[value] = np.array(src, copy=True).reshape(_shape(t))
-        return out
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._run(inputs, None)
-
-    def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
-        counts: Counter[str] = Counter()
-        return self._run(inputs, counts), counts
+        rt = CtypesRuntime(_build_all, "rlx_launch")
+        super().__init__(program, rt.allocator, rt, lambda s, p: launches(s, p.types))
 
 
-class AppleRunner(HostRunner):
+class AppleRunner:
     """Apple GPU through ``metalcompute`` (macOS only; not tested in this repository's CI).
 
     The whole program's MSL is one Metal library; the arena, weights and each launch's ``P`` are
@@ -311,3 +261,10 @@ class AppleRunner(HostRunner):
                 off = self.offsets[value]
                 out[value] = self.arena[off:off + t.nbytes()].view(t.dtype.np).reshape(_shape(t)).copy()
         return out
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run(inputs, None)
+
+    def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
+        counts: Counter[str] = Counter()
+        return self._run(inputs, counts), counts
