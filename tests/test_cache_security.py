@@ -302,17 +302,17 @@ def test_tampered_spirv_is_rejected(root: Path, monkeypatch: pytest.MonkeyPatch)
     src = ("#version 450\nlayout(local_size_x = 1) in;\n"
            "layout(std430, binding = 0) buffer B { float b[]; };\n"
            "void main() { b[gl_GlobalInvocationID.x] += 1.0; }\n")
-    monkeypatch.setattr(vk, "_SPV_MEM", {})
+    vk.SPIRV.forget()
     spv = vk.compile_glsl(src)
     files = list((root / "vulkan-spirv").glob("*.spv"))
     assert len(files) == 1 and read_entry(files[0]) == spv
     raw = bytearray(files[0].read_bytes())
     raw[-5] ^= 0xFF
     files[0].write_bytes(bytes(raw))
-    monkeypatch.setattr(vk, "_SPV_MEM", {})
+    vk.SPIRV.forget()
     assert vk.compile_glsl(src) == spv
     files[0].write_bytes(spv)  # a raw SPIR-V file planted by someone else (or by the old code)
-    monkeypatch.setattr(vk, "_SPV_MEM", {})
+    vk.SPIRV.forget()
     assert vk.compile_glsl(src) == spv and read_entry(files[0]) == spv
 
 
@@ -344,13 +344,13 @@ def test_tampered_metal_host_library_is_rebuilt(root: Path, monkeypatch: pytest.
     if cxx is None:
         pytest.skip("no C++ compiler")
     _, src = msl.elementwise_source(_single("abs", 1, {}), (DType.F32,), DType.F32)
-    monkeypatch.setattr(host, "_LIBS", {})
+    host.forget()
     host.build_all([src])
     libs = list((root / "metal-host").glob("k_*.so"))
     assert len(libs) == 1 and Path(str(libs[0]) + ".mac").is_file()
     good = libs[0].read_bytes()
     _replace(libs[0], good[:-16] + b"\0" * 16)  # never in place: this process has it mapped
-    monkeypatch.setattr(host, "_LIBS", {})
+    host.forget()
     host.build_all([src])
     assert Path(str(libs[0]) + ".mac").is_file() and libs[0].read_bytes() != good[:-16] + b"\0" * 16
 

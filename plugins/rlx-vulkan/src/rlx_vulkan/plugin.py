@@ -9,18 +9,25 @@ core's decompositions/rewrites or fails to compile.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
-import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
-from rlx_core.dtypes import DType
-from rlx_core.errors import RLXError
-from rlx_core.fusion import FUSIBLE, encode
-from rlx_core.hookspecs import hookimpl
-from rlx_core.ir.schema import REGISTRY
-from rlx_core.ir.types import normalize_axis
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+from rlx_core.plugin import (
+    FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)
+    BackendInfo,
+    DeviceCaps,
+    DeviceInfo,
+    DType,
+    KernelClaim,
+    all_of,
+    dtypes_in,
+    elementwise_claims,
+    fused_claim,
+    hookimpl,
+    normalize_axis,
+    render_check,
+    renders,
+)
 
 from . import __version__
 
@@ -43,10 +50,6 @@ def rlx_backend_info() -> BackendInfo:
     return BackendInfo(name="vulkan", version=__version__, api_version=API_VERSION,
                        description="Vulkan compute: GLSL shaders (shared renderer + templates) -> SPIR-V",
                        vendor="RLX")
-
-
-def single_op_program(op: str, n_inputs: int, attrs: dict) -> str:
-    return encode([(op, [f"i{k}" for k in range(n_inputs)], dict(attrs))], "t0")
 
 
 def _probe() -> list[DeviceInfo]:
@@ -79,22 +82,20 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 
 # -- claims ---------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=8192)
-def _renderable(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+def _glsl(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
     from . import glsl
 
-    try:
-        src = glsl.elementwise(program, in_dtypes, out_dtype)
-        if "GL_ARB_gpu_shader_int64" in src:
-            from .vk import context
+    return glsl.elementwise(program, in_dtypes, out_dtype)
 
-            if not context().wide:
-                return "sin/cos/pow need shaderFloat64 + shaderInt64, which this device lacks"
-    except RLXError as e:
-        return f"not renderable as GLSL: {e.what}"
-    except Exception as e:
-        return f"not renderable as GLSL: {type(e).__name__}: {e}"
+
+def _wide_ok(src: str) -> str | None:
+    if "GL_ARB_gpu_shader_int64" in src and not _wide():
+        return "sin/cos/pow need shaderFloat64 + shaderInt64, which this device lacks"
     return None
+
+
+#: the render check (device kit); the f64/i64 helpers also need the device's shader features
+_renderable = render_check(_glsl, "as GLSL", source_ok=_wide_ok)
 
 
 def _rank_ok(v: Any) -> str | None:
@@ -109,16 +110,9 @@ def _wide() -> bool:
     return context().wide
 
 
-def _ew_pred(v: Any) -> str | None:
-    ins = GEN | ({DType.I64} if _wide() else set())
-    bad = sorted({t.dtype.value for t in v.in_types if t.dtype not in ins})
-    if v.out_types[0].dtype not in ins:
-        bad.append(v.out_types[0].dtype.value)
-    if bad:
-        return f"no GLSL storage for {', '.join(sorted(set(bad)))}"
-    prog = str(v.attrs["program"]) if v.op == "fused_elementwise" else \
-        single_op_program(v.op, len(v.in_types), dict(v.attrs))
-    return _rank_ok(v) or _renderable(prog, tuple(t.dtype for t in v.in_types), v.out_types[0].dtype)
+#: storage dtypes first, then rank, then the render check (the order the reasons are reported in)
+_ew_pred = all_of(dtypes_in(lambda: GEN | ({DType.I64} if _wide() else set()), "no GLSL storage for"),
+                  _rank_ok, renders(_renderable))
 
 
 def _last_axis(v: Any) -> str | None:
@@ -137,19 +131,12 @@ def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
 
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    claims = []
-    for op in sorted(FUSIBLE):
-        dts = frozenset(REGISTRY.get(op).dtypes or GEN) & (GEN | {DType.I64})
-        if op == "cast":
-            claims.append(_claim(op, GEN | {DType.I64}, out_dtypes=GEN | {DType.I64}, predicate=_ew_pred,
-                                 in_place=True, constraint="i64 results only from integers/bool"))
-        elif op == "where":
-            claims.append(_claim(op, dts | {DType.BOOL}, out_dtypes=dts, predicate=_ew_pred, in_place=True))
-        else:
-            claims.append(_claim(op, dts, predicate=_ew_pred, in_place=True))
+    wide = GEN | {DType.I64}
+    claims = elementwise_claims("vulkan.", wide, _ew_pred, overrides={
+        "cast": {"dtypes": wide, "out_dtypes": wide, "constraint": "i64 results only from integers/bool"}})
     claims += [
-        _claim("fused_elementwise", None, predicate=_ew_pred, in_place=True,
-               constraint="f32/i32/bool programs the shared GLSL renderer can emit"),
+        fused_claim("vulkan.fused_elementwise", _ew_pred,
+                    constraint="f32/i32/bool programs the shared GLSL renderer can emit"),
         _claim("matmul", W4, constraint="tiled 16x16 shared-memory GLSL kernel (untiled on CPU devices)"),
         _claim("linear", F32, constraint="one kernel: GEMM with the (pre-transposed constant) weight + bias"),
         _claim("softmax", F32, predicate=_last_axis, constraint="last axis"),

@@ -1,21 +1,29 @@
-"""The Vulkan executable: one arena buffer laid out by ``program.plan``, one weights buffer, one
-metadata buffer, and one command buffer recording every dispatch of the program (a compute->compute
-memory barrier after each). ``run`` copies inputs into the arena mapping, submits, waits, copies
-outputs out."""
+"""The Vulkan executable, on the device kit: a :class:`~rlx_core.devicekit.KitProgram` with one arena
+buffer laid out by ``program.plan``, one constants buffer, one launch-parameter ("meta") buffer, and
+one command buffer recording every dispatch of the program (a compute->compute memory barrier after
+each), replayed per run. The kit copies inputs into the arena mapping, replays, copies outputs out;
+this module lowers each LIR step to GLSL dispatches and records them."""
 
 from __future__ import annotations
 
 import math
 import struct
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.ir.types import normalize_axis
-from rlx_core.lir import Program, Step, Transfer
+from rlx_core.plugin import (
+    DType,
+    KitProgram,
+    Launch,
+    Program,
+    Replay,
+    Step,
+    normalize_axis,
+    single_op_program,
+)
 
 from . import glsl
 from .vk import context
@@ -40,72 +48,67 @@ def f2i(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", float(x)))[0]
 
 
-class VulkanProgram:
-    def __init__(self, program: Program) -> None:
-        self.ctx = ctx = context()
+class VkAllocator:
+    """Host-visible, coherent, persistently mapped buffers (:class:`rlx_vulkan.vk.Buffer`)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def alloc(self, nbytes: int) -> Any:
+        return self.ctx.buffer(nbytes)
+
+    def copyin(self, buf: Any, offset: int, data: np.ndarray) -> None:
+        buf.write(offset, data)
+
+    def copyout(self, buf: Any, offset: int, nbytes: int) -> np.ndarray:
+        return buf.read(offset, nbytes)  # type: ignore[no-any-return]
+
+
+class VkRuntime:
+    """A pipeline per shader; every launch of a program recorded once into one command buffer
+    (storage buffers 0/1/2: arena, constants, launch parameters; each dispatch's parameter base as
+    a push constant) and replayed by one submit per run."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def load(self, sources: Sequence[str]) -> Mapping[str, Any]:
+        return {src: self.ctx.pipeline(src) for src in dict.fromkeys(sources)}
+
+    def bind(self, prog: KitProgram) -> Callable[[], None]:
+        assert isinstance(prog, VulkanProgram)
+        ctx = self.ctx
         vk = ctx.vk
-        self.program = program
-        g = program.graph
-        self.types = g.types
-        self.arena = ctx.buffer(program.plan.arena_bytes)
-        consts = {p.name: _storage(np.asarray(g.weights[p.name]), p.type.dtype) for p in g.params}
-        #: constant linear weights, uploaded once more transposed to (in, out): contiguous loads
-        self.transposed = {}
-        outs = {v for _, v in program.outputs}
-        for s in program.kernels:  # transposes of constants: folded once, here (no dispatch per run)
-            if s.kernel == "vulkan.transpose" and s.inputs[0] in consts and s.outputs[0] not in outs:
-                perm = s.attrs.get("perm")
-                consts[s.outputs[0]] = np.ascontiguousarray(np.transpose(consts[s.inputs[0]], perm))
-        for s in program.kernels:
-            if s.kernel == "vulkan.linear" and s.inputs[1] in consts and s.inputs[1] + ".T" not in consts:
-                consts[s.inputs[1] + ".T"] = np.ascontiguousarray(consts[s.inputs[1]].T)
-                self.transposed[s.inputs[1]] = s.inputs[1] + ".T"
-        woff, total = {}, 0
-        for name, arr in consts.items():
-            woff[name] = total
-            total += (arr.nbytes + 63) // 64 * 64
-        self.weights = ctx.buffer(total)
-        for name, arr in consts.items():
-            self.weights.write(woff[name], arr)
-        self.woff = woff
-        self.meta: list[int] = []
-        self.dispatches: list[tuple[str, int, tuple[int, int, int]]] = []  # (source, base, groups)
-        self.step_dispatches: list[int] = []
-        for s in program.kernels:
-            before = len(self.dispatches)
-            getattr(self, "_k_" + s.kernel.split(".", 1)[1])(s)
-            self.step_dispatches.append(len(self.dispatches) - before)
-        self.kernel_names = tuple(s.kernel for s in program.kernels)
-        #: vkCmdDispatch calls per claim name in the recorded command buffer (a concat records one per
-        #: input, a pad two, an empty tensor or a folded constant transpose none)
-        self.dispatch_counts: Counter[str] = Counter()
-        for name, nd in zip(self.kernel_names, self.step_dispatches):
-            self.dispatch_counts[name] += nd
-        self.metabuf = ctx.buffer(4 * max(len(self.meta), 1))
-        self.metabuf.write(0, np.asarray(self.meta or [0], np.int32))
-        self.uploads = [(t.value, program.plan.offsets[t.value], g.types[t.value].dtype)
-                        for t in program.steps if isinstance(t, Transfer) and t.src == "host"]
-        self.downloads = [(t.value, g.types[t.value]) for t in program.steps
-                          if isinstance(t, Transfer) and t.dst == "host"]
-        # descriptor set
-        self.dpool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
+        launches = prog.all_launches()
+        meta: list[int] = []
+        bases = []
+        for ln in launches:
+            bases.append(len(meta))
+            meta += [int(x) for x in ln.params]
+        prog.metabuf = ctx.buffer(4 * max(len(meta), 1))
+        prog.metabuf.write(0, np.asarray(meta or [0], np.int32))
+        prog.dpool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, maxSets=1, poolSizeCount=1,
             pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                                 descriptorCount=3)]),
             None)
-        self.dset = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=self.dpool,
+        prog.dset = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=prog.dpool,
             descriptorSetCount=1, pSetLayouts=[ctx.set_layout]))[0]
         writes = [vk.VkWriteDescriptorSet(
-            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=self.dset, dstBinding=i,
+            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=prog.dset, dstBinding=i,
             dstArrayElement=0,
             descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
             pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buf, offset=0, range=b.nbytes)])
-            for i, b in enumerate((self.arena, self.weights, self.metabuf))]
+            for i, b in enumerate((prog.arena, prog.constant_buf, prog.metabuf))]
         vk.vkUpdateDescriptorSets(ctx.device, len(writes), writes, 0, None)
-        self.cb = self._record(self.dispatches)
+        if not launches:
+            return lambda: None
+        replay = Replay(None, lambda: self._record(prog, launches, bases), warmup=0)
+        replay.capture_now()  # recorded at compile time: a run only submits
+        return replay
 
-    def _record(self, dispatches: list[tuple[str, int, tuple[int, int, int]]]) -> Any:
+    def _record(self, prog: VulkanProgram, launches: list[Launch], bases: list[int]) -> Callable[[], None]:
         ctx = self.ctx
         vk = ctx.vk
         cb = vk.vkAllocateCommandBuffers(ctx.device, vk.VkCommandBufferAllocateInfo(
@@ -117,53 +120,80 @@ class VulkanProgram:
                                      srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
                                      dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
                                      | vk.VK_ACCESS_SHADER_WRITE_BIT)
-        vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, ctx.layout, 0, 1, [self.dset], 0,
+        vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, ctx.layout, 0, 1, [prog.dset], 0,
                                    None)
-        for i, (src, base, groups) in enumerate(dispatches):
-            vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, ctx.pipeline(src))
+        for i, (ln, base) in enumerate(zip(launches, bases)):
+            vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, prog.functions[ln.source])
             vk.vkCmdPushConstants(cb, ctx.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 4,
                                   vk.ffi.new("int32_t[1]", [base]))
-            vk.vkCmdDispatch(cb, *groups)
-            if i + 1 < len(dispatches):
+            vk.vkCmdDispatch(cb, *ln.grid)
+            if i + 1 < len(launches):
                 vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                                         vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [barrier], 0, None, 0,
                                         None)
         vk.vkEndCommandBuffer(cb)
-        return cb
+        prog.cb = cb
+        return lambda: ctx.submit(cb)
+
+
+class VulkanProgram(KitProgram):
+    def __init__(self, program: Program) -> None:
+        self.ctx = ctx = context()
+        #: constant linear weights, uploaded once more transposed to (in, out): contiguous loads
+        self.transposed: dict[str, str] = {}
+        self.cb: Any = None
+        self.dpool: Any = None
+        self._out: list[Launch] = []
+        super().__init__(program, VkAllocator(ctx), VkRuntime(ctx), lambda s, p: self._lower(s))
+        #: vkCmdDispatch calls per claim name in the recorded command buffer (a concat records one per
+        #: input, a pad two, an empty tensor or a folded constant transpose none)
+        self.dispatch_counts: Counter[str] = Counter()
+        for s, lns in self.launches:
+            self.dispatch_counts[s.kernel] += sum(not ln.empty for ln in lns)
+
+    def constants(self) -> dict[str, np.ndarray]:
+        consts = super().constants()
+        outs = {v for _, v in self.program.outputs}
+        for s in self.program.kernels:  # transposes of constants: folded once, here (no dispatch per run)
+            if s.kernel == "vulkan.transpose" and s.inputs[0] in consts and s.outputs[0] not in outs:
+                perm = s.attrs.get("perm")
+                consts[s.outputs[0]] = np.ascontiguousarray(np.transpose(consts[s.inputs[0]], perm))
+        for s in self.program.kernels:
+            if s.kernel == "vulkan.linear" and s.inputs[1] in consts and s.inputs[1] + ".T" not in consts:
+                consts[s.inputs[1] + ".T"] = np.ascontiguousarray(consts[s.inputs[1]].T)
+                self.transposed[s.inputs[1]] = s.inputs[1] + ".T"
+        return consts
+
+    def _lower(self, s: Step) -> list[Launch]:
+        self._step, self._out = s, []
+        getattr(self, "_k_" + s.kernel.split(".", 1)[1])(s)
+        return self._out
 
     def __del__(self) -> None:
         try:
             vk, dev = self.ctx.vk, self.ctx.device
-            vk.vkFreeCommandBuffers(dev, self.ctx.pool, 1, [self.cb])
-            vk.vkDestroyDescriptorPool(dev, self.dpool, None)
+            if self.cb is not None:
+                vk.vkFreeCommandBuffers(dev, self.ctx.pool, 1, [self.cb])
+            if self.dpool is not None:
+                vk.vkDestroyDescriptorPool(dev, self.dpool, None)
         except Exception:
             pass
 
     # -- helpers ----------------------------------------------------------------------------------
-    def loc(self, v: str) -> tuple[int, int]:
-        if v in self.woff:
-            return 1, self.woff[v]
-        return 0, int(self.program.plan.offsets[v])
-
-    def shape(self, v: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.types[v].shape)
-
     def emit(self, src: str, meta: list[int], n: int | None = None,
              groups: tuple[int, int, int] | None = None) -> None:
-        base = len(self.meta)
-        self.meta += [int(x) for x in meta]
         if groups is None:
             if not n:
                 return
             groups = (max(1, min(-(-n // glsl.WG), self.ctx.max_groups)), 1, 1)
         if 0 in groups:
             return
-        self.dispatches.append((src, base, groups))
+        self._out.append(Launch(self._step.kernel, src, (), [int(x) for x in meta], groups))
 
     def _copy(self, n: int, shape: list[int], src: str, in_base: int, ist: list[int], out_off: int,
               ost: list[int]) -> None:
         """Strided copy of ``shape`` elements (strides in elements) of ``src``'s dtype."""
-        b, off = self.loc(src)
+        b, off = self.locate(src)
         dt = self.types[src].dtype
         if dt is DType.BOOL:  # bytes; the output is contiguous (claims guarantee it)
             self.emit(glsl.copy8(), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost],
@@ -180,9 +210,9 @@ class VulkanProgram:
         n = math.prod(out)
         dts = tuple(self.types[i].dtype for i in s.inputs)
         src = glsl.elementwise(program, dts, self.types[s.outputs[0]].dtype)
-        meta = [n, len(out), self.loc(s.outputs[0])[1], 0, *out]
+        meta = [n, len(out), self.locate(s.outputs[0])[1], 0, *out]
         for i in s.inputs:
-            meta += [*self.loc(i), *bstrides(self.shape(i), out)]
+            meta += [*self.locate(i), *bstrides(self.shape(i), out)]
         self.emit(src, meta, -(-n // 4) if self.types[s.outputs[0]].dtype is DType.BOOL else n)
 
     def _k_fused_elementwise(self, s: Step) -> None:
@@ -198,11 +228,11 @@ class VulkanProgram:
         ast = [x * M * K for x in bstrides(ab, batch)] if ab else [0] * len(batch)
         bst = [x * K * N for x in bstrides(bb, batch)] if bb else [0] * len(batch)
         nb = math.prod(batch)
-        meta = [M, N, K, *self.loc(s.inputs[0]), *self.loc(s.inputs[1]), self.loc(s.outputs[0])[1],
+        meta = [M, N, K, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]), self.locate(s.outputs[0])[1],
                 len(batch), *batch, *ast, *bst]
         dt = self.types[s.outputs[0]].dtype
         if self.ctx.cpu_device and M % 4 == 0 and N % 4 == 0:  # 4x4 register blocks, no barriers
-            bufs = "".join("AW"[self.loc(v)[0]] for v in s.inputs)  # buffers baked into the shader
+            bufs = "".join("AW"[self.locate(v)[0]] for v in s.inputs)  # buffers baked into the shader
             self.emit(glsl.matmul_4x4(dt, bufs), meta, groups=(-(-N // (4 * glsl.WG)), M // 4, nb))
         elif self.ctx.cpu_device:  # lavapipe & co: no shared-memory tiles (barriers are costly there)
             self.emit(glsl.matmul_simple(dt), meta, groups=(-(-N // glsl.WG), -(-M // 4), nb))
@@ -214,8 +244,8 @@ class VulkanProgram:
         N, K = w  # noqa: N806
         R = math.prod(x[:-1])  # noqa: N806
         wname = self.transposed.get(s.inputs[1], s.inputs[1])
-        meta = [R, N, K, *self.loc(s.inputs[0]), *self.loc(wname), *self.loc(s.inputs[2]),
-                self.loc(s.outputs[0])[1], 1 if wname != s.inputs[1] else 0]
+        meta = [R, N, K, *self.locate(s.inputs[0]), *self.locate(wname), *self.locate(s.inputs[2]),
+                self.locate(s.outputs[0])[1], 1 if wname != s.inputs[1] else 0]
         self.emit(glsl.linear(), meta, groups=(-(-N // glsl.WG), R, 1))
 
     def _reduce(self, s: Step) -> None:
@@ -226,7 +256,7 @@ class VulkanProgram:
         kept = [(x[d], cs[d]) for d in range(len(x)) if d not in axes]
         red = [(x[d], cs[d]) for d in range(len(x)) if d in axes]
         n = math.prod(k for k, _ in kept)
-        meta = [n, len(kept), len(red), *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1],
+        meta = [n, len(kept), len(red), *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1],
                 math.prod(r for r, _ in red)]
         for k in kept + red:
             meta += list(k)
@@ -239,19 +269,19 @@ class VulkanProgram:
         ax = normalize_axis(int(s.attrs.get("axis", -1)), len(x))
         rows, cols = math.prod(x[:ax]), math.prod(x[ax:])
         eps = f2i(float(s.attrs.get("eps", 0.0)))
-        gb = self.loc(s.inputs[1]) if len(s.inputs) > 1 else (0, 0)
-        bb = self.loc(s.inputs[2]) if len(s.inputs) > 2 else (0, 0)
-        meta = [rows, cols, *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1], eps, *gb, *bb]
+        gb = self.locate(s.inputs[1]) if len(s.inputs) > 1 else (0, 0)
+        bb = self.locate(s.inputs[2]) if len(s.inputs) > 2 else (0, 0)
+        meta = [rows, cols, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1], eps, *gb, *bb]
         self.emit(glsl.rows(s.op), meta, rows if cols else 0)
 
     _k_softmax = _k_log_softmax = _k_layer_norm = _rows
 
     def _k_reshape(self, s: Step) -> None:
         n = math.prod(self.shape(s.outputs[0]))
-        self._copy(n, [n], s.inputs[0], 0, [1], self.loc(s.outputs[0])[1], [1])
+        self._copy(n, [n], s.inputs[0], 0, [1], self.locate(s.outputs[0])[1], [1])
 
     def _k_transpose(self, s: Step) -> None:
-        if s.outputs[0] in self.woff:  # a constant, transposed at compile time
+        if s.outputs[0] in self.constant_offsets:  # a constant, transposed at compile time
             return
         x = self.shape(s.inputs[0])
         perm = s.attrs.get("perm")
@@ -260,12 +290,12 @@ class VulkanProgram:
         out = self.shape(s.outputs[0])
         cs = cstrides(x)
         self._copy(math.prod(out), list(out), s.inputs[0], 0, [cs[p] for p in perm],
-                   self.loc(s.outputs[0])[1], cstrides(out))
+                   self.locate(s.outputs[0])[1], cstrides(out))
 
     def _k_expand(self, s: Step) -> None:
         out = self.shape(s.outputs[0])
         self._copy(math.prod(out), list(out), s.inputs[0], 0, bstrides(self.shape(s.inputs[0]), out),
-                   self.loc(s.outputs[0])[1], cstrides(out))
+                   self.locate(s.outputs[0])[1], cstrides(out))
 
     def _k_slice(self, s: Step) -> None:
         x = self.shape(s.inputs[0])
@@ -282,14 +312,14 @@ class VulkanProgram:
             if len(r):
                 base += r.start * cs[ax]
             ist[ax] = cs[ax] * int(step)
-        self._copy(math.prod(out), list(out), s.inputs[0], base, ist, self.loc(s.outputs[0])[1],
+        self._copy(math.prod(out), list(out), s.inputs[0], base, ist, self.locate(s.outputs[0])[1],
                    cstrides(out))
 
     def _k_concat(self, s: Step) -> None:
         out = self.shape(s.outputs[0])
         ax = normalize_axis(int(s.attrs["axis"]), len(out))
         co = cstrides(out)
-        o = self.loc(s.outputs[0])[1]
+        o = self.locate(s.outputs[0])[1]
         pos = 0
         esz = self.types[s.outputs[0]].dtype.np.itemsize
         for i in s.inputs:
@@ -302,7 +332,7 @@ class VulkanProgram:
         out = self.shape(s.outputs[0])
         r = len(x)
         pads = s.attrs["pads"]
-        o = self.loc(s.outputs[0])[1]
+        o = self.locate(s.outputs[0])[1]
         v = float(s.attrs.get("value", 0.0))
         bits = f2i(v) if self.types[s.outputs[0]].dtype is DType.F32 else int(np.int32(int(v)))
         n = math.prod(out)
@@ -319,8 +349,8 @@ class VulkanProgram:
         esz = 8 if self.types[s.inputs[1]].dtype is DType.I64 else 4
         words = self.types[s.inputs[0]].dtype.np.itemsize // 4
         n *= words
-        meta = [n, math.prod(idx), math.prod(x[ax + 1:]) * words, x[ax], *self.loc(s.inputs[0]),
-                *self.loc(s.inputs[1]), self.loc(s.outputs[0])[1]]
+        meta = [n, math.prod(idx), math.prod(x[ax + 1:]) * words, x[ax], *self.locate(s.inputs[0]),
+                *self.locate(s.inputs[1]), self.locate(s.outputs[0])[1]]
         self.emit(glsl.gather(esz), meta, n)
 
     def _axis_split(self, s: Step) -> tuple[int, int, int]:
@@ -331,14 +361,14 @@ class VulkanProgram:
     def _k_cumsum(self, s: Step) -> None:
         outer, d, inner = self._axis_split(s)
         n = outer * inner
-        meta = [n, d, inner, *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1],
+        meta = [n, d, inner, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1],
                 int(bool(s.attrs.get("exclusive"))), int(bool(s.attrs.get("reverse")))]
         self.emit(glsl.scan(self.types[s.inputs[0]].dtype), meta, n)
 
     def _argext(self, s: Step) -> None:
         outer, d, inner = self._axis_split(s)
         n = outer * inner
-        meta = [n, d, inner, *self.loc(s.inputs[0]), self.loc(s.outputs[0])[1]]
+        meta = [n, d, inner, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1]]
         self.emit(glsl.argext(s.op, self.types[s.inputs[0]].dtype), meta, n)
 
     _k_argmax = _k_argmin = _argext
@@ -352,7 +382,8 @@ class VulkanProgram:
         groups = int(s.attrs.get("groups", 1))
         n = math.prod(out)
         meta = [n, c, h, w, o, cg, kh, kw, out[2], out[3], st[0], st[1], pads[0], pads[1], dil[0], dil[1],
-                o // groups, *self.loc(s.inputs[0]), *self.loc(s.inputs[1]), self.loc(s.outputs[0])[1]]
+                o // groups, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]),
+                self.locate(s.outputs[0])[1]]
         self.emit(glsl.conv2d(self.types[s.inputs[0]].dtype), meta, n)
 
     def _k_iota(self, s: Step) -> None:
@@ -360,49 +391,11 @@ class VulkanProgram:
         ax = normalize_axis(int(s.attrs["axis"]), len(out))
         n = math.prod(out)
         self.emit(glsl.iota(self.types[s.outputs[0]].dtype),
-                  [n, math.prod(out[ax + 1:]), out[ax], self.loc(s.outputs[0])[1]], n)
+                  [n, math.prod(out[ax + 1:]), out[ax], self.locate(s.outputs[0])[1]], n)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_k_"):  # single elementwise ops
-            from .plugin import single_op_program
-
             def k(s: Step) -> None:
                 self._elementwise(s, single_op_program(s.op, len(s.inputs), dict(s.attrs)))
             return k
         raise AttributeError(name)
-
-    # -- running ----------------------------------------------------------------------------------
-    def _upload(self, inputs: Mapping[str, np.ndarray]) -> None:
-        for name, off, dt in self.uploads:
-            self.arena.write(off, _storage(np.asarray(inputs[name]), dt))
-
-    def _download(self) -> dict[str, np.ndarray]:
-        out = {}
-        for name, t in self.downloads:
-            shape = tuple(int(d) for d in t.shape)
-            nb = math.prod(shape) * t.dtype.np.itemsize
-            off = self.program.plan.offsets[name] if name not in self.woff else None
-            if off is None:
-                out[name] = np.asarray(self.program.graph.weights[name]).copy()
-                continue
-            out[name] = self.arena.read(off, nb).view(t.dtype.np).reshape(shape)
-        return out
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self._upload(inputs)
-        if self.dispatches:
-            self.ctx.submit(self.cb)
-        return self._download()
-
-    def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
-        """Like ``run``; counts kernel calls (steps) per claim name. The dispatches each step recorded
-        are in ``dispatch_counts``."""
-        out = self.run(inputs)
-        counts: Counter[str] = Counter()
-        for name in self.kernel_names:  # one call per step (a step may record several dispatches)
-            counts[name] += 1
-        return out, counts
-
-
-def _storage(a: np.ndarray, dt: DType) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(a, dtype=dt.np))

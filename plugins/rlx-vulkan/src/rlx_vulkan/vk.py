@@ -3,21 +3,22 @@
 One process-wide context (instance, first device with a compute queue, one queue, a command pool,
 one descriptor-set layout with three storage buffers: arena, weights, meta; a 4-byte push
 constant). Buffers are host-visible + coherent and persistently mapped; uploads/downloads are
-explicit ``memmove``s into/out of the mapping. SPIR-V comes from ``glslangValidator`` and is cached
-on disk by the hash of the GLSL source.
+explicit ``memmove``s into/out of the mapping. SPIR-V comes from ``glslangValidator`` through the
+device kit's :class:`~rlx_core.devicekit.Compiler` (:class:`SpirvCompiler`: memoised, cached on disk
+and authenticated, keyed by the tool's version and the GLSL source).
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rlx_core.plugin import Compiler, IRError, tool_version
 
 _LOCK = threading.Lock()
 _CTX: Any = None
@@ -45,45 +46,36 @@ def glslang() -> str | None:
     return None
 
 
-def cache_dir() -> Path | None:
-    """The authenticated ``vulkan-spirv`` cache directory, or None (SPIR-V then lives in memory)."""
-    from rlx_core.cache import cache_subdir
+class SpirvCompiler(Compiler):
+    """GLSL compute shader -> SPIR-V with glslangValidator (cached and authenticated by the kit)."""
 
-    return cache_subdir("vulkan-spirv", about="rlx-vulkan SPIR-V shaders")
+    dialect = "glsl"
+    cache_name = "vulkan-spirv"
+    about = "rlx-vulkan SPIR-V shaders"
+    suffix = ".spv"
+    label = "glslangValidator"
+    argv = ("-V", "--target-env", "vulkan1.1", "-S", "comp")
+
+    def identity(self) -> str:
+        exe = glslang()
+        return "\0".join((exe or "", tool_version(exe) if exe else "", *self.argv))
+
+    def build(self, source: str, out: Path) -> None:
+        exe = glslang()
+        if exe is None:
+            raise IRError("glslangValidator not found", where="rlx-vulkan shader compilation",
+                          fix="apt-get install glslang-tools, or pip install rlx-vulkan[glslang]")
+        comp = out.with_suffix(".comp")
+        comp.write_text(source)
+        self.run_tool([exe, *self.argv, str(comp), "-o", str(out)], source)
 
 
-_SPV_MEM: dict[str, bytes] = {}
+SPIRV = SpirvCompiler()
 
 
 def compile_glsl(src: str) -> bytes:
-    from rlx_core.cache import read_entry, write_entry
-
-    key = hashlib.sha256(src.encode()).hexdigest()
-    if key in _SPV_MEM:
-        return _SPV_MEM[key]
-    d = cache_dir()
-    path = d / f"{key}.spv" if d is not None else None
-    # read_entry authenticates the entry (a tampered or planted shader is deleted and rebuilt)
-    spv = read_entry(path) if path is not None else None
-    if spv is not None:
-        _SPV_MEM[key] = spv
-        return spv
-    exe = glslang()
-    if exe is None:
-        raise RuntimeError("glslangValidator not found (apt-get install glslang-tools, or "
-                           "pip install rlx-vulkan[glslang])")
-    with tempfile.TemporaryDirectory() as tmp:
-        s, o = Path(tmp) / "k.comp", Path(tmp) / "k.spv"
-        s.write_text(src)
-        r = subprocess.run([exe, "-V", "--target-env", "vulkan1.1", "-S", "comp", str(s), "-o", str(o)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"glslangValidator failed:\n{r.stdout}{r.stderr}\n--- source ---\n{src}")
-        spv = o.read_bytes()
-    if path is not None:
-        write_entry(path, spv)
-    _SPV_MEM[key] = spv
-    return spv
+    """The SPIR-V of a GLSL compute shader (memoised, then the authenticated disk cache, then built)."""
+    return SPIRV.compile(src)
 
 
 class Context:
