@@ -26,11 +26,10 @@ import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
 
-from rlx_core.codegen import render_program
-from rlx_core.codegen.render import DIALECTS
-from rlx_core.dtypes import DType
-from rlx_core.errors import IRError
-from rlx_core.fusion import decode, encode
+from rlx_core.plugin import DIALECTS, DType, IRError, render_program
+from rlx_core.plugin import decode_fused as decode
+from rlx_core.plugin import encode_fused as encode
+from rlx_core.plugin import single_op_program as _kit_single_op_program
 
 HALF = frozenset({DType.F16, DType.BF16})
 #: Storage C type of each dtype the kernels handle (f16/bf16 as raw 16-bit patterns).
@@ -232,8 +231,7 @@ def elementwise_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DT
     return name, f'{PREAMBLE}\nextern "C" __global__ void {name}({sig}) {{\n{text}\n}}\n'
 
 
-def single_op_program(op: str, n_inputs: int, attrs: dict) -> str:
-    return encode([(op, [f"i{k}" for k in range(n_inputs)], dict(attrs))], "t0")
+single_op_program = _kit_single_op_program  # the device kit's (one op as a fused program)
 
 
 def plan_layouts(in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]

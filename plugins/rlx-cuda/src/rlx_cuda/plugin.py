@@ -9,18 +9,26 @@ takes the core's ``compute_f16_in_f32`` rewrite, which fusion then folds into on
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
-import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
-from rlx_core.dtypes import DType
-from rlx_core.errors import RLXError
-from rlx_core.fusion import FUSIBLE
-from rlx_core.hookspecs import hookimpl
-from rlx_core.ir.schema import REGISTRY
-from rlx_core.ir.types import normalize_axis
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim
+from rlx_core.plugin import (
+    FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)
+    FUSIBLE,
+    BackendInfo,
+    DeviceCaps,
+    DeviceInfo,
+    DType,
+    KernelClaim,
+    all_of,
+    dtypes_in,
+    elementwise_claims,
+    fused_claim,
+    hookimpl,
+    normalize_axis,
+    render_check,
+    renders,
+)
 
 from . import __version__, codegen
 
@@ -139,28 +147,14 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 
 # -- claims ---------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=8192)
-def _renderable(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    try:
-        codegen.elementwise_source(program, in_dtypes, out_dtype, "f" * len(in_dtypes), 0, False)
-    except RLXError as e:
-        return f"not renderable for CUDA: {e.what}"
-    except Exception as e:
-        return f"not renderable for CUDA: {type(e).__name__}: {e}"
-    return None
+def _cuda_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> tuple[str, str]:
+    return codegen.elementwise_source(program, in_dtypes, out_dtype, "f" * len(in_dtypes), 0, False)
 
 
-def _ew_pred(v: Any) -> str | None:
-    ins = tuple(t.dtype for t in v.in_types)
-    return _renderable(codegen.single_op_program(v.op, len(ins), dict(v.attrs)), ins, v.out_types[0].dtype)
-
-
-def _fused_pred(v: Any) -> str | None:
-    dts = [t.dtype for t in v.in_types] + [v.out_types[0].dtype]
-    bad = sorted({d.value for d in dts if d not in STORE})
-    if bad:
-        return f"no CUDA kernels for {', '.join(bad)}"
-    return _renderable(str(v.attrs["program"]), tuple(t.dtype for t in v.in_types), v.out_types[0].dtype)
+#: the render check (device kit): the variant's program renders as CUDA
+_renderable = render_check(_cuda_source, "for CUDA")
+_ew_pred = renders(_renderable)
+_fused_pred = all_of(dtypes_in(STORE, "no CUDA kernels for"), _ew_pred)
 
 
 def _last_axis(v: Any) -> str | None:
@@ -185,20 +179,12 @@ def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
 
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    claims = []
-    for op in ELEMENTWISE:
-        schema = REGISTRY.get(op)
-        dts = frozenset(schema.dtypes) & GEN
-        if op == "cast":
-            claims.append(_claim(op, STORE, out_dtypes=STORE, predicate=_ew_pred, in_place=True,
-                                 constraint="any dtype but c64 (f16/bf16 rounded once, nearest-even)"))
-        elif op == "where":
-            claims.append(_claim(op, dts | {DType.BOOL}, out_dtypes=dts, predicate=_ew_pred, in_place=True))
-        else:
-            claims.append(_claim(op, dts, predicate=_ew_pred, in_place=True))
+    claims = elementwise_claims("cuda.", GEN, _ew_pred, ops=ELEMENTWISE, overrides={
+        "cast": {"dtypes": STORE, "out_dtypes": STORE,
+                 "constraint": "any dtype but c64 (f16/bf16 rounded once, nearest-even)"}})
     claims += [
-        _claim("fused_elementwise", None, predicate=_fused_pred, in_place=True,
-               constraint="programs the shared CUDA renderer can emit (no bf16 intermediates)"),
+        fused_claim("cuda.fused_elementwise", _fused_pred,
+                    constraint="programs the shared CUDA renderer can emit (no bf16 intermediates)"),
         _claim("matmul", FLOATS | {DType.I32, DType.I64},
                constraint="cuBLAS for floats (TF32 only with RLX_CUDA_TF32=1), CuPy for integers"),
         _claim("linear", FLOATS,

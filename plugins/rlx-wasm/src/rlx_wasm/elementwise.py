@@ -16,9 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlx_core.dtypes import DType
-from rlx_core.ir.schema import REGISTRY
-from rlx_core.ir.types import TensorType
+from rlx_core.plugin import REGISTRY, DType, TensorType
 
 from . import mathlib
 from .wat import Func, ModuleBuilder, f32, f64, get, i32, i64, mem
@@ -95,7 +93,7 @@ def supported(op: str, in_dtypes: Sequence[DType], out_dtype: DType) -> str | No
 
 
 def decode_program(program: str) -> list[tuple[str, list[str], dict[str, Any]]]:
-    from rlx_core.fusion import decode
+    from rlx_core.plugin import decode_fused as decode
 
     ops, out = decode(program)
     if out != f"t{len(ops) - 1}":
@@ -121,18 +119,13 @@ def program_dtypes(ops: Program, in_dtypes: Sequence[DType]) -> list[DType]:
 
 
 def fused_supported(program: str, in_dtypes: Sequence[DType]) -> str | None:
+    from rlx_core.plugin import check_ops
+
     try:
-        ops = decode_program(program)
-        tdt = program_dtypes(ops, in_dtypes)
+        decode_program(program)  # (this backend also needs the result last)
+        return check_ops(program, tuple(in_dtypes), supported)
     except Exception as e:
         return f"fused program not understood: {e}"
-    env = {f"i{k}": d for k, d in enumerate(in_dtypes)}
-    for j, (op, args, _attrs) in enumerate(ops):
-        why = supported(op, [env[a] for a in args], tdt[j])
-        if why:
-            return why
-        env[f"t{j}"] = tdt[j]
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
