@@ -109,7 +109,7 @@ class Compiler:
         key = self.key(source)
         hit = self._remembered(key)
         if hit is not None:
-            return hit  # type: ignore[no-any-return]
+            return hit
         d = self.cache_dir()
         path = d / f"{key}{self.suffix}" if d is not None else None
         data = read_entry(path) if path is not None else None
@@ -120,7 +120,7 @@ class Compiler:
                 data = out.read_bytes()
             if path is not None:
                 write_entry(path, data)
-        return self._remember(key, data)  # type: ignore[no-any-return]
+        return self._remember(key, data)
 
     def load(self, source: str) -> Any:
         """``link`` of the built file of ``source``: loaded from the cache only after its sidecar

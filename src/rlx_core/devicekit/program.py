@@ -228,7 +228,7 @@ class KitProgram:
         return (self.constant_buf if slot == CONSTANTS else self.arena), off
 
     def shape(self, value: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.types[value].shape)  # type: ignore[arg-type]
+        return tuple(int(d) for d in self.types[value].shape)
 
     def all_launches(self) -> list[Launch]:
         return [ln for _, lns in self.launches for ln in lns if not ln.empty]
