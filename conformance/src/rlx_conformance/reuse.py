@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlx_core.hub import Hub, parse_device
+from rlx_core.plugin import Hub, parse_device
 
 from .certificate import Certificate
 from .checks import collect

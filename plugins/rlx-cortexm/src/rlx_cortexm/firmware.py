@@ -100,7 +100,7 @@ _PRIVATE: list[Path] = []
 def cache_root() -> Path:
     """The authenticated ``cortexm`` cache directory, else a private per-process 0700 directory
     (removed at exit)."""
-    from rlx_core.cache import cache_subdir
+    from rlx_core.plugin import cache_subdir
 
     d = cache_subdir("cortexm", about="rlx-cortexm firmware builds")
     if d is not None:
@@ -115,7 +115,7 @@ def _ready(root: Path, final: Path, marker: str) -> bool:
     """Is the build ``final`` there and, in the cache, exactly what its authenticated manifest
     lists? (A planted or edited build is deleted and rebuilt; QEMU later loads the ELF from this
     directory, which only the user can write, so verify-then-load has no race.)"""
-    from rlx_core.cache import verify_tree
+    from rlx_core.plugin import verify_tree
 
     if _PRIVATE and root == _PRIVATE[0]:
         return (final / marker).is_file()
@@ -123,7 +123,7 @@ def _ready(root: Path, final: Path, marker: str) -> bool:
 
 
 def _seal(root: Path, work: Path, final: Path) -> None:
-    from rlx_core.cache import seal_tree
+    from rlx_core.plugin import seal_tree
 
     if not (_PRIVATE and root == _PRIVATE[0]):
         seal_tree(work, final.name)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_core import API_VERSION
-from rlx_core.hookspecs import hookimpl
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant
+from rlx_core.plugin import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant, hookimpl
 
 from . import __version__
 
@@ -25,14 +24,14 @@ def rlx_backend_info() -> BackendInfo:
                        description="INT8 graphs as one C program for Arm Cortex-M (arm-none-eabi-gcc, QEMU)",
                        vendor="RLX", whole_program=True)
 
+
 @hookimpl
 def rlx_exporters() -> list[Any]:
-    from rlx_core.records import ExporterInfo  # rlx_core.plugin once it lands
+    from rlx_core.plugin import ExporterInfo
 
     # Named, not imported: the exporter's own imports wait until `rlx export --target cortexm` runs.
     return [ExporterInfo(target="cortexm", command="rlx_cortexm.export:export_command",
                          help="one C program for Arm Cortex-M, with a Makefile (INT8 models)")]
-
 
 
 def _caps(mhz: float, fpu: bool) -> DeviceCaps:
@@ -64,10 +63,9 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 def rlx_ops() -> list[Any]:
     """The quantized ops of rlx_core.quant: registered whenever this backend is loaded, so INT8 models
     load and the conformance suite covers them (they are core ops; registering them again is a no-op)."""
-    from rlx_core.ir.schema import REGISTRY
-    from rlx_core.quant import QUANT_OPS
+    from rlx_core.plugin import REGISTRY, register_quant_ops
 
-    return [REGISTRY.get(name) for name in QUANT_OPS]
+    return [REGISTRY.get(name) for name in register_quant_ops()]
 
 
 # -- claim predicates --------------------------------------------------------------------------
@@ -109,8 +107,9 @@ def _depthwise_pred(v: NodeVariant) -> str | None:
 
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    import rlx_core.quant  # noqa: F401  (registers the quantized ops claimed below)
-    from rlx_core.dtypes import DType
+    from rlx_core.plugin import DType, register_quant_ops
+
+    register_quant_ops()  # the quantized ops claimed below
 
     i8, i32, f32 = DType.I8, DType.I32, DType.F32
     q = frozenset({i8, i32})

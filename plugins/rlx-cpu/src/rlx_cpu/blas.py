@@ -55,7 +55,7 @@ def _private_copy(src: str) -> tuple[str, bool]:
     after its MAC sidecar matched (a planted library is deleted and copied again); verify-then-dlopen
     is race-free only because the ``cpu-blas`` directory is one only the user can write. Without a
     usable cache the copy goes to a private temporary directory and is unlinked once loaded."""
-    from rlx_core.cache import cache_subdir, publish_file, verify_file
+    from rlx_core.plugin import cache_subdir, publish_file, verify_file
 
     d = cache_subdir("cpu-blas", about="rlx-cpu private OpenBLAS copy (dlopened)")
     if d is None:

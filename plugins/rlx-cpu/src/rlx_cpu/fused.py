@@ -23,12 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.codegen import render_program
-from rlx_core.codegen.render import NUMBA_PRELUDE
-from rlx_core.dtypes import DType
-from rlx_core.fusion import decode
-from rlx_core.ir.schema import REGISTRY
-from rlx_core.ir.types import Attrs
+from rlx_core.plugin import NUMBA_PRELUDE, REGISTRY, Attrs, DType, render_program
+from rlx_core.plugin import decode_fused as decode
 
 from . import settings
 from .parallel import split_rows
@@ -115,7 +111,7 @@ VEC32 = {"exp": "vexp32", "tanh": "vtanh32", "sigmoid": "vsigmoid32"}
 
 
 def _temp_dtypes(program: str, dtypes: Sequence[DType]) -> list[DType]:
-    from rlx_core.ir.types import TensorType
+    from rlx_core.plugin import TensorType
 
     ops, _ = decode(program)
     env = {f"i{k}": d for k, d in enumerate(dtypes)}
@@ -140,7 +136,7 @@ def chunkable(program: str, dtypes: Sequence[DType]) -> bool:
 def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: str) -> str:
     """Each op of the program as one loop over an L1-sized chunk; exp/erf/tanh/sigmoid on f32 go
     through the vectorisable helpers, everything else through the shared renderer."""
-    from rlx_core.codegen.render import DIALECTS, render_op
+    from rlx_core.plugin import DIALECTS, render_op
 
     d = DIALECTS["numba"]
     ops, out = decode(program)
@@ -188,7 +184,7 @@ def _source_chunked(program: str, dtypes: Sequence[DType], lays: Sequence[str], 
 
 def _module_dir() -> Path | None:
     """The authenticated ``cpu-numba`` cache directory, or None: kernels are then compiled in memory."""
-    from rlx_core.cache import cache_subdir
+    from rlx_core.plugin import cache_subdir
 
     return cache_subdir("cpu-numba", about="rlx-cpu generated Numba kernels (source, Numba index/data files)")
 
@@ -203,7 +199,7 @@ def _attach_cache(mod: Any, d: Path) -> bool:
     files outside the RLX cache), after pruning any file there that fails authentication: Numba
     unpickles its index and data files, so they are verified before the dispatcher can read them.
     Verify-then-load is race-free only because ``d`` is a directory only the user can write."""
-    from rlx_core.cache import verify_file
+    from rlx_core.plugin import verify_file
 
     disp = mod.k_rows
     try:
@@ -231,7 +227,7 @@ def _attach_cache(mod: Any, d: Path) -> bool:
 
 def seal_kernel(mod: Any) -> None:
     """Tag the Numba files a compile just wrote (cheap when nothing changed)."""
-    from rlx_core.cache import seal_file
+    from rlx_core.plugin import seal_file
 
     cache = getattr(mod.k_rows, "_cache", None)
     path = getattr(cache, "cache_path", None)

@@ -11,7 +11,6 @@ import os
 import platform
 from typing import Any
 
-import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
 from rlx_core.plugin import (
     FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)

@@ -19,8 +19,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.ir.types import Attrs, TensorType, normalize_axis
+from rlx_core.plugin import Attrs, DType, TensorType, normalize_axis
 
 from . import codegen
 
@@ -681,11 +680,11 @@ def k_expand(b: Bound) -> Run:
 
 
 def k_slice(b: Bound) -> Run:
-    from rlx_core.ir.mir import _slice_params
+    from rlx_core.plugin import slice_params
 
     x, o = b.ins[0], b.outs[0]
     idx: list[Any] = [slice(None)] * x.ndim
-    for ax, sl in _slice_params(b.attrs, x.shape):
+    for ax, sl in slice_params(b.attrs, x.shape):
         idx[ax] = sl
     src = x[tuple(idx)]
     return (lambda: cp.copyto(o, src)) if o.size else _noop

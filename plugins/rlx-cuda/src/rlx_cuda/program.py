@@ -22,8 +22,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from rlx_core.dtypes import DType
-from rlx_core.lir import Program, Step, Transfer
+from rlx_core.plugin import DType, Program, Step, Transfer
 
 from . import kernels as kern
 

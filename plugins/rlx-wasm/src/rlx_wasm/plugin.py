@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import rlx_core.fusion  # noqa: F401  (registers fused_elementwise)
 from rlx_core import API_VERSION
-from rlx_core.dtypes import DType
-from rlx_core.hookspecs import hookimpl
-from rlx_core.records import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, NodeVariant
+from rlx_core.plugin import (
+    FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)
+    BackendInfo,
+    DeviceCaps,
+    DeviceInfo,
+    DType,
+    KernelClaim,
+    NodeVariant,
+    hookimpl,
+)
 
 from . import __version__
 from . import elementwise as ew
@@ -39,19 +45,19 @@ def rlx_backend_info() -> BackendInfo:
                        vendor="RLX", whole_program=True)
 
 
-def _caps() -> DeviceCaps:
-    # One thread of SIMD128 code: honest single-core numbers (`rlx calibrate wasm` measures them).
-    return DeviceCaps(peak_flops={"f32": 8e9, "f64": 2e9, "default": 1e9}, mem_bandwidth=6e9,
-                      launch_overhead=2e-7, host_link_bandwidth=None)
-
-
 @hookimpl
 def rlx_exporters() -> list[Any]:
-    from rlx_core.records import ExporterInfo  # rlx_core.plugin once it lands
+    from rlx_core.plugin import ExporterInfo
 
     # Named, not imported: the exporter's own imports wait until `rlx export --target wasm` runs.
     return [ExporterInfo(target="wasm", command="rlx_wasm.export:export_command",
                          help="one .wasm module, its weights and JavaScript loaders (Node.js, browsers)")]
+
+
+def _caps() -> DeviceCaps:
+    # One thread of SIMD128 code: honest single-core numbers (`rlx calibrate wasm` measures them).
+    return DeviceCaps(peak_flops={"f32": 8e9, "f64": 2e9, "default": 1e9}, mem_bandwidth=6e9,
+                      launch_overhead=2e-7, host_link_bandwidth=None)
 
 
 @hookimpl
