@@ -1,7 +1,11 @@
-"""The kernel cost model: a roofline default that a plugin overrides per kernel.
+"""Ranking devices by estimated time: each candidate plans the graph with the cost model.
 
 time(kernel) = launch_overhead + max(flops / peak_flops[dtype], bytes / mem_bandwidth)
 time(graph)  = sum of kernel times + bytes moved over the host link / host_link_bandwidth
+
+The per-kernel model lives in :mod:`rlx_core.costmodel` (below the runtime, which prices every
+dispatch with it) and is re-exported here; this module plans through a :class:`Session`, so it
+sits above the runtime.
 """
 
 from __future__ import annotations
@@ -10,38 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .costmodel import kernel_cost, roofline, transfer_cost
 from .errors import BackendNotFoundError, DispatchError, PluginError
+from .hub import hub as get_hub
 from .ir.graph import Graph
-from .ir.schema import REGISTRY
-from .records import DeviceCaps, KernelClaim, NodeVariant
+from .runtime import Session
 
-
-def roofline(v: NodeVariant, caps: DeviceCaps) -> float:
-    schema = REGISTRY.get(v.op)
-    flops = schema.flops(v.in_types, v.out_types, v.attrs)
-    nbytes = sum(t.nbytes() for t in v.in_types) + sum(t.nbytes() for t in v.out_types)
-    dt = v.out_types[0].dtype if v.out_types else v.in_types[0].dtype
-    return caps.launch_overhead + max(flops / caps.peak(dt), nbytes / caps.mem_bandwidth)
-
-
-def kernel_cost(backend: Any, claim: KernelClaim, v: NodeVariant, caps: DeviceCaps) -> float:
-    """Claim's own cost model, then the plugin's ``rlx_kernel_cost`` hook, then the roofline."""
-    if claim.cost is not None:
-        c = claim.cost(v, caps)
-    else:
-        c = backend.call("rlx_kernel_cost", claim=claim, variant=v, caps=caps)
-    if c is None:
-        return roofline(v, caps)
-    if not isinstance(c, (int, float)) or c <= 0 or c != c:
-        raise PluginError(f"backend {backend.name!r} estimated cost {c!r} for {v.describe()}",
-                          fix="a kernel cost is a positive number of seconds")
-    return float(c)
-
-
-def transfer_cost(nbytes: int, caps: DeviceCaps) -> float:
-    if caps.host_link_bandwidth is None:
-        return 0.0
-    return caps.launch_overhead + nbytes / caps.host_link_bandwidth
+__all__ = ["DeviceEstimate", "estimate", "fastest_device", "kernel_cost", "rank_devices", "roofline",
+           "transfer_cost"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +35,6 @@ class DeviceEstimate:
 
 def estimate(graph: Graph, device: str, *, hub: Any = None) -> DeviceEstimate:
     """Estimated seconds to run ``graph`` once on ``device`` (kernels + host transfers)."""
-    from .runtime import Session
-
     try:
         sess = Session(device, hub=hub, use_cache=False)
         report = sess.plan(graph)
@@ -67,8 +45,6 @@ def estimate(graph: Graph, device: str, *, hub: Any = None) -> DeviceEstimate:
 
 def rank_devices(graph: Graph, candidates: Sequence[str] | None = None, *, hub: Any = None
                  ) -> list[DeviceEstimate]:
-    from .hub import hub as get_hub
-
     h = hub or get_hub()
     names = list(candidates) if candidates is not None else h.names()
     ests = [estimate(graph, n, hub=h) for n in names]

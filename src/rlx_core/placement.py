@@ -9,15 +9,16 @@ device the user did not name.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .cost import transfer_cost
+from .costmodel import transfer_cost
 from .dispatch import Illegal, Plan, variant_of
 from .errors import DispatchError
+from .execution import DEFAULT_MAX_SPECIALIZATIONS, SpecCache, bind_inputs, report_entry
 from .ir.graph import Graph, Node, Value
 from .report import DispatchReport, TransferEntry
 
@@ -101,9 +102,7 @@ def place(session: Any, graph: Graph, bindings: Mapping[str, int]) -> Placement:
         for n in nodes:
             p = disp.plan(variant_of(g, n))
             assert isinstance(p, Plan)
-            from .runtime import _entry
-
-            entries.append(_entry(n.name, p, device.name))
+            entries.append(report_entry(n.name, p, device.name))
     for o in g.outputs:
         src = producer_dev.get(o, "host")
         dev = next((dv for _, dv in devices if dv.name == src), None)
@@ -121,16 +120,15 @@ def place(session: Any, graph: Graph, bindings: Mapping[str, int]) -> Placement:
 class MultiDeviceExecutable:
     """Runs the segments in order, handing values between devices through host arrays."""
 
-    def __init__(self, session: Any, graph: Graph) -> None:
-        from .runtime import DEFAULT_MAX_SPECIALIZATIONS, Session, _SpecCache
-
+    def __init__(self, session: Any, graph: Graph, subsession: Callable[[str], Any]) -> None:
+        """``subsession(device_name)``: a one-device session (the caller's kind) that compiles the
+        segments placed on that device."""
         self.session = session
         self.graph = graph
         self.report: DispatchReport | None = None
-        self._subsessions = [Session(d.name, hub=session.hub, use_cache=session.cache is not None)
-                             for _, d in session.devices]
+        self._subsessions = [subsession(d.name) for _, d in session.devices]
         # Bounded like Executable's: each entry holds one compiled executable per segment.
-        self._specs = _SpecCache(getattr(session, "max_specializations", DEFAULT_MAX_SPECIALIZATIONS))
+        self._specs = SpecCache(getattr(session, "max_specializations", DEFAULT_MAX_SPECIALIZATIONS))
         self._lock = threading.Lock()
         if not graph.symbols:
             self._specialise({})
@@ -149,8 +147,6 @@ class MultiDeviceExecutable:
             return hit
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
-        from .runtime import bind_inputs
-
         feed = dict(inputs or {})
         feed.update(kw)
         arrays, bindings = bind_inputs(self.graph, feed, f"graph {self.graph.name!r}")

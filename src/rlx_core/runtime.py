@@ -5,25 +5,27 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import __version__, settings
-from .cost import kernel_cost, transfer_cost
+from .costmodel import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
 from .errors import BackendNotFoundError, InputError, PluginError
+from .execution import DEFAULT_MAX_SPECIALIZATIONS, bind_inputs
+from .execution import SpecCache as _SpecCache
+from .execution import report_entry as _entry
 from .fusion import fuse
 from .hub import Backend, Hub, parse_device, split_devices
 from .hub import hub as get_hub
 from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
-from .ir.indices import check_inputs as check_index_inputs
 from .lir import Program, Transfer, lower
+from .placement import MultiDeviceExecutable, place
 from .records import KernelClaim, NodeVariant
-from .report import DispatchReport, ReportEntry, TransferEntry
+from .report import DispatchReport, TransferEntry
 
 
 class Session:
@@ -134,8 +136,6 @@ class Session:
     def plan(self, graph: Graph, bindings: Mapping[str, int] | None = None) -> DispatchReport:
         """Dispatch and lower without compiling: the report ``rlx explain`` prints."""
         if len(self.devices) > 1:
-            from .placement import place
-
             return place(self, graph, {**self._hints(graph), **(bindings or {})}).report
         b = {**self._hints(graph), **(bindings or {})}
         g = graph.specialize(b) if graph.symbols else graph
@@ -175,6 +175,10 @@ class Session:
         return DispatchReport(g.name, backend.name, backend.info.version, device.name, entries, [],
                               None, None, b)
 
+    def _subsession(self, device: str) -> Session:
+        # Placement compiles each segment through a one-device session sharing this one's settings.
+        return Session(device, hub=self.hub, use_cache=self.cache is not None)
+
     def _hints(self, graph: Graph) -> dict[str, int]:
         return {s: self.shape_hints.get(s, 1) for s in sorted(graph.symbols)}
 
@@ -188,9 +192,7 @@ class Session:
                                                "run `rlx doctor`, or choose another device")
         check_constant_indices(graph)  # a constant index out of range makes the graph invalid
         if len(self.devices) > 1:
-            from .placement import MultiDeviceExecutable
-
-            return MultiDeviceExecutable(self, graph)
+            return MultiDeviceExecutable(self, graph, self._subsession)
         exe = Executable(self, graph)
         if graph.symbols:
             # Fail early: resolve every node (with the shape hints) even though lowering, memory
@@ -206,11 +208,6 @@ class Session:
         return self.compile(graph).run(inputs, **kw)
 
 
-#: Specialisations kept per executable unless RLX_MAX_SPECIALIZATIONS or the Session says otherwise:
-#: each holds a compiled program and its arena, so 60 batch sizes once grew a process by ~470 MiB.
-DEFAULT_MAX_SPECIALIZATIONS: int = settings.MAX_SPECIALIZATIONS.default
-
-
 def _max_specializations(value: int | None) -> int:
     from .errors import RLXError
 
@@ -221,29 +218,6 @@ def _max_specializations(value: int | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RLXError(f"max_specializations={value!r} is not an integer >= 1", where="Session", fix=fix)
     return value
-
-
-class _SpecCache(OrderedDict):
-    """Compiled specialisations by input-shape key, least recently used first, at most ``limit``.
-
-    An evicted entry is only dropped from the cache: a run already using it keeps its own reference
-    (and lock), so eviction never disturbs a concurrent run."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def get_recent(self, key: Any) -> Any:
-        hit = self.get(key)
-        if hit is not None:
-            self.move_to_end(key)
-        return hit
-
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.limit:
-            self.popitem(last=False)
 
 
 def _native_plan(disp: Dispatcher, graph: Graph, node: Any) -> Plan | None:
@@ -295,47 +269,6 @@ def _records() -> Any:
     from . import records
 
     return records
-
-
-def _entry(node: str, plan: Plan, device: str, kernels: list[str] | None = None) -> ReportEntry:
-    return ReportEntry(node, plan.variant.op, plan.variant.describe(), plan.kind, plan.via,
-                       tuple(kernels if kernels is not None else plan.kernels()), device, plan.cost)
-
-
-def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[dict[str, np.ndarray],
-                                                                               dict[str, int]]:
-    """Check names, dtypes and shapes; return contiguous arrays and the symbol bindings."""
-    want = {v.name: v.type for v in graph.inputs}
-    unknown = sorted(set(inputs) - set(want))
-    if unknown:
-        raise InputError(f"unknown input(s) {unknown}", where=where,
-                         fix=f"the graph's inputs are: {', '.join(want) or 'none'}")
-    missing = [n for n in want if n not in inputs]
-    if missing:
-        sig = ", ".join(f"{n}: {want[n]}" for n in missing)
-        raise InputError(f"missing input(s) {sig}", where=where, fix="pass every graph input by name")
-    arrays: dict[str, np.ndarray] = {}
-    bindings: dict[str, int] = {}
-    for name, t in want.items():
-        a = np.asarray(inputs[name])
-        if a.dtype != t.dtype.np:
-            raise InputError(f"input {name!r} has dtype {a.dtype}, the graph expects {t.dtype}",
-                             where=where, fix=f"convert it, e.g. x.astype(np.{t.dtype.np.name})")
-        if a.ndim != t.rank:
-            raise InputError(f"input {name!r} has shape {a.shape} (rank {a.ndim}), the graph expects "
-                             f"{t} (rank {t.rank})", where=where, fix="reshape the input")
-        for axis, (got, d) in enumerate(zip(a.shape, t.shape)):
-            if isinstance(d, int):
-                if got != d:
-                    raise InputError(f"input {name!r} has shape {a.shape}, the graph expects {t} "
-                                     f"(axis {axis}: {got} != {d})", where=where, fix="reshape the input")
-            elif bindings.setdefault(d, got) != got:
-                raise InputError(f"symbol {d!r} is {bindings[d]} in one input but {got} in {name!r} "
-                                 f"(axis {axis})", where=where, fix=f"give every {d!r} axis the same size")
-        arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-    # Index operands fed by graph inputs are range-checked here, once, for every backend (ONNX rules).
-    check_index_inputs(graph, arrays, bindings, where)
-    return arrays, bindings
 
 
 class Executable:

@@ -1,0 +1,89 @@
+"""What every executable shares, one device or several: input checking and binding, the bounded
+cache of shape specialisations, and a dispatch plan's line in the report.
+
+Below both :mod:`rlx_core.runtime` (single-device executables, the Session) and
+:mod:`rlx_core.placement` (multi-device executables), so neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import settings
+from .dispatch import Plan
+from .errors import InputError
+from .ir.graph import Graph
+from .ir.indices import check_inputs as check_index_inputs
+from .report import ReportEntry
+
+#: Specialisations kept per executable unless RLX_MAX_SPECIALIZATIONS or the Session says otherwise:
+#: each holds a compiled program and its arena, so 60 batch sizes once grew a process by ~470 MiB.
+DEFAULT_MAX_SPECIALIZATIONS: int = settings.MAX_SPECIALIZATIONS.default
+
+
+class SpecCache(OrderedDict):
+    """Compiled specialisations by input-shape key, least recently used first, at most ``limit``.
+
+    An evicted entry is only dropped from the cache: a run already using it keeps its own reference
+    (and lock), so eviction never disturbs a concurrent run."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get_recent(self, key: Any) -> Any:
+        hit = self.get(key)
+        if hit is not None:
+            self.move_to_end(key)
+        return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+def report_entry(node: str, plan: Plan, device: str, kernels: list[str] | None = None) -> ReportEntry:
+    return ReportEntry(node, plan.variant.op, plan.variant.describe(), plan.kind, plan.via,
+                       tuple(kernels if kernels is not None else plan.kernels()), device, plan.cost)
+
+
+def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[dict[str, np.ndarray],
+                                                                               dict[str, int]]:
+    """Check names, dtypes and shapes; return contiguous arrays and the symbol bindings."""
+    want = {v.name: v.type for v in graph.inputs}
+    unknown = sorted(set(inputs) - set(want))
+    if unknown:
+        raise InputError(f"unknown input(s) {unknown}", where=where,
+                         fix=f"the graph's inputs are: {', '.join(want) or 'none'}")
+    missing = [n for n in want if n not in inputs]
+    if missing:
+        sig = ", ".join(f"{n}: {want[n]}" for n in missing)
+        raise InputError(f"missing input(s) {sig}", where=where, fix="pass every graph input by name")
+    arrays: dict[str, np.ndarray] = {}
+    bindings: dict[str, int] = {}
+    for name, t in want.items():
+        a = np.asarray(inputs[name])
+        if a.dtype != t.dtype.np:
+            raise InputError(f"input {name!r} has dtype {a.dtype}, the graph expects {t.dtype}",
+                             where=where, fix=f"convert it, e.g. x.astype(np.{t.dtype.np.name})")
+        if a.ndim != t.rank:
+            raise InputError(f"input {name!r} has shape {a.shape} (rank {a.ndim}), the graph expects "
+                             f"{t} (rank {t.rank})", where=where, fix="reshape the input")
+        for axis, (got, d) in enumerate(zip(a.shape, t.shape)):
+            if isinstance(d, int):
+                if got != d:
+                    raise InputError(f"input {name!r} has shape {a.shape}, the graph expects {t} "
+                                     f"(axis {axis}: {got} != {d})", where=where, fix="reshape the input")
+            elif bindings.setdefault(d, got) != got:
+                raise InputError(f"symbol {d!r} is {bindings[d]} in one input but {got} in {name!r} "
+                                 f"(axis {axis})", where=where, fix=f"give every {d!r} axis the same size")
+        arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    # Index operands fed by graph inputs are range-checked here, once, for every backend (ONNX rules).
+    check_index_inputs(graph, arrays, bindings, where)
+    return arrays, bindings
