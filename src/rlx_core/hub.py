@@ -205,7 +205,8 @@ class Backend:
             if not isinstance(devs, (list, tuple)) or not all(isinstance(d, DeviceInfo) for d in devs):
                 raise PluginError(f"plugin {self.label}: rlx_probe_devices must return a list of "
                                   "DeviceInfo", fix="return [DeviceInfo(...), ...]")
-            from .calibrate import apply_calibration
+            # Imported on use (it is below the hub): discovery alone never reads calibrations.
+            from .calibration import apply_calibration
 
             self._devices = [apply_calibration(d) for d in devs]
         return self._devices
