@@ -51,6 +51,7 @@ from typing import Any
 from . import API_VERSION, __version__, settings
 from .dispatch import Assignment, Legalized, Plan
 from .ir.graph import Graph
+from .ir.structure import decode_structure
 
 __all__ = [
     "SUBDIRS", "CacheWarning", "CompileCache", "auth_stats", "cache_root", "cache_subdir",
@@ -621,8 +622,6 @@ class CompileCache:
         return (root or self.root) / key[:2] / f"{key}.rlxc"
 
     def load(self, graph: Graph, backend: Any, device: Any, variant: str = "") -> Legalized | None:
-        from .ir.serialize import graph_from_structure
-
         d = self._dir()
         raw = read_entry(self.path(self.key(graph, backend, device, variant), d)) if d else None
         if raw is None:
@@ -634,7 +633,7 @@ class CompileCache:
                 raise ValueError("old cache format")
             weights = dict(graph.weights)
             weights.update(consts)
-            legal_graph = graph_from_structure(data["structure"], weights)
+            legal_graph = decode_structure(data["structure"], weights)
             assignments = {n: Assignment(backend.claim_by_name(device, c), o, path)
                            for n, (c, o, path) in data["assignments"].items()}
             plans = {n: _plan_from(p) for n, p in data["plans"].items()}

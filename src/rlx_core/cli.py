@@ -55,9 +55,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                 "List the export targets and commands installed plugins add (rlx NAME-...)."),
     "quantize": ("rlx_core.quant.cli:quantize_command",
                  "Quantize a model: INT8 post-training (calibrated) or INT4 weight-only."),
-    "keygen": ("rlx_core.signing:keygen_command", "Make an ed25519 key pair for signing models."),
-    "sign": ("rlx_core.signing:sign_command", "Sign a model file (a detached ed25519 signature, MODEL.sig)."),
-    "verify": ("rlx_core.signing:verify_command", "Check a model file's signature against a public key."),
+    "keygen": ("rlx_core.sign_cmd:keygen_command", "Make an ed25519 key pair for signing models."),
+    "sign": ("rlx_core.sign_cmd:sign_command",
+             "Sign a model file (a detached ed25519 signature, MODEL.sig)."),
+    "verify": ("rlx_core.sign_cmd:verify_command", "Check a model file's signature against a public key."),
 }
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
