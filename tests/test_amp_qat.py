@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rlx_conformance.cases import cases_for
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.amp import AmpTrainer, LossScaler, amp_train_step_graph, autocast
@@ -24,7 +25,6 @@ from rlx_core.qat import (
     qat_model,
     quantize_weights,
 )
-from rlx_core.testing import cases_for
 from rlx_core.train_bench import (
     ResidentTrainer,
     digits_split,

@@ -22,6 +22,7 @@ import numpy as np
 from buggy.bugs import BUGS, TEMPLATE, source
 from conftest import PluginFactory
 from rlx_conformance import run_suite
+from rlx_conformance.cases import build_case_graph, cases_for
 from rlx_conformance.certificate import Certificate, Result
 
 from rlx_core import GraphBuilder
@@ -29,7 +30,6 @@ from rlx_core.hub import Hub
 from rlx_core.ir.graph import Graph
 from rlx_core.ir.reference import evaluate
 from rlx_core.runtime import Session
-from rlx_core.testing import build_case_graph, cases_for
 
 BAD = ("failed", "error")
 #: Variants every correct run of the template certifies (f16 via the compute_f16_in_f32 rewrite).
@@ -83,7 +83,7 @@ def _assert_named(cert: Certificate, op: str, variant: str) -> None:
 
 @cache
 def _graph_cases() -> dict[str, Graph]:
-    from rlx_core import graphs
+    from rlx_conformance import graphs
 
     return {gc.id: gc.graph for gc in graphs.graph_cases(dtypes=("f32", "f16"))}
 

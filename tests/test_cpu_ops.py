@@ -1,6 +1,6 @@
 """rlx-cpu against the float64 reference: every MIR op x every dtype it accepts x every generated case.
 
-The cases come from :mod:`rlx_core.testing` (the generator the conformance suite builds on); this
+The cases come from :mod:`rlx_conformance.cases` (the generator the conformance suite builds on); this
 file also tests that generator and comparator themselves, so a bug there cannot silently turn the
 op tests into no-ops.
 """
@@ -13,13 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from rlx_core.dtypes import ALL_DTYPES, DType
-from rlx_core.errors import DispatchError
-from rlx_core.ir import REGISTRY, AttrSpec, OpSchema, TensorType, register_op
-from rlx_core.ir.mir import MIR_OPS
-from rlx_core.runtime import Session
-from rlx_core.testing import (
+from rlx_conformance.cases import (
     EXACT_OPS,
     KINDS,
     OpCase,
@@ -30,6 +24,12 @@ from rlx_core.testing import (
     run_case,
     tolerance,
 )
+
+from rlx_core.dtypes import ALL_DTYPES, DType
+from rlx_core.errors import DispatchError
+from rlx_core.ir import REGISTRY, AttrSpec, OpSchema, TensorType, register_op
+from rlx_core.ir.mir import MIR_OPS
+from rlx_core.runtime import Session
 
 CASES = all_cases()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rlx_conformance.cases import cases_for, run_case
 
 from rlx_core.plugin import (
     DispatchError,
@@ -19,10 +20,8 @@ from rlx_core.plugin import (
     Hub,
     Replay,
     Session,
-    cases_for,
     evaluate,
     render_check,
-    run_case,
     single_op_program,
 )
 

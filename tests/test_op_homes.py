@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rlx_conformance.cases import cases_for, tolerance
 
 from rlx_core.amp import autocast
 from rlx_core.autodiff import get_jvp, get_vjp
@@ -22,7 +23,6 @@ from rlx_core.fusion import FUSIBLE, encode, is_fusible
 from rlx_core.ir import REGISTRY, GraphBuilder, OpSchema, TensorType, register_op
 from rlx_core.ir.schema import CaseSpec
 from rlx_core.ir.types import Attrs
-from rlx_core.testing import cases_for, tolerance
 
 OP = "test_homes.cube"
 

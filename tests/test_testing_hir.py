@@ -1,4 +1,4 @@
-"""HIR op cases and model graph tests from :mod:`rlx_core.testing` and :mod:`rlx_core.graphs`.
+"""HIR op cases and model graph tests from :mod:`rlx_conformance.cases` and :mod:`rlx_conformance.graphs`.
 
 Every HIR op x float dtype gets dedicated cases; they must all pass on rlx-cpu (whose HIR support is
 the core decompositions run in storage precision) and, where it compiles, on the whole-program test
@@ -15,25 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from rlx_core.dtypes import FLOAT_DTYPES, DType
-from rlx_core.graphs import (
-    GRAPH_VARIANTS,
-    GRAPHS,
-    GraphCase,
-    check_graph,
-    error_budget,
-    graph_cases,
-    make_case,
-    mlp,
-)
-from rlx_core.ir import REGISTRY
-from rlx_core.ir.graph import Graph
-from rlx_core.ir.hir import HIR_OPS, MASK_KINDS
-from rlx_core.ir.reference import evaluate
-from rlx_core.ir.schema import register_op
-from rlx_core.runtime import Session
-from rlx_core.testing import (
+from rlx_conformance.cases import (
     EXACT_OPS,
     KINDS,
     OpCase,
@@ -44,6 +26,24 @@ from rlx_core.testing import (
     run_case,
     tolerance,
 )
+from rlx_conformance.graphs import (
+    GRAPH_VARIANTS,
+    GRAPHS,
+    GraphCase,
+    check_graph,
+    error_budget,
+    graph_cases,
+    make_case,
+    mlp,
+)
+
+from rlx_core.dtypes import FLOAT_DTYPES, DType
+from rlx_core.ir import REGISTRY
+from rlx_core.ir.graph import Graph
+from rlx_core.ir.hir import HIR_OPS, MASK_KINDS
+from rlx_core.ir.reference import evaluate
+from rlx_core.ir.schema import register_op
+from rlx_core.runtime import Session
 
 CASES = hir_cases()
 FLOATS = tuple(FLOAT_DTYPES)

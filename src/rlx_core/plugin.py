@@ -19,9 +19,11 @@ What is here, by role:
   ``NodeVariant``, ``Decomposition``, ``Rewrite``, ``CompiledProgram`` (what ``rlx_compile`` returns),
   ``ExporterInfo`` (an ``rlx export`` target, hook ``rlx_exporters``);
 * IR: ``Graph``, ``Node``, ``Value``, ``GraphBuilder``, ``Tensor``, ``TensorType``, ``Dim``,
-  ``Attrs``, ``DType``, ``OpSchema``, ``AttrSpec``, ``REGISTRY``, ``register_op``, ``get_op``,
-  ``broadcast_shapes``, ``normalize_axis``, ``slice_params``, ``masked_score``, ``evaluate``
-  (the float64 reference), ``device_error`` (the error a kernel raises for an index out of range);
+  ``Attrs``, ``DType``, ``OpSchema``, ``AttrSpec``, ``REQUIRED`` (an attribute's default when it has
+  none), ``REGISTRY``, ``register_op``, ``get_op``, ``HIR_OPS`` (the core's HIR ops),
+  ``broadcast_shapes``, ``normalize_axis``, ``slice_params``, ``masked_score``, ``MASK_KINDS``
+  (attention's mask kinds), ``evaluate`` (the float64 reference), ``to_reference`` (an array in the
+  reference's precision), ``device_error`` (the error a kernel raises for an index out of range);
 * LIR: ``Program``, ``Step``, ``Transfer``, ``BufferPlan``, ``lower``;
 * errors: ``RLXError`` and its subclasses;
 * settings: ``declare_setting`` (``rlx_core.settings.declare``), ``Setting``, ``SettingError``: a
@@ -40,9 +42,8 @@ What is here, by role:
 * quantized ops: ``register_quant_ops``, ``quantize_graph``, ``softmax_lut``, ``pool_geometry``;
 * exporters (``rlx export --target T``): ``export_options``, ``echo_json``, ``parse_pairs``,
   ``parse_bindings``, ``check_bindings``, ``load_model``, ``load_command_model``;
-* running and testing: ``Session``, ``Executable``, ``Hub``, ``Backend``, ``parse_device``,
-  ``cases_for``, ``build_case_graph``, ``run_case``, ``compare``, ``accumulation``, ``OpCase``,
-  ``CaseResult``, ``graphs`` (the model graphs the conformance suite runs);
+* running: ``Session``, ``Executable``, ``Hub``, ``Backend``, ``parse_device`` (the conformance case
+  generators and model graphs are ``rlx_conformance``'s API: a plugin's tests import them from there);
 * provisional demo models, to leave the core with issue 15 step 4 (demos out of the core import
   path): ``MiniLM``, ``split_digits``, ``train_mlp``, ``train_cnn``.
 
@@ -89,13 +90,17 @@ _LAZY: dict[str, str] = {
     "normalize_axis": "rlx_core.ir.types",
     "OpSchema": "rlx_core.ir.schema",
     "AttrSpec": "rlx_core.ir.schema",
+    "REQUIRED": "rlx_core.ir.schema",
     "REGISTRY": "rlx_core.ir.schema",
     "register_op": "rlx_core.ir.schema",
     "get_op": "rlx_core.ir.schema",
     "slice_params": "rlx_core.ir.mir",
     "masked_score": "rlx_core.ir.hir",
+    "MASK_KINDS": "rlx_core.ir.hir",
+    "HIR_OPS": "rlx_core.ir.hir",
     "device_error": "rlx_core.ir.indices",
     "evaluate": "rlx_core.ir.reference",
+    "to_reference": "rlx_core.ir.reference",
     # LIR
     "Program": "rlx_core.lir",
     "Step": "rlx_core.lir",
@@ -177,20 +182,12 @@ _LAZY: dict[str, str] = {
     "check_bindings": "rlx_core.cli",
     "load_model": "rlx_core.cli",
     "load_command_model": "rlx_core.cli",
-    # running and testing
+    # running
     "Session": "rlx_core.runtime",
     "Executable": "rlx_core.runtime",
     "Hub": "rlx_core.hub",
     "Backend": "rlx_core.hub",
     "parse_device": "rlx_core.hub",
-    "OpCase": "rlx_core.testing",
-    "CaseResult": "rlx_core.testing",
-    "cases_for": "rlx_core.testing",
-    "build_case_graph": "rlx_core.testing",
-    "run_case": "rlx_core.testing",
-    "compare": "rlx_core.testing",
-    "accumulation": "rlx_core.testing",
-    "graphs": "rlx_core.graphs:",
     # provisional demo models
     "MiniLM": "rlx_core.models.minilm",
     "split_digits": "rlx_core.quant.examples",
@@ -214,16 +211,14 @@ __all__ = [
     "js_value", "Dialect", "DIALECTS", "render_op", "render_program", "NUMBA_PRELUDE", "FUSED",
     "FUSIBLE", "encode_fused", "decode_fused", "quantize_graph", "softmax_lut", "pool_geometry",
     "export_options", "echo_json", "parse_pairs", "parse_bindings", "check_bindings", "load_model",
-    "load_command_model", "Session", "Executable", "Hub", "Backend", "parse_device", "OpCase",
-    "CaseResult", "cases_for", "build_case_graph", "run_case", "compare", "accumulation", "graphs",
-    "MiniLM", "split_digits", "train_mlp", "train_cnn",
+    "load_command_model", "Session", "Executable", "Hub", "Backend", "parse_device",
+    "REQUIRED", "HIR_OPS", "MASK_KINDS", "to_reference", "MiniLM", "split_digits", "train_mlp", "train_cnn",
     "single_op_program", "program_of", "render_check", "check_ops", "renders", "dtypes_in", "all_of",
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
-    from rlx_core import graphs as graphs
     from rlx_core.cache import (
         cache_subdir,
         publish_file,
@@ -290,11 +285,11 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.hub import Backend, Hub, parse_device
     from rlx_core.ir.builder import GraphBuilder, Tensor
     from rlx_core.ir.graph import Graph, Node, Value
-    from rlx_core.ir.hir import masked_score
+    from rlx_core.ir.hir import HIR_OPS, MASK_KINDS, masked_score
     from rlx_core.ir.indices import device_error
     from rlx_core.ir.mir import slice_params
-    from rlx_core.ir.reference import evaluate
-    from rlx_core.ir.schema import REGISTRY, AttrSpec, OpSchema, get_op, register_op
+    from rlx_core.ir.reference import evaluate, to_reference
+    from rlx_core.ir.schema import REGISTRY, REQUIRED, AttrSpec, OpSchema, get_op, register_op
     from rlx_core.ir.types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
     from rlx_core.lir import BufferPlan, Program, Step, Transfer, lower
     from rlx_core.models.minilm import MiniLM
@@ -316,15 +311,6 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.runtime import Executable, Session
     from rlx_core.settings import Setting
     from rlx_core.settings import declare as declare_setting
-    from rlx_core.testing import (
-        CaseResult,
-        OpCase,
-        accumulation,
-        build_case_graph,
-        cases_for,
-        compare,
-        run_case,
-    )
 
 
 def register_quant_ops() -> tuple[str, ...]:

@@ -37,6 +37,9 @@ from rlx_core.plugin import (
     evaluate,
 )
 
+from . import graphs
+from .cases import accumulation, build_case_graph, cases_for, compare, run_case
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -72,7 +75,7 @@ class Check:
 
 
 class _Compiled:
-    """Hands a pre-compiled executable to ``rlx_core.testing.run_case`` (no second compile)."""
+    """Hands a pre-compiled executable to :func:`~rlx_conformance.cases.run_case` (no second compile)."""
 
     def __init__(self, exe: Any) -> None:
         self.exe = exe
@@ -83,8 +86,6 @@ class _Compiled:
 
 def _op_check(case: Any) -> Callable[[Context], Outcome]:
     def run(ctx: Context) -> Outcome:
-        from rlx_core.plugin import build_case_graph, run_case
-
         graph = build_case_graph(case)
         try:
             exe = ctx.session.compile(graph)
@@ -100,8 +101,6 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
     """The op applied twice to the same inputs: a kernel that writes into an input it does not own
     (not planned in place) makes the second result wrong."""
     def run(ctx: Context) -> Outcome:
-        from rlx_core.plugin import accumulation, build_case_graph, compare
-
         single = build_case_graph(case)
         node = single.nodes[0]
         g = GraphBuilder(f"{single.name}_twice")
@@ -137,8 +136,6 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
 
 
 def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
-    from rlx_core.plugin import cases_for
-
     out = []
     for schema in schemas if schemas is not None else REGISTRY.schemas():
         if schema.provider == "rlx-conformance":
@@ -159,10 +156,6 @@ def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
 
 
 def graph_checks() -> list[Check]:
-    try:
-        from rlx_core.plugin import graphs
-    except ImportError:  # pragma: no cover - older rlx-core without the model graph library
-        return []
     out = []
     for gc in graphs.graph_cases(dtypes=("f32", "f16")):
         def run(ctx: Context, gc: Any = gc) -> Outcome:

@@ -113,17 +113,17 @@ GradFn = Callable[..., Sequence[Any]]
 AMP_CLASSES = ("low", "f32")
 FUSION_CLASSES = ("elementwise", "reduction")
 ACCURACY_CLASSES = ("exact", "library")
-#: Value domains the conformance generator knows (see :mod:`rlx_core.testing`).
+#: Value domains the conformance generator knows (``rlx_conformance.cases``, which reads this).
 CASE_DOMAINS = ("default", "positive", "nonzero", "halves", "ties", "bool")
 
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """How the conformance generator (:func:`rlx_core.testing.cases_for`) feeds an op.
+    """How the conformance generator (``rlx_conformance.cases.cases_for``) feeds an op.
 
     ``family`` picks the generator: ``"unary"`` / ``"binary"`` (the elementwise suites: shapes,
     broadcasting, scalars, size 0/1, non-contiguous, NaN/Inf, large values) or the name of a
-    dedicated generator in ``rlx_core.testing.GENERATORS``. ``domains`` gives one value domain per
+    dedicated generator in ``rlx_conformance.cases.GENERATORS``. ``domains`` gives one value domain per
     operand (one of :data:`CASE_DOMAINS`; values outside an op's domain give NaN, which tests
     little). ``overflow`` adds integer cases at the type's extremes (``neg``/``abs`` of INT_MIN).
     """

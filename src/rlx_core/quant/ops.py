@@ -25,7 +25,6 @@ Integer accumulators wrap modulo 2**32 (C with ``-fwrapv``); scales are used as 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,7 +36,6 @@ from ..errors import DTypeError, IRError, ShapeError
 from ..ir.builder import GraphBuilder, Tensor
 from ..ir.schema import REGISTRY, AttrSpec, OpSchema, register_op
 from ..ir.types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
-from . import cases as _cases
 from . import fixedpoint as fx
 
 I8, I32, I64, U8, F32, F64 = DType.I8, DType.I32, DType.I64, DType.U8, DType.F32, DType.F64
@@ -46,9 +44,7 @@ _registered: list[str] = []
 
 
 def _register(schema: OpSchema) -> None:
-    # The op's conformance case generator travels with the schema (extra["cases"]).
-    gen = _cases.GENERATORS.get(schema.name)
-    register_op(dataclasses.replace(schema, extra={"cases": gen}) if gen else schema)
+    register_op(schema)
     _registered.append(schema.name)
 
 
@@ -602,6 +598,3 @@ _register(OpSchema(
 
 #: The ops this module registers, in registration order.
 QUANT_OPS: tuple[str, ...] = tuple(_registered)
-
-# rlx_core.testing picks generators from its GENERATORS table: add ours (see cases.install).
-_cases.install()

@@ -1,6 +1,6 @@
 """Small, deterministic model graphs for conformance *graph tests*.
 
-Op cases (:mod:`rlx_core.testing`) check each op alone; graph tests check that ops compose: layouts
+Op cases (:mod:`rlx_conformance.cases`) check each op alone; graph tests check that ops compose: layouts
 flow through reshapes and transposes, symbolic dims specialise, decompositions meet native kernels,
 and rounding errors stay bounded through a whole model. Each factory returns
 ``(graph, inputs, tolerance)`` and is seeded, so a name and dtype always give the same weights and
@@ -16,8 +16,8 @@ inputs (the same float64 values rounded to each dtype):
 
 :data:`GRAPHS` maps names to factories and :func:`graph_cases` turns them into :class:`GraphCase`
 objects (id ``graph::attention_block[causal,f32]``); :func:`check_graph` compiles one on a session
-and compares it with :func:`rlx_core.ir.reference.evaluate`, returning a
-:class:`~rlx_core.testing.CaseResult`.
+and compares it with :func:`rlx_core.plugin.evaluate`, returning a
+:class:`~rlx_conformance.cases.CaseResult`.
 
 **Tolerance.** The reference rounds every intermediate value to its declared dtype, as a correct
 backend storing it does, but a backend may differ from it at every node (its own roundings, a fused
@@ -44,12 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DType
-from .ir.builder import GraphBuilder, Tensor
-from .ir.graph import Graph, Node
-from .ir.hir import MASK_KINDS
-from .ir.types import normalize_axis
-from .testing import (
+from rlx_core.plugin import MASK_KINDS, DType, Graph, GraphBuilder, Node, Tensor, normalize_axis
+
+from .cases import (
     EPS,
     EXACT_OPS,
     HIR_CONDITION,
@@ -319,10 +316,10 @@ def _node_k(graph: Graph, node: Node) -> int:
 def node_bound(op: str, dtype: DType | str, k: int = 1) -> float:
     """A node's typical relative error against the rounded reference, in the probabilistic model.
 
-    ``e`` storage eps, ``c`` compute eps (f32 for half types), as :func:`~rlx_core.testing.tolerance`:
+    ``e`` storage eps, ``c`` compute eps (f32 for half types), as :func:`~rlx_conformance.cases.tolerance`:
     ``e`` for the two final roundings (reference and backend, half an ulp each), ``L*c`` for library
     functions, ``sqrt(D)*e/2`` for an HIR op's chain of ``D`` storage roundings
-    (:data:`~rlx_core.testing.HIR_ROUNDINGS`; 1 for MIR ops) and ``sqrt(k)*c`` for a sum of ``k``
+    (:data:`~rlx_conformance.cases.HIR_ROUNDINGS`; 1 for MIR ops) and ``sqrt(k)*c`` for a sum of ``k``
     terms (``sqrt(k)*e`` where the decomposition sums in storage precision). Exact ops give 0.
     """
     dt = DType.parse(dtype)
@@ -366,9 +363,9 @@ def _output_scale(ref: Mapping[str, np.ndarray]) -> float:
 
 
 def _reference(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """:func:`~rlx_core.ir.reference.evaluate` of the graph specialised to the inputs' shapes
+    """:func:`~rlx_core.plugin.evaluate` of the graph specialised to the inputs' shapes
     (the reference cannot bind a reshape target with two symbols, e.g. ``(batch, seq, 4, 8)``)."""
-    from .ir.reference import evaluate
+    from rlx_core.plugin import evaluate
 
     binds = _bindings(graph, inputs)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -399,7 +396,7 @@ def graph_cases(dtypes: Iterable[DType | str] = ("f32",), names: Iterable[str] |
 def check_graph(case: GraphCase, session: Any) -> CaseResult:
     """Compile ``case.graph`` on ``session``, run it and compare every output with the reference.
 
-    Statuses as :func:`rlx_core.testing.run_case`: ``error`` if building, compiling, running or the
+    Statuses as :func:`rlx_conformance.cases.run_case`: ``error`` if building, compiling, running or the
     reference raised; ``failed`` if an output is missing or differs; ``passed`` otherwise. The
     result's ``op`` is the graph's name and its ``kind`` is ``"graph"``.
     """

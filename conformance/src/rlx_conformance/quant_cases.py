@@ -1,4 +1,5 @@
-"""Conformance cases for the quantized ops, installed into :data:`rlx_core.testing.GENERATORS`.
+"""Conformance cases for the quantized ops (``rlx_core.quant``), by op name; part of
+:data:`rlx_conformance.cases.GENERATORS`.
 
 They cover what the integer rules are about: the ends of the int8/int32 ranges, zero points, rounding
 ties, per-channel parameters, padding, strides, dilation, groups and depthwise, scalar and empty
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import DType
+from rlx_core.plugin import DType
 
 Shape = tuple[int, ...]
 
@@ -216,15 +217,4 @@ GENERATORS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def install() -> None:
-    """Make :func:`rlx_core.testing.cases_for` (and so the conformance suite) use these generators.
-
-    Each quantized op's schema also carries its generator as ``extra["cases"]``, so a core whose
-    ``cases_for`` looks there would not need this (nor the import of :mod:`rlx_core.testing`)."""
-    from .. import testing
-
-    for op, fn in GENERATORS.items():
-        testing.GENERATORS.setdefault(op, fn)
-
-
-__all__ = ["GENERATORS", "install"]
+__all__ = ["GENERATORS"]

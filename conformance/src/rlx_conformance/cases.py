@@ -9,16 +9,16 @@ The pieces are backend-agnostic and meant to be reused by every backend's test s
   plugin ops get a generic smoke case. :func:`all_cases` defaults to the MIR ops;
   :func:`hir_cases` gives the HIR ops' (every attention mask kind, norms over several axes, pools
   with padding both ways, ...), whose tolerances allow for their decompositions (see
-  :func:`tolerance`). Whole-model graph tests live in :mod:`rlx_core.graphs`.
-* :func:`build_case_graph` makes the one-node :class:`~rlx_core.ir.graph.Graph` of a case.
+  :func:`tolerance`). Whole-model graph tests live in :mod:`rlx_conformance.graphs`.
+* :func:`build_case_graph` makes the one-node :class:`~rlx_core.plugin.Graph` of a case.
 * :func:`tolerance` and :func:`compare` define what "correct" means (documented on each).
-* :func:`run_case` compiles a case on a :class:`~rlx_core.runtime.Session`, runs it, evaluates the
+* :func:`run_case` compiles a case on a :class:`~rlx_core.plugin.Session`, runs it, evaluates the
   reference and reports ``passed``/``failed``/``error`` plus the dispatch path taken.
 
 Example::
 
-    from rlx_core import Session
-    from rlx_core.testing import all_cases, run_case
+    from rlx_core.plugin import Session
+    from rlx_conformance.cases import all_cases, run_case
 
     session = Session("cpu", use_cache=False)
     bad = [r for r in (run_case(c, session) for c in all_cases()) if r.status != "passed"]
@@ -38,11 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import ALL_DTYPES, DType
-from .errors import RLXError
-from .ir.graph import Graph
-from .ir.schema import REGISTRY, REQUIRED, OpSchema
-from .ir.types import normalize_axis
+from rlx_core.plugin import REGISTRY, REQUIRED, DType, Graph, OpSchema, RLXError, normalize_axis
+
+from .quant_cases import GENERATORS as QUANT_GENERATORS
 
 Shape = tuple[int, ...]
 #: ``maker(rng, shape, dtype) -> array`` generates one operand in storage dtype.
@@ -57,7 +55,7 @@ InputFn = Callable[[np.random.Generator], np.ndarray]
 #: the top of the dtype's range (results may overflow to Inf, as IEEE says); ``nan_inf`` NaN and
 #: +-Inf operands; ``overflow`` integer operands at the ends of their range (results wrap);
 #: ``out_of_range`` an index operand outside ONNX's ``[-n, n-1]``: the reference and the backend
-#: must both raise InputError (:mod:`rlx_core.ir.indices`), not crash, give zeros or garbage.
+#: must both raise InputError (``rlx_core.plugin.device_error``), not crash, give zeros or garbage.
 KINDS: tuple[str, ...] = ("basic", "scalar", "size0", "size1", "broadcast", "negative_axis",
                           "negative_index", "noncontiguous", "large", "nan_inf", "overflow",
                           "out_of_range")
@@ -394,7 +392,7 @@ def fixed_choice(values: Sequence[float]) -> ValueFn:
 
 def _gen_cast(c: _Cases) -> None:
     src = c.dtype
-    for to in ALL_DTYPES:
+    for to in DType:
         vf = _cast_values(src, to)
         attrs = {"to": to}
         c.add(f"to_{to}", "basic", [("x", c.arr(vf, (3, 4)))], attrs)
@@ -1185,6 +1183,8 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
     **{op: _gen_softmax for op in ("softmax", "log_softmax")},
     **{op: _gen_layer_norm for op in ("layer_norm", "rms_norm")},
     **{op: _gen_pool for op in ("max_pool2d", "avg_pool2d")},
+    # the quantized ops (rlx_core.quant registers them; their generators are in quant_cases)
+    **QUANT_GENERATORS,
 }
 
 
@@ -1236,15 +1236,15 @@ def all_cases(schemas: Iterable[OpSchema | str] | None = None, dtypes: Iterable[
 
 
 def hir_cases(dtypes: Iterable[DType | str] | None = None, rng_seed: int = 0) -> list[OpCase]:
-    """Cases for every core HIR op (:data:`rlx_core.ir.hir.HIR_OPS`), like :func:`all_cases`."""
-    from .ir.hir import HIR_OPS
+    """Cases for every core HIR op (:data:`rlx_core.plugin.HIR_OPS`), like :func:`all_cases`."""
+    from rlx_core.plugin import HIR_OPS
 
     return all_cases(HIR_OPS, dtypes, rng_seed)
 
 
 def build_case_graph(case: OpCase) -> Graph:
     """A graph with the case's arrays as inputs (same names, dtypes, shapes) and one node."""
-    from .ir.builder import GraphBuilder
+    from rlx_core.plugin import GraphBuilder
 
     g = GraphBuilder(case.id.replace("[", "_").replace("]", "_"))
     ins = [g.input(name, DType.parse(arr.dtype), arr.shape) for name, arr in case.inputs]
@@ -1381,7 +1381,7 @@ def compare(got: Any, want_ref: np.ndarray, dtype: DType | str, op: str, *, k: i
     """Check a backend result against the reference; ``None`` if it matches, else why not.
 
     ``want_ref`` is the float64 (complex128, exact integer/bool) reference already rounded to the
-    storage precision of ``dtype`` (as :func:`rlx_core.ir.reference.evaluate` returns it).
+    storage precision of ``dtype`` (as :func:`rlx_core.plugin.evaluate` returns it).
     Rules: ``got`` must be an ndarray of exactly ``dtype`` and the reference's shape; NaN must be
     at exactly the reference's NaN positions and +-Inf must match exactly (per component for
     complex); finite elements must satisfy :func:`tolerance`. ``k``, ``scale`` and ``src`` are
@@ -1462,7 +1462,7 @@ def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
     """
     if case.op not in ACCUMULATING_OPS and case.op not in HIR_CONDITION:
         return 1, 1.0
-    from .ir.reference import to_reference
+    from rlx_core.plugin import to_reference
 
     graph = graph or build_case_graph(case)
     if case.op in HIR_CONDITION:
@@ -1533,10 +1533,10 @@ def _cond_attention(xs: Sequence[np.ndarray], attrs: Any) -> tuple[int, float]:
     but three of attention's eight (``q*scale``, the scores, ``+bias``) perturb the *scores*, by up
     to half an ulp of ``S`` each, and softmax turns an absolute score error into a relative weight
     error, doubled by the max subtraction: ``2 * 3/8 = 0.75`` of the chain per unit of ``S``."""
-    from .ir.hir import _attention_scale
-
     q, k, v = (_abs_finite(a) for a in xs[:3])
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * abs(_attention_scale(attrs, q.shape[-1]))
+    # attention's scale attribute, or ONNX's default 1/sqrt(head dim) when it is None.
+    scale = float(attrs["scale"]) if attrs["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * abs(scale)
     if attrs["mask"] == "bias":
         s = s + _abs_finite(xs[3])
     return q.shape[-1] + k.shape[-2], (1.0 + 0.75 * _finite_max(s)) * _finite_max(v)
@@ -1630,8 +1630,7 @@ def _run_out_of_range(case: OpCase, graph: Graph, session: Any,
                       result: Callable[..., CaseResult]) -> CaseResult:
     """An ``out_of_range`` case passes when the reference and the backend both raise InputError
     (ONNX: an index outside ``[-n, n-1]`` is an error), naming the node and the bad value."""
-    from .errors import InputError
-    from .ir.reference import evaluate
+    from rlx_core.plugin import InputError, evaluate
 
     try:
         evaluate(graph, {k: np.array(v, copy=True) for k, v in case.feed().items()})
@@ -1664,7 +1663,7 @@ def run_case(case: OpCase, session: Any) -> CaseResult:
     ``error``: building, compiling, running or the reference raised (message has the exception);
     ``failed``: a result differs (message from :func:`compare`); ``passed`` otherwise.
     """
-    from .ir.reference import evaluate
+    from rlx_core.plugin import evaluate
 
     def result(status: str, message: str = "", path: str = "") -> CaseResult:
         return CaseResult(case.id, case.op, case.dtype, case.kind, status, message, path)
