@@ -44,20 +44,20 @@ def test_fused_train_step_matches_unfused(arch: tuple[int, ...], monkeypatch: py
     for (w0, b0), (w1, b1) in zip(rf.params(), rp.params()):
         np.testing.assert_allclose(w0, w1, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(b0, b1, rtol=1e-5, atol=1e-6)
-    names = set(rf.trainer.compiled.kernel_names)
+    names = set(rf.trainer.binding.kernel_names)
     assert {"cpu.gemm_accumulate", "cpu.axpy", "cpu.log_softmax_backward", "cpu.neg_mean_rowdot",
             "cpu.one_hot", "cpu.linear_blas", "cpu.linear_relu"} <= names, names
-    assert "cpu.transpose" not in names and "cpu.transpose" in set(rp.trainer.compiled.kernel_names)
-    assert len(rf.trainer.compiled.runs) < len(rp.trainer.compiled.runs)
+    assert "cpu.transpose" not in names and "cpu.transpose" in set(rp.trainer.binding.kernel_names)
+    assert len(rf.trainer.binding.runs) < len(rp.trainer.binding.runs)
     if len(arch) > 3:
         assert "cpu.relu_backward" in names
-    assert rf.trainer.compiled._bound == {"x"}  # the batch is read where the caller keeps it
-    views = rf.trainer.compiled.views
+    assert rf.trainer.bound_inputs == {"x"}  # the batch is read where the caller keeps it
+    views = rf.trainer.binding.views
     for k in range(len(arch) - 1):  # weights, momenta and updates kept column-major
         for v in (f"w{k}", f"w{k}.momentum_buffer", f"w{k}.next"):
             assert views[v].flags.f_contiguous and not views[v].flags.c_contiguous, v
         assert rf.params()[k][0].shape == (arch[k + 1], arch[k])
-    assert all(v.flags.c_contiguous for v in rp.trainer.compiled.views.values())
+    assert all(v.flags.c_contiguous for v in rp.trainer.binding.views.values())
 
 
 def test_column_major_weights_load_and_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,7 +90,7 @@ def test_paired_gemms_match(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu.parallel import pool
 
     if pool().threads > 1:
-        assert "cpu.gemm_pair" in rt.trainer.compiled.kernel_names
+        assert "cpu.gemm_pair" in rt.trainer.binding.kernel_names
 
 
 def test_strided_batch_is_copied_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,7 +98,7 @@ def test_strided_batch_is_copied_in(monkeypatch: pytest.MonkeyPatch) -> None:
     a, ra = _curve(arch, 8, 6, monkeypatch, True)
     b, rb = _curve(arch, 8, 6, monkeypatch, True, strided=True)
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    assert rb.trainer.compiled._bound == set()
+    assert rb.trainer.bound_inputs == set()
 
 
 def test_generic_run_after_bound_input(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,7 +108,7 @@ def test_generic_run_after_bound_input(monkeypatch: pytest.MonkeyPatch) -> None:
                          param_names(2), fusion=False)
     rng = np.random.default_rng(0)
     x, y = rng.random((4, 12), dtype=np.float32), rng.integers(0, 3, 4)
-    prog = rt.compiled
+    prog = rt.binding
     assert prog.bind_input("x", x) and "x" in prog._bound
     feed = {"x": x * 0, "y": y, "step": np.asarray(0, np.int64),
             **{p: np.array(rt.model_graph.weights[p]) for p in rt.params},
@@ -192,7 +192,7 @@ def test_profile_counts_every_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> N
     arch = (12, 6, 3)
     rt = ResidentTrainer(mlp_graph(arch, init_params(arch), 4), "loss", SGD(lr=0.1, momentum=0.9),
                          param_names(2), fusion=False)
-    prog = rt.compiled
+    prog = rt.binding
     assert len(prog.runs) < len(rt.program.kernels)
     rng = np.random.default_rng(0)
     feed = {"x": rng.random((4, 12), dtype=np.float32), "y": rng.integers(0, 3, 4),

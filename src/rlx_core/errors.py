@@ -84,6 +84,11 @@ class CalibrationError(RLXError):
     """A calibration micro-benchmark could not run."""
 
 
+class CapabilityError(RLXError):
+    """The backend's compiled program lacks an optional capability the caller asked for (for
+    example :class:`~rlx_core.records.BufferBinding`, which resident training needs)."""
+
+
 class SettingError(RLXError, ValueError):
     """An ``RLX_*`` setting has a value its declaration does not allow, or is declared twice differently.
 

@@ -160,8 +160,14 @@ def plan_memory(graph: Graph, steps: list[Step], keep: set[str],
     return BufferPlan(offsets, sizes, arena, naive), new_steps
 
 
-def lower(legal: Legalized, device: Any) -> Program:
-    """Turn a legalized static graph into an LIR program for ``device``."""
+def lower(legal: Legalized, device: Any, carry: Mapping[str, str] | None = None) -> Program:
+    """Turn a legalized static graph into an LIR program for ``device``.
+
+    ``carry`` maps graph inputs to the public outputs whose values the caller feeds back into them
+    between runs (parameters and optimizer state, kept resident in the program's buffers): each
+    such input ends up either sharing its output's bytes (the update ran in place: nothing to
+    move) or live to the end of the run, so copying the output onto it afterwards clobbers no
+    other output."""
     g = legal.graph
     if not g.is_static:
         syms = ", ".join(sorted(g.symbols))
@@ -173,7 +179,19 @@ def lower(legal: Legalized, device: Any) -> Program:
         steps.append(Step(node.name, node.op, a.claim.name, node.inputs, node.outputs, node.attrs,
                           a.origin, a.path, a.claim.in_place))
     keep = {v for _, v in legal.outputs}
-    plan, steps = plan_memory(g, steps, keep, getattr(device, "reuse_distance", 0))
+    reuse = getattr(device, "reuse_distance", 0)
+    plan, planned = plan_memory(g, steps, keep, reuse)
+    outs = dict(legal.outputs)
+    pairs = [(i, outs[o]) for i, o in (carry or {}).items()]
+    kept: set[str] = set()
+    while True:
+        # Keeping an input alive can undo another pair's in-place update: plan until stable.
+        apart = {i for i, o in pairs if plan.offsets[i] != plan.offsets[o]}
+        if apart <= kept:
+            break
+        kept |= apart
+        plan, planned = plan_memory(g, steps, keep | kept, reuse)
+    steps = planned
     all_steps: list[Step | Transfer] = []
     if not device.host_memory:
         for v in g.inputs:

@@ -17,6 +17,7 @@ What is here, by role:
 
 * hooks and records: ``hookimpl``; ``BackendInfo``, ``DeviceInfo``, ``DeviceCaps``, ``KernelClaim``,
   ``NodeVariant``, ``Decomposition``, ``Rewrite``, ``CompiledProgram`` (what ``rlx_compile`` returns),
+  ``BufferBinding`` (the optional capability of a compiled program that resident training needs),
   ``ExporterInfo`` (an ``rlx export`` target, hook ``rlx_exporters``);
 * IR: ``Graph``, ``Node``, ``Value``, ``GraphBuilder``, ``Tensor``, ``TensorType``, ``Dim``,
   ``Attrs``, ``DType``, ``OpSchema``, ``AttrSpec``, ``REQUIRED`` (an attribute's default when it has
@@ -75,6 +76,7 @@ _LAZY: dict[str, str] = {
     "Decomposition": "rlx_core.records",
     "Rewrite": "rlx_core.records",
     "CompiledProgram": "rlx_core.records",
+    "BufferBinding": "rlx_core.records",
     "ExporterInfo": "rlx_core.records",
     # IR
     "DType": "rlx_core.dtypes",
@@ -120,6 +122,7 @@ _LAZY: dict[str, str] = {
     "DispatchError": "rlx_core.errors",
     "InputError": "rlx_core.errors",
     "CalibrationError": "rlx_core.errors",
+    "CapabilityError": "rlx_core.errors",
     # settings
     "Setting": "rlx_core.settings",
     "SettingError": "rlx_core.errors",
@@ -216,6 +219,7 @@ __all__ = [
     "single_op_program", "program_of", "render_check", "check_ops", "renders", "dtypes_in", "all_of",
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
+    "BufferBinding", "CapabilityError",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -266,6 +270,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.errors import (
         BackendNotFoundError,
         CalibrationError,
+        CapabilityError,
         DispatchError,
         DTypeError,
         InputError,
@@ -299,6 +304,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.quant.ops import pool_geometry
     from rlx_core.records import (
         BackendInfo,
+        BufferBinding,
         CompiledProgram,
         Decomposition,
         DeviceCaps,

@@ -12,6 +12,7 @@ from .ir.types import Attrs, TensorType
 
 if TYPE_CHECKING:
     import click
+    import numpy as np
 
 
 def _need(cond: bool, what: str, fix: str) -> None:
@@ -197,6 +198,35 @@ class CompiledProgram(Protocol):
     """What ``rlx_compile`` returns: runs the whole program on host NumPy arrays."""
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class BufferBinding(CompiledProgram, Protocol):
+    """An optional capability of a compiled program: its values live in host memory the caller
+    may address by name, so state can stay in the program between runs and inputs can be fed
+    without a copy. Resident training (``ResidentTrainer``) needs it; a program declares it by
+    having these methods (``isinstance(program, BufferBinding)``), and
+    ``Executable.buffers()`` hands it out or raises :class:`~rlx_core.errors.CapabilityError`.
+
+    Values keep their planned memory for the program's lifetime. ``run`` still works and may
+    overwrite anything set here; callers holding views must not mix the two without re-setting.
+    """
+
+    def buffer(self, name: str) -> np.ndarray:
+        """The array holding value ``name`` (an input, output or intermediate of the program) in
+        the program's own memory: writing an input's array sets it for the next runs; an output's
+        array holds its value from the end of one run until the next run starts."""
+        ...
+
+    def bind_input(self, name: str, array: np.ndarray) -> bool:
+        """Give input ``name`` ``array``'s value for the next runs. True: the program reads
+        ``array`` itself (the caller keeps it alive and unchanged while it runs); False: it was
+        copied into ``buffer(name)``."""
+        ...
+
+    def run_bound(self) -> None:
+        """Run every kernel once on what the buffers hold now: nothing copied in or out."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 from . import __version__, settings
 from .costmodel import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
-from .errors import BackendNotFoundError, InputError, PluginError
+from .errors import BackendNotFoundError, CapabilityError, InputError, PluginError
 from .execution import DEFAULT_MAX_SPECIALIZATIONS, bind_inputs
 from .execution import SpecCache as _SpecCache
 from .execution import report_entry as _entry
@@ -24,7 +24,7 @@ from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
 from .lir import Program, Transfer, lower
 from .placement import MultiDeviceExecutable, place
-from .records import KernelClaim, NodeVariant
+from .records import BufferBinding, KernelClaim, NodeVariant
 from .report import DispatchReport, TransferEntry
 
 
@@ -183,8 +183,11 @@ class Session:
         return {s: self.shape_hints.get(s, 1) for s in sorted(graph.symbols)}
 
     # -- compiling -------------------------------------------------------------------------------
-    def compile(self, graph: Graph) -> Executable:
-        """Dispatch now (so illegal graphs fail here); specialise symbolic dims on first run."""
+    def compile(self, graph: Graph, *, carry: Mapping[str, str] | None = None) -> Executable:
+        """Dispatch now (so illegal graphs fail here); specialise symbolic dims on first run.
+
+        ``carry``: input -> output pairs the caller feeds back between runs through
+        :meth:`Executable.buffers` (training state); the memory plan keeps them safe to copy."""
         for _, d in self.devices:
             if not d.available:
                 raise BackendNotFoundError(f"device {d.name} is unavailable: {d.reason}",
@@ -192,8 +195,11 @@ class Session:
                                                "run `rlx doctor`, or choose another device")
         check_constant_indices(graph)  # a constant index out of range makes the graph invalid
         if len(self.devices) > 1:
+            if carry:
+                raise InputError("carried state needs one device", where=f"graph {graph.name!r}",
+                                 fix=f"compile on one of {', '.join(self.device_names)}")
             return MultiDeviceExecutable(self, graph, self._subsession)
-        exe = Executable(self, graph)
+        exe = Executable(self, graph, carry=carry)
         if graph.symbols:
             # Fail early: resolve every node (with the shape hints) even though lowering, memory
             # planning and the backend's compile wait for the first run's real shapes.
@@ -271,6 +277,15 @@ def _records() -> Any:
     return records
 
 
+def _check_carry(graph: Graph, carry: Mapping[str, str]) -> dict[str, str]:
+    ins = {v.name: v.type for v in graph.inputs}
+    for i, o in carry.items():
+        if i not in ins or o not in graph.outputs or ins[i] != graph.types[o]:
+            raise InputError(f"cannot carry output {o!r} into input {i!r}", where=f"graph {graph.name!r}",
+                             fix="pair each graph input with a graph output of the same type")
+    return dict(carry)
+
+
 class Executable:
     """A compiled graph. ``run`` takes NumPy arrays by input name and returns outputs by name.
 
@@ -279,9 +294,10 @@ class Executable:
     their shapes come back). ``run`` is thread-safe: each specialisation runs under its own lock.
     """
 
-    def __init__(self, session: Session, graph: Graph) -> None:
+    def __init__(self, session: Session, graph: Graph, *, carry: Mapping[str, str] | None = None) -> None:
         self.session = session
         self.graph = graph
+        self.carry = _check_carry(graph, carry or {})
         self.backend = session.backend
         self.device = session.device
         self.report: DispatchReport | None = None
@@ -305,7 +321,7 @@ class Executable:
             if self.graph.symbols:  # extents that were symbolic at compile time are known now
                 check_constant_indices(g)
             legal, cached = self.session.legalize(g)
-            program = lower(legal, self.device)
+            program = lower(legal, self.device, self.carry)
             compiled = self.backend.compile(program, self.device)
             self.report = self.session.report_for(legal, program, bindings, cached)
             entry = (compiled, program, threading.Lock())
@@ -333,6 +349,22 @@ class Executable:
                     fix="this is a bug in the backend plugin; report it with the graph, or run on "
                         "another device") from e
         return {pub: raw[val] for pub, val in program.outputs}
+
+    def buffers(self, bindings: Mapping[str, int] | None = None) -> BufferBinding:
+        """The compiled program of this specialisation as a :class:`~rlx_core.records.BufferBinding`
+        (its values addressed by name, runs without copies): what resident training drives.
+        Raises :class:`CapabilityError` naming the backend when its programs lack the capability.
+        The caller owns the program from here: ``run`` on this executable would share its buffers."""
+        compiled = self._specialise(dict(bindings or {}))[0]
+        if not isinstance(compiled, BufferBinding):
+            missing = [m for m in ("buffer", "bind_input", "run_bound")
+                       if not callable(getattr(compiled, m, None))]
+            raise CapabilityError(
+                f"the programs compiled by {self.backend.label} do not declare the buffer-binding "
+                f"capability (rlx_core.plugin.BufferBinding; missing: {', '.join(missing) or 'run'})",
+                where=f"graph {self.graph.name!r} on {self.device.name}",
+                fix="use Executable.run, or a device whose backend has it (cpu)")
+        return compiled
 
     def profile(self, inputs: Mapping[str, Any] | None = None, **kw: Any
                 ) -> tuple[dict[str, np.ndarray], dict[str, int] | None]:

@@ -145,16 +145,18 @@ def param_names(n_layers: int) -> list[str]:
 class ResidentTrainer:
     """:class:`rlx_core.optim.Trainer`'s job, with the per-step work cut to the minimum.
 
-    The training step (:func:`~rlx_core.optim.train_step_graph`) is compiled once for static shapes.
-    When the compiled program exposes its planned buffers (rlx-cpu: ``views`` and ``runs``) the
-    parameters and optimizer state stay in the program's own input buffers between steps. Where the
-    memory planner ran an update in place, ``<p>.next`` already occupies ``<p>``'s bytes and nothing
-    moves; every other carried input is kept live for the whole run (the program is re-planned so),
-    and its ``<p>.next`` is copied onto it after the kernels ran (one ``memcpy``, no allocation). A
-    step is: copy the batch into the data buffers (rlx-cpu's ``bind_input`` points its GEMMs at
-    the caller's array instead when it can), call the bound kernels, read the loss. Other
-    backends get the generic path: ``compiled.run(feed)`` with the feed dict reused and the outputs
-    fed back, still without per-step validation.
+    The training step (:func:`~rlx_core.optim.train_step_graph`) is compiled once for static shapes
+    by the session, with each parameter and optimizer state declared carried into from its
+    ``<p>.next`` output (``Session.compile(carry=...)``: the normal lowering, with the device's
+    memory settings, plans them safe to feed back). When the backend's compiled program has the
+    buffer-binding capability (:class:`rlx_core.plugin.BufferBinding`, from
+    ``Executable.buffers()``), parameters and state stay in the program's own buffers between
+    steps: where the update ran in place ``<p>.next`` already occupies ``<p>``'s bytes and nothing
+    moves, otherwise ``<p>.next`` is copied onto ``<p>`` after the run (one ``memcpy``). A step is:
+    ``bind_input`` each batch array (rlx-cpu points its GEMMs at the caller's array when it can,
+    else copies it in), ``run_bound``, read the loss. Without the capability (``resident=None``:
+    when the backend has it; ``True`` requires it) steps go through ``Executable.run`` with the
+    outputs fed back.
 
     ``step(x=..., y=...)`` returns the loss; :meth:`values` / :meth:`load` read and write the
     parameters, :meth:`model` gives the model graph with the current weights.
@@ -162,8 +164,9 @@ class ResidentTrainer:
 
     def __init__(self, model_graph: Any, loss_output: str, optimizer: Any,
                  params: Sequence[str] | None = None, *, device: str | None = "cpu", session: Any = None,
-                 step_name: str = "step", resident: bool = True, train_graph: Any = None,
+                 step_name: str = "step", resident: bool | None = None, train_graph: Any = None,
                  fusion: bool | None = None) -> None:
+        from .errors import CapabilityError
         from .optim import train_step_graph, trainable_params
         from .runtime import Session
 
@@ -188,62 +191,32 @@ class ResidentTrainer:
                               outs[1:1 + n] + outs[1 + n:1 + n + len(self.state_names)], strict=True))
         self.session = session if session is not None else Session(device, fusion=fusion)
         t0 = time.perf_counter()
-        self.program, self.compiled = self._compile(resident)
+        self.executable = self.session.compile(self.graph, carry=None if resident is False else self.carry)
+        self.program = self.executable.program()
+        self.binding: Any = None
+        if resident is not False:
+            try:
+                self.binding = self.executable.buffers()
+            except CapabilityError:
+                if resident:
+                    raise
         self.compile_s = time.perf_counter() - t0
-        views = getattr(self.compiled, "views", None)
-        names = [*self.data_names, *self.carry, step_name]
-        self.resident = bool(resident and isinstance(views, Mapping) and hasattr(self.compiled, "runs")
-                             and all(k in views for k in [*names, *self.carry.values(), self.loss_name]))
+        self.resident = self.binding is not None
         self.steps = 0
-        if self.resident:
-            assert views is not None
-            self._views = views
-            self._data = [views[d] for d in self.data_names]
-            # rlx-cpu can point its kernels at the caller's batch instead of copying it in
-            bind = getattr(self.compiled, "bind_input", None)
-            self._feeders = [(lambda a, d=d: bind(d, a)) if bind is not None else
-                             (lambda a, v=v: np.copyto(v, a, casting="same_kind"))
-                             for d, v in zip(self.data_names, self._data)]
-            self._runs = tuple(self.compiled.runs)
-            self._copies = [(views[i], views[o]) for i, o in self.carry.items()
-                            if not np.shares_memory(views[i], views[o])]
-            self._step_view = views[step_name]
-            self._loss_view = views[self.loss_name]
+        #: data inputs the program last read in place (no copy), as bind_input reported
+        self.bound_inputs: set[str] = set()
+        if self.binding is not None:
+            buf = self.binding.buffer
+            self._bind = self.binding.bind_input
+            self._run = self.binding.run_bound
+            self._copies = [(buf(i), buf(o)) for i, o in self.carry.items()
+                            if not np.shares_memory(buf(i), buf(o))]
+            self._step_view = buf(step_name)
+            self._loss_view = buf(self.loss_name)
         else:
             self._feed: dict[str, Any] = {}
-            self._raw_out = dict(self.program.outputs)
         self.load(init)
         self.load_state(optimizer.init_state(init))
-
-    def _compile(self, resident: bool) -> tuple[Any, Any]:
-        from .lir import Program, Step, lower, plan_memory
-
-        s = self.session
-        legal, _ = s.legalize(self.graph)
-        program = lower(legal, s.device)
-        if resident and s.device.host_memory:
-            # A carried input whose <p>.next the planner put in the same bytes (the update ran in
-            # place) needs nothing. The others are kept live to the end of the run, so their buffers
-            # are never reused for intermediates and copying <p>.next onto <p> after the run cannot
-            # clobber another output. Re-plan until every carried pair is one or the other.
-            g = legal.graph
-            steps = []
-            for n in g.nodes:
-                a = legal.assignments[n.name]
-                steps.append(Step(n.name, n.op, a.claim.name, n.inputs, n.outputs, n.attrs, a.origin, a.path,
-                                  a.claim.in_place))
-            kept: set[str] = set()
-            plan = program.plan
-            while True:
-                apart = {i for i, o in self.carry.items() if plan.offsets[i] != plan.offsets[o]}
-                if apart <= kept:
-                    break
-                kept |= apart
-                plan, new_steps = plan_memory(g, steps, {v for _, v in legal.outputs} | kept)
-            if kept:
-                program = Program(program.backend, program.device, g, tuple(new_steps), plan, program.inputs,
-                                  program.outputs, program.fingerprint)
-        return program, s.backend.compile(program, s.device)
 
     # -- state --------------------------------------------------------------------------------------
     def load(self, values: Mapping[str, np.ndarray]) -> None:
@@ -257,13 +230,14 @@ class ResidentTrainer:
         for k, v in values.items():
             if k not in allowed:
                 raise IRError(f"{k!r} is not one of {list(allowed)}", fix="use the names of the train graph")
-            if self.resident:
-                np.copyto(self._views[k], v)
+            if self.binding is not None:
+                np.copyto(self.binding.buffer(k), v)
             else:
                 self._feed[k] = np.array(v, self.graph.types[k].dtype.np, copy=True)
 
     def _get(self, k: str) -> np.ndarray:
-        return np.array(self._views[k] if self.resident else self._feed[k], copy=True, order="C")
+        return np.array(self.binding.buffer(k) if self.binding is not None else self._feed[k], copy=True,
+                        order="C")
 
     def values(self) -> dict[str, np.ndarray]:
         """Copies of the current parameters."""
@@ -283,13 +257,22 @@ class ResidentTrainer:
     def step(self, inputs: Mapping[str, Any] | None = None, **data: Any) -> float:
         """One training step on the model's data inputs (by name); returns the loss."""
         feed = {**dict(inputs or {}), **data}
-        if self.resident:
-            for name, put in zip(self.data_names, self._feeders):
-                put(feed[name])
+        if self.binding is not None:
+            bind, bound = self._bind, self.bound_inputs
+            for name in self.data_names:
+                if bind(name, feed[name]):
+                    bound.add(name)
+                else:
+                    bound.discard(name)
             self._step_view[...] = self.steps
-            with np.errstate(all="ignore"):
-                for r in self._runs:
-                    r()
+            try:
+                self._run()
+            except Exception as e:  # as Executable.run: a backend's failure names the backend
+                from .errors import PluginError
+
+                raise PluginError(f"the program compiled by {self.executable.backend.label} raised "
+                                  f"{type(e).__name__}: {e}", where=f"graph {self.graph.name!r}",
+                                  kind="runtime", fix="this is a bug in the backend plugin") from e
             for dst, src in self._copies:
                 np.copyto(dst, src)
             self.steps += 1
@@ -298,11 +281,11 @@ class ResidentTrainer:
         for name in self.data_names:
             f[name] = np.ascontiguousarray(feed[name], self.graph.types[name].dtype.np)
         f[self.step_name] = np.asarray(self.steps, np.int64)
-        raw = self.compiled.run(f)
+        out = self.executable.run(f)
         for i, o in self.carry.items():
-            f[i] = raw[self._raw_out[o]]
+            f[i] = out[o]
         self.steps += 1
-        return float(np.asarray(raw[self._raw_out[self.loss_name]]).reshape(()))
+        return float(np.asarray(out[self.loss_name]).reshape(()))
 
 
 class RlxMLP:
@@ -311,7 +294,7 @@ class RlxMLP:
     name = "rlx"
 
     def __init__(self, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float,
-                 device: str = "cpu", resident: bool = True, fusion: bool | None = False) -> None:
+                 device: str = "cpu", resident: bool | None = None, fusion: bool | None = False) -> None:
         from .optim import SGD
 
         self.arch = tuple(arch)
@@ -645,9 +628,7 @@ def run_one(runtime: str, arch: Sequence[int], params: Params, x: np.ndarray, y:
         res.extra["resident"] = rt.trainer.resident
         res.extra["carried_copies"] = len(getattr(rt.trainer, "_copies", ()))
         res.extra["kernels"] = len(rt.trainer.program.kernels)
-        if getattr(rt.trainer, "resident", False):
-            res.extra["runs"] = len(rt.trainer._runs)  # after the backend's bind-time fusion
-            res.extra["bound_inputs"] = sorted(getattr(rt.trainer.compiled, "_bound", ()))
+        res.extra["bound_inputs"] = sorted(getattr(rt.trainer, "bound_inputs", ()))
     return res, rt
 
 

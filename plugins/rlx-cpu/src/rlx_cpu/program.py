@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.plugin import Program, Step
+from rlx_core.plugin import InputError, Program, Step
 
 
 def _aligned_arena(nbytes: int, align: int = 64) -> np.ndarray:
@@ -27,6 +27,10 @@ def _spans(s: Step, views: Mapping[str, np.ndarray]) -> tuple[list[tuple[int, in
 
 
 class CpuProgram:
+    """A compiled rlx-cpu program. Besides ``run`` it has the buffer-binding capability
+    (:class:`rlx_core.plugin.BufferBinding`: ``buffer``, ``bind_input``, ``run_bound``), so state
+    can stay in its arena between runs (resident training)."""
+
     def __init__(self, program: Program, factories: Mapping[str, Any]) -> None:
         self.program = program
         g = program.graph
@@ -82,6 +86,20 @@ class CpuProgram:
         outs = [self.views[o] for o in s.outputs]
         with np.errstate(all="ignore"):
             return factories[s.kernel](ins, outs, s.attrs)
+
+    def buffer(self, name: str) -> np.ndarray:
+        """The planned view of value ``name`` (weights: their read-only array)."""
+        try:
+            return self.views[name]
+        except KeyError:
+            raise InputError(f"this program has no value {name!r}", where="rlx-cpu program",
+                             fix="name a graph input, output or intermediate") from None
+
+    def run_bound(self) -> None:
+        """Run the kernels on the buffers as they are (inputs set by ``bind_input``/``buffer``)."""
+        with np.errstate(all="ignore"):
+            for r in self.runs:
+                r()
 
     def bind_input(self, name: str, array: np.ndarray) -> bool:
         """Give input ``name`` its value for the next runs. When every kernel reads it through a
