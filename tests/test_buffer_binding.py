@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from rlx_core.errors import CapabilityError, InputError
-from rlx_core.optim import SGD, Adam, Trainer
+from rlx_core.optim import SGD, Adam, ResidentTrainer, Trainer
 from rlx_core.plugin import BufferBinding, CompiledProgram, GraphBuilder, Session
-from rlx_core.train_bench import ResidentTrainer, init_params, mlp_graph, thread_limits
+from rlx_core.train_bench import init_params, mlp_graph, thread_limits
 
 
 @pytest.fixture(autouse=True)

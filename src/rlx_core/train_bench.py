@@ -8,7 +8,7 @@ bundled 8x8 digits instead and reports held-out accuracy. Batches are taken in o
 partial batch is dropped, and every runtime sees exactly the same batches.
 
 * **rlx** — the whole training step (forward, backward, momentum update) is ONE compiled graph
-  (:func:`rlx_core.optim.train_step_graph`) run by :class:`ResidentTrainer`: parameters and
+  (:func:`rlx_core.optim.train_step_graph`) run by :class:`~rlx_core.optim.ResidentTrainer`: parameters and
   optimizer state live in the compiled program's own buffers between steps (on rlx-cpu), a step
   points the program at the batch (or copies it in), runs the bound kernels and reads the loss — no
   per-step validation, dictionaries or output copies. On rlx-cpu the unfused graph (``--fusion
@@ -34,7 +34,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +44,7 @@ import click
 import numpy as np
 
 from .errors import IRError
+from .optim import ResidentTrainer
 
 DATASETS = ("random", "digits")
 PEERS = ("numpy", "torch")
@@ -141,152 +142,6 @@ def param_names(n_layers: int) -> list[str]:
 
 
 # -- RLX: the training step as one graph, state resident in the program ---------------------------
-
-class ResidentTrainer:
-    """:class:`rlx_core.optim.Trainer`'s job, with the per-step work cut to the minimum.
-
-    The training step (:func:`~rlx_core.optim.train_step_graph`) is compiled once for static shapes
-    by the session, with each parameter and optimizer state declared carried into from its
-    ``<p>.next`` output (``Session.compile(carry=...)``: the normal lowering, with the device's
-    memory settings, plans them safe to feed back). When the backend's compiled program has the
-    buffer-binding capability (:class:`rlx_core.plugin.BufferBinding`, from
-    ``Executable.buffers()``), parameters and state stay in the program's own buffers between
-    steps: where the update ran in place ``<p>.next`` already occupies ``<p>``'s bytes and nothing
-    moves, otherwise ``<p>.next`` is copied onto ``<p>`` after the run (one ``memcpy``). A step is:
-    ``bind_input`` each batch array (rlx-cpu points its GEMMs at the caller's array when it can,
-    else copies it in), ``run_bound``, read the loss. Without the capability (``resident=None``:
-    when the backend has it; ``True`` requires it) steps go through ``Executable.run`` with the
-    outputs fed back.
-
-    ``step(x=..., y=...)`` returns the loss; :meth:`values` / :meth:`load` read and write the
-    parameters, :meth:`model` gives the model graph with the current weights.
-    """
-
-    def __init__(self, model_graph: Any, loss_output: str, optimizer: Any,
-                 params: Sequence[str] | None = None, *, device: str | None = "cpu", session: Any = None,
-                 step_name: str = "step", resident: bool | None = None, train_graph: Any = None,
-                 fusion: bool | None = None) -> None:
-        from .errors import CapabilityError
-        from .optim import train_step_graph, trainable_params
-        from .runtime import Session
-
-        self.model_graph = model_graph
-        self.optimizer = optimizer
-        self.params = trainable_params(model_graph) if params is None else list(params)
-        self.graph = train_graph if train_graph is not None else train_step_graph(
-            model_graph, loss_output, self.params, optimizer, step_name=step_name)
-        if self.graph.symbols:
-            raise IRError(f"ResidentTrainer compiles static shapes; graph {model_graph.name!r} has "
-                          f"symbolic dims {sorted(self.graph.symbols)}",
-                          fix="build the model with a fixed batch, or graph.specialize({'batch': B})")
-        init = {p: np.array(model_graph.weights[p], copy=True) for p in self.params}
-        self.state_names = optimizer.state_names(init)
-        self.step_name = step_name
-        self.data_names = [v.name for v in model_graph.inputs]
-        outs = self.graph.outputs
-        self.loss_name = outs[0]
-        n = len(self.params)
-        #: carried input -> the output that holds its next value
-        self.carry = dict(zip(self.params + self.state_names,
-                              outs[1:1 + n] + outs[1 + n:1 + n + len(self.state_names)], strict=True))
-        self.session = session if session is not None else Session(device, fusion=fusion)
-        t0 = time.perf_counter()
-        self.executable = self.session.compile(self.graph, carry=None if resident is False else self.carry)
-        self.program = self.executable.program()
-        self.binding: Any = None
-        if resident is not False:
-            try:
-                self.binding = self.executable.buffers()
-            except CapabilityError:
-                if resident:
-                    raise
-        self.compile_s = time.perf_counter() - t0
-        self.resident = self.binding is not None
-        self.steps = 0
-        #: data inputs the program last read in place (no copy), as bind_input reported
-        self.bound_inputs: set[str] = set()
-        if self.binding is not None:
-            buf = self.binding.buffer
-            self._bind = self.binding.bind_input
-            self._run = self.binding.run_bound
-            self._copies = [(buf(i), buf(o)) for i, o in self.carry.items()
-                            if not np.shares_memory(buf(i), buf(o))]
-            self._step_view = buf(step_name)
-            self._loss_view = buf(self.loss_name)
-        else:
-            self._feed: dict[str, Any] = {}
-        self.load(init)
-        self.load_state(optimizer.init_state(init))
-
-    # -- state --------------------------------------------------------------------------------------
-    def load(self, values: Mapping[str, np.ndarray]) -> None:
-        """Set parameters (any subset, by name)."""
-        self._set(values, self.params)
-
-    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        self._set(state, self.state_names)
-
-    def _set(self, values: Mapping[str, np.ndarray], allowed: Sequence[str]) -> None:
-        for k, v in values.items():
-            if k not in allowed:
-                raise IRError(f"{k!r} is not one of {list(allowed)}", fix="use the names of the train graph")
-            if self.binding is not None:
-                np.copyto(self.binding.buffer(k), v)
-            else:
-                self._feed[k] = np.array(v, self.graph.types[k].dtype.np, copy=True)
-
-    def _get(self, k: str) -> np.ndarray:
-        return np.array(self.binding.buffer(k) if self.binding is not None else self._feed[k], copy=True,
-                        order="C")
-
-    def values(self) -> dict[str, np.ndarray]:
-        """Copies of the current parameters."""
-        return {p: self._get(p) for p in self.params}
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {s: self._get(s) for s in self.state_names}
-
-    def model(self) -> Any:
-        """The model graph with the current parameter values as its weights."""
-        from .ir.graph import Graph
-
-        g = self.model_graph
-        return Graph(g.name, g.inputs, g.params, g.nodes, g.outputs, {**g.weights, **self.values()})
-
-    # -- stepping -----------------------------------------------------------------------------------
-    def step(self, inputs: Mapping[str, Any] | None = None, **data: Any) -> float:
-        """One training step on the model's data inputs (by name); returns the loss."""
-        feed = {**dict(inputs or {}), **data}
-        if self.binding is not None:
-            bind, bound = self._bind, self.bound_inputs
-            for name in self.data_names:
-                if bind(name, feed[name]):
-                    bound.add(name)
-                else:
-                    bound.discard(name)
-            self._step_view[...] = self.steps
-            try:
-                self._run()
-            except Exception as e:  # as Executable.run: a backend's failure names the backend
-                from .errors import PluginError
-
-                raise PluginError(f"the program compiled by {self.executable.backend.label} raised "
-                                  f"{type(e).__name__}: {e}", where=f"graph {self.graph.name!r}",
-                                  kind="runtime", fix="this is a bug in the backend plugin") from e
-            for dst, src in self._copies:
-                np.copyto(dst, src)
-            self.steps += 1
-            return float(self._loss_view)
-        f = self._feed
-        for name in self.data_names:
-            f[name] = np.ascontiguousarray(feed[name], self.graph.types[name].dtype.np)
-        f[self.step_name] = np.asarray(self.steps, np.int64)
-        out = self.executable.run(f)
-        for i, o in self.carry.items():
-            f[i] = out[o]
-        self.steps += 1
-        return float(np.asarray(out[self.loss_name]).reshape(()))
-
 
 class RlxMLP:
     """The benchmark's RLX runtime: an MLP trained by :class:`ResidentTrainer` with momentum SGD."""
