@@ -8,8 +8,8 @@ the same size (in place). Weights are not in the arena: they are constants the b
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from .dispatch import Legalized
 from .errors import DispatchError
@@ -18,10 +18,49 @@ from .ir.types import Attrs, TensorType
 
 ALIGN = 64
 
+#: Where an :class:`Access` lands: the program's arena (``BufferPlan`` offsets), a constant
+#: (a weight: never written) or host memory (a transfer's host side).
+Space = Literal["arena", "const", "host"]
+#: The ordering a later step must keep with an earlier one: read after write, write after read,
+#: write after write.
+Hazard = Literal["RAW", "WAR", "WAW"]
+
+
+@dataclass(frozen=True)
+class Access:
+    """Bytes ``offset:offset + size`` of ``space`` that a step reads or writes as value ``value``.
+
+    ``buffer`` is the value that owns those bytes in the plan: ``value`` itself, or the root of the
+    in-place / reshape alias the planner resolved (the planner's reuse of a dead value's bytes by a
+    later value shows as the same arena range under two names). Outside the arena (``const``,
+    ``host``) ``offset`` is 0 and two accesses meet when they name the same buffer."""
+
+    value: str
+    buffer: str
+    offset: int
+    size: int
+    space: Space = "arena"
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+    def meets(self, other: Access) -> bool:
+        """Do the two accesses share at least one byte? (Empty ones meet nothing.)"""
+        if self.space != other.space or self.size <= 0 or other.size <= 0:
+            return False
+        if self.space != "arena":
+            return self.buffer == other.buffer
+        return self.offset < other.end and other.offset < self.end
+
 
 @dataclass(frozen=True)
 class Step:
-    """Run one kernel: ``kernel`` is the name of the claim the dispatcher chose."""
+    """Run one kernel: ``kernel`` is the name of the claim the dispatcher chose.
+
+    ``reads`` / ``writes``: what it touches (one :class:`Access` per distinct input / output),
+    filled by :func:`lower` from the buffer plan, so a backend can order or overlap steps with
+    :func:`conflicts` instead of comparing pointers. Empty on a step that has not been lowered."""
 
     node: str
     op: str
@@ -32,16 +71,37 @@ class Step:
     origin: str
     path: str
     in_place: bool = False
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
 
 
 @dataclass(frozen=True)
 class Transfer:
-    """Copy a value between host memory and the device (or between devices)."""
+    """Copy a value between host memory and the device (or between devices).
+
+    ``reads`` / ``writes`` as on :class:`Step`: host to device reads the value's host copy and
+    writes its arena bytes, device to host the other way round."""
 
     value: str
     src: str
     dst: str
     nbytes: int
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
+
+
+def conflicts(first: Step | Transfer, then: Step | Transfer) -> tuple[Hazard, ...]:
+    """The hazards that keep ``then`` after ``first`` (``first`` comes earlier in the program):
+    ``RAW`` (``then`` reads bytes ``first`` writes), ``WAR`` (``then`` writes bytes ``first``
+    reads), ``WAW`` (both write the same bytes). Empty: the two may run in either order or at once."""
+    out: list[Hazard] = []
+    if any(w.meets(r) for w in first.writes for r in then.reads):
+        out.append("RAW")
+    if any(r.meets(w) for r in first.reads for w in then.writes):
+        out.append("WAR")
+    if any(w.meets(x) for w in first.writes for x in then.writes):
+        out.append("WAW")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -51,10 +111,19 @@ class BufferPlan:
     arena_bytes: int
     naive_bytes: int
     alignment: int = ALIGN
+    #: value -> the value whose buffer it took over (in place, or a reshape), for every alias
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def overlaps(self, a: str, b: str) -> bool:
         oa, ob = self.offsets[a], self.offsets[b]
         return oa < ob + self.sizes[b] and ob < oa + self.sizes[a]
+
+    def access(self, graph: Graph, value: str) -> Access:
+        """Where ``value`` lives: its arena bytes, or (not planned: a weight) a constant."""
+        nbytes = graph.types[value].nbytes()
+        if value not in self.offsets:
+            return Access(value, value, 0, nbytes, "const")
+        return Access(value, self.aliases.get(value, value), self.offsets[value], nbytes)
 
 
 @dataclass(frozen=True)
@@ -79,6 +148,12 @@ class Program:
 
     def type_of(self, value: str) -> TensorType:
         return self.graph.types[value]
+
+    def conflicts(self, i: int, j: int) -> tuple[Hazard, ...]:
+        """The hazards between ``steps[i]`` and ``steps[j]`` (in program order: the earlier one
+        first): empty when they may run in either order or at once. See :func:`conflicts`."""
+        a, b = self.steps[min(i, j)], self.steps[max(i, j)]
+        return conflicts(a, b) if i != j else ()
 
 
 def _align(n: int) -> int:
@@ -157,7 +232,18 @@ def plan_memory(graph: Graph, steps: list[Step], keep: set[str],
         offsets[o] = offsets[root]
     arena = max((o + _align(sz) for o, sz, _, _ in placed), default=0)
     naive = sum(_align(sizes[v]) for v in first)
-    return BufferPlan(offsets, sizes, arena, naive), new_steps
+    return BufferPlan(offsets, sizes, arena, naive, aliases=alias), new_steps
+
+
+def with_access(graph: Graph, plan: BufferPlan, step: Step | Transfer) -> Step | Transfer:
+    """``step`` with its ``reads`` / ``writes`` taken from ``plan`` (see :class:`Access`)."""
+    if isinstance(step, Transfer):
+        dev = plan.access(graph, step.value)
+        host = Access(step.value, step.value, 0, dev.size, "host")
+        reads, writes = ((host,), (dev,)) if step.src == "host" else ((dev,), (host,))
+        return replace(step, reads=reads, writes=writes)
+    return replace(step, reads=tuple(plan.access(graph, v) for v in dict.fromkeys(step.inputs)),
+                   writes=tuple(plan.access(graph, v) for v in dict.fromkeys(step.outputs)))
 
 
 def lower(legal: Legalized, device: Any, carry: Mapping[str, str] | None = None) -> Program:
@@ -200,5 +286,5 @@ def lower(legal: Legalized, device: Any, carry: Mapping[str, str] | None = None)
     if not device.host_memory:
         for _pub, out in legal.outputs:
             all_steps.append(Transfer(out, device.name, "host", g.types[out].nbytes()))
-    return Program(legal.backend, device.name, g, tuple(all_steps), plan, g.inputs, legal.outputs,
-                   g.fingerprint)
+    return Program(legal.backend, device.name, g, tuple(with_access(g, plan, s) for s in all_steps),
+                   plan, g.inputs, legal.outputs, g.fingerprint)

@@ -25,7 +25,8 @@ What is here, by role:
   ``broadcast_shapes``, ``normalize_axis``, ``slice_params``, ``masked_score``, ``MASK_KINDS``
   (attention's mask kinds), ``evaluate`` (the float64 reference), ``to_reference`` (an array in the
   reference's precision), ``device_error`` (the error a kernel raises for an index out of range);
-* LIR: ``Program``, ``Step``, ``Transfer``, ``BufferPlan``, ``lower``;
+* LIR: ``Program``, ``Step``, ``Transfer``, ``BufferPlan``, ``lower``; ``Access`` (a step's typed
+  read/write sets: ``Step.reads``/``writes``) and ``conflicts`` (RAW/WAR/WAW between two steps);
 * errors: ``RLXError`` and its subclasses;
 * settings: ``declare_setting`` (``rlx_core.settings.declare``), ``Setting``, ``SettingError``: a
   plugin's ``RLX_*`` variables, declared once and returned from the ``rlx_settings`` hook;
@@ -109,6 +110,8 @@ _LAZY: dict[str, str] = {
     "Transfer": "rlx_core.lir",
     "BufferPlan": "rlx_core.lir",
     "lower": "rlx_core.lir",
+    "Access": "rlx_core.lir",
+    "conflicts": "rlx_core.lir",
     # errors
     "RLXError": "rlx_core.errors",
     "IRError": "rlx_core.errors",
@@ -202,7 +205,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "PLUGIN_API_VERSION", "API_VERSION", "register_quant_ops", "hookimpl", "BackendInfo", "DeviceInfo",
     "DeviceCaps", "KernelClaim", "NodeVariant", "Decomposition", "Rewrite", "CompiledProgram", "DType",
-    "ExporterInfo",
+    "ExporterInfo", "Access", "conflicts",
     "Graph", "Node", "Value", "GraphBuilder", "Tensor", "TensorType", "Dim", "Attrs",
     "broadcast_shapes", "normalize_axis", "OpSchema", "AttrSpec", "REGISTRY", "register_op", "get_op",
     "slice_params", "masked_score", "device_error", "evaluate", "Program", "Step", "Transfer",
@@ -296,7 +299,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.ir.reference import evaluate, to_reference
     from rlx_core.ir.schema import REGISTRY, REQUIRED, AttrSpec, OpSchema, get_op, register_op
     from rlx_core.ir.types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
-    from rlx_core.lir import BufferPlan, Program, Step, Transfer, lower
+    from rlx_core.lir import Access, BufferPlan, Program, Step, Transfer, conflicts, lower
     from rlx_core.models.minilm import MiniLM
     from rlx_core.quant import quantize_graph
     from rlx_core.quant.examples import split_digits, train_cnn, train_mlp
