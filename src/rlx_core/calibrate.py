@@ -9,6 +9,7 @@ GEMM throughput per float dtype. Results are cached per machine and overlay the 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import time
@@ -97,7 +98,7 @@ def calibrate(backend_name: str, *, quick: bool = False, progress: Callable[[str
             npdt = {"f32": np.float32, "f64": np.float64, "f16": np.float16}[dt]
             av = rng.standard_normal((m, m)).astype(npdt)
             bv = rng.standard_normal((m, m)).astype(npdt)
-            t = _time(lambda exe=exe, av=av, bv=bv: exe.run({"a": av, "b": bv}), min_time)
+            t = _time(functools.partial(exe.run, {"a": av, "b": bv}), min_time)
             peaks[dt] = 2.0 * m**3 / t
         if not peaks:
             raise CalibrationError(f"no GEMM could run on {device.name}",

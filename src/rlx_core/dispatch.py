@@ -120,8 +120,10 @@ class Dispatcher:
         for d in self.decomps.get(v.op, []):
             if d.applies is not None and not d.applies(v):
                 continue
-            res = self._expand(COMMON_IR, d.name, lambda b, ins, d=d: d.expand(b, ins, v.attrs),
-                               v, depth, banned)
+            def expand(b: GraphBuilder, ins: list[Tensor], d: Decomposition = d) -> Any:
+                return d.expand(b, ins, v.attrs)
+
+            res = self._expand(COMMON_IR, d.name, expand, v, depth, banned)
             if isinstance(res, Plan):
                 return res
             tried.append(res)
@@ -135,8 +137,10 @@ class Dispatcher:
                 continue
             if not ok:
                 continue
-            res = self._expand(REWRITTEN, r.name, lambda b, ins, r=r: r.apply(b, ins, v), v, depth,
-                               banned | {r.name})
+            def rewrite(b: GraphBuilder, ins: list[Tensor], r: Rewrite = r) -> Any:
+                return r.apply(b, ins, v)
+
+            res = self._expand(REWRITTEN, r.name, rewrite, v, depth, banned | {r.name})
             if isinstance(res, Plan):
                 return res
             tried.append(res)
@@ -197,10 +201,10 @@ def legalize(graph: Graph, dispatcher: Dispatcher) -> Legalized:
     main = GraphBuilder(graph.name)
     env: dict[str, Tensor] = {}
     assignments: dict[str, Assignment] = {}
-    for v in graph.inputs:
-        env[v.name] = main.input(v.name, v.type.dtype, v.type.shape)
-    for p in graph.params:
-        env[p.name] = main.param(p.name, graph.weights[p.name])
+    for inp in graph.inputs:
+        env[inp.name] = main.input(inp.name, inp.type.dtype, inp.type.shape)
+    for prm in graph.params:
+        env[prm.name] = main.param(prm.name, graph.weights[prm.name])
 
     def emit(plan: Plan, handles: list[Tensor], origin: str, path: str, name: str | None) -> list[Tensor]:
         v = plan.variant

@@ -32,6 +32,7 @@ from .errors import SerializationError, SignatureError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
 _T = TypeVar("_T")
 PathLike = Union[str, "os.PathLike[str]"]
@@ -122,6 +123,7 @@ def load_public_key(key: PublicKeyLike) -> Ed25519PublicKey:
     data, where = _key_bytes(key, "public")
     from cryptography.hazmat.primitives import serialization
 
+    loaded: PublicKeyTypes  # any key type the loaders read; checked for ed25519 below
     try:
         if len(data) == 32:
             return ed25519.Ed25519PublicKey.from_public_bytes(data)
@@ -151,6 +153,7 @@ def load_private_key(key: PrivateKeyLike) -> Ed25519PrivateKey:
     data, where = _key_bytes(key, "private")
     from cryptography.hazmat.primitives import serialization
 
+    loaded: PrivateKeyTypes  # any key type the loaders read; checked for ed25519 below
     try:
         if b"OPENSSH PRIVATE KEY" in data:
             loaded = serialization.load_ssh_private_key(data, password=None)

@@ -111,7 +111,7 @@ def index_checks(graph: Graph) -> tuple[IndexCheck, ...]:
     """Every host-checkable index operand of ``graph`` (cached on the graph: graphs are frozen)."""
     hit = graph.__dict__.get(_CACHE_KEY)
     if hit is not None:
-        return hit  # type: ignore[no-any-return]
+        return hit
     out = []
     for node in graph.nodes:
         schema = REGISTRY._ops.get(node.op)
