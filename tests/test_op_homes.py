@@ -75,6 +75,39 @@ def test_core_elementwise_ops_carry_all_their_facts() -> None:
         assert get_vjp(schema.name) is not None and get_jvp(schema.name) is not None, schema.name
 
 
+def test_core_reductions_carry_all_their_facts() -> None:
+    from rlx_conformance.cases import ACCUMULATING_OPS
+
+    from rlx_core.autodiff import get_batch_rule
+
+    reductions = [s for s in REGISTRY.schemas("mir") if s.category == "reduction"]
+    assert {s.name for s in reductions} >= {"reduce_sum", "reduce_max", "argmax"}
+    for schema in reductions:
+        assert schema.cases is not None and schema.cases.family in ("reduction", "arg"), schema.name
+        assert schema.vjp is not None and schema.jvp is not None and schema.batch is not None, schema.name
+        assert get_vjp(schema.name) is schema.vjp and get_batch_rule(schema.name) is schema.batch
+        assert (schema.name in ACCUMULATING_OPS) == schema.accumulates, schema.name
+
+
+def test_a_new_reduction_is_one_declaration() -> None:
+    """A plugin reduction declared with the reduction case family and ``accumulates`` gets the
+    reduction suite and the summation tolerance."""
+    from rlx_conformance.cases import accumulation
+
+    base = REGISTRY.get("reduce_sum")
+    schema = register_op(OpSchema("test_homes.sum", base.inputs, base.infer, base.reference,
+                                  attrs=base.attrs, category="reduction", dtypes=FLOAT_DTYPES,
+                                  provider="tests", cases=CaseSpec("reduction", ("unit",)),
+                                  accumulates=True))
+    try:
+        cases = {c.id.split("-", 1)[1]: c for c in cases_for(schema, "f32")}
+        assert {"all", "axis_neg", "size0_reduced", "nan_inf"} <= set(cases)
+        assert accumulation(cases["all"])[0] == 24
+        assert tolerance("f32", schema.name, k=24) != tolerance("f32", schema.name)
+    finally:
+        REGISTRY.unregister(schema.name)
+
+
 @pytest.mark.parametrize("kwargs, fix", [
     ({"fusion": "elementwise"}, "expr"),
     ({"amp": "half"}, "amp"),

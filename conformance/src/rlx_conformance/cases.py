@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.plugin import REGISTRY, REQUIRED, DType, Graph, OpSchema, RLXError, normalize_axis
+from rlx_core.plugin import REGISTRY, REQUIRED, DType, Graph, OpSchema, RLXError, TensorType, normalize_axis
 
 from .quant_cases import GENERATORS as QUANT_GENERATORS
 
@@ -272,7 +272,7 @@ class _Cases:
 #: Value generators of the domains an op's schema names (``OpSchema.cases.domains``; values
 #: outside an op's domain give NaN, which would test little).
 DOMAINS: Mapping[str, ValueFn] = {"default": v_default, "positive": v_positive, "nonzero": v_nonzero,
-                                  "halves": v_halves, "ties": v_ties, "bool": v_bool}
+                                  "halves": v_halves, "ties": v_ties, "bool": v_bool, "unit": v_unit}
 
 
 def _domain(op: str, i: int) -> str:
@@ -417,10 +417,22 @@ _RED_SPECIAL = np.array([[math.nan, 1.0, 2.0, -3.0], [math.inf, 1.0, 2.0, 3.0],
                          [-math.inf, -0.0, 0.0, 1.0], [0.5, -1.0, 2.0, 1.5]])
 
 
+def _reduces_empty(op: str, dt: DType) -> bool:
+    """Whether ``op``'s inference accepts reducing an empty axis (max/min have no identity)."""
+    schema = REGISTRY.get(op)
+    try:
+        schema.infer([TensorType(dt, (0, 3))], schema.check_attrs({"axes": (0,)}, op))
+    except RLXError:
+        return False
+    return True
+
+
 def _gen_reduction(c: _Cases) -> None:
+    """``axes``/``keepdims`` reductions (case family ``"reduction"``; values from the operand's
+    domain, empty reduced axes when the op's inference accepts them)."""
     op, dt = c.op, c.dtype
-    vf = v_unit if op == "reduce_prod" else v_default
-    nonempty = op in ("reduce_max", "reduce_min")
+    vf = DOMAINS[_domain(op, 0)]
+    nonempty = not _reduces_empty(op, dt)
     x3 = (2, 3, 4)
     for label, kind, shape, axes, keep in [
         ("all", "basic", x3, None, False),
@@ -451,7 +463,10 @@ def _gen_reduction(c: _Cases) -> None:
 
 
 def _gen_arg(c: _Cases) -> None:
+    """Index reductions along ``axis`` (case family ``"arg"``; the operand's domain should give
+    ties, so the first extreme index is tested)."""
     dt = c.dtype
+    vt = DOMAINS[_domain(c.op, 0)]
     for label, kind, shape, attrs in [
         ("default_axis", "basic", (3, 4), {}),
         ("axis0", "basic", (3, 4), {"axis": 0}),
@@ -462,9 +477,9 @@ def _gen_arg(c: _Cases) -> None:
         ("size0", "size0", (0, 3), {"axis": 1}),
         ("vector", "basic", (7,), {"axis": 0}),
     ]:
-        c.add(label, kind, [("x", c.arr(v_ties, shape))], attrs)
+        c.add(label, kind, [("x", c.arr(vt, shape))], attrs)
     c.add("values", "basic", [("x", c.arr(v_default, (3, 5)))], {"axis": 1})
-    c.add("noncontiguous", "noncontiguous", [("x", c.arr(v_ties, (3, 4), nc=True))], {"axis": 0})
+    c.add("noncontiguous", "noncontiguous", [("x", c.arr(vt, (3, 4), nc=True))], {"axis": 0})
     if dt.is_float:
         sp = fixed(_RED_SPECIAL)
         c.add("nan_inf", "nan_inf", [("x", c.arr(sp, _RED_SPECIAL.shape))], {"axis": 1})
@@ -1170,12 +1185,10 @@ def _gen_generic(c: _Cases, schema: OpSchema) -> None:
 #: dedicated generators of core ops that declare no case spec, by op name.
 GENERATORS: dict[str, Callable[[_Cases], None]] = {
     "unary": _gen_unary, "binary": _gen_binary, "where": _gen_where, "cast": _gen_cast,
-    "argmax": _gen_arg, "argmin": _gen_arg,
+    "reduction": _gen_reduction, "arg": _gen_arg,
     "matmul": _gen_matmul, "conv2d": _gen_conv2d, "cumsum": _gen_cumsum, "reshape": _gen_reshape,
     "transpose": _gen_transpose, "expand": _gen_expand, "slice": _gen_slice, "concat": _gen_concat,
     "pad": _gen_pad, "gather": _gen_gather, "scatter_add": _gen_scatter_add, "iota": _gen_iota,
-    **{op: _gen_reduction for op in ("reduce_sum", "reduce_prod", "reduce_mean", "reduce_max",
-                                     "reduce_min")},
     # HIR ops
     "attention": _gen_attention, "linear": _gen_linear, "conv2d_bias": _gen_conv2d_bias,
     "batch_norm": _gen_batch_norm, "embedding": _gen_embedding,
@@ -1261,18 +1274,17 @@ def build_case_graph(case: OpCase) -> Graph:
 EPS: Mapping[DType, float] = {DType.F16: 2.0**-10, DType.BF16: 2.0**-7, DType.F32: 2.0**-23,
                               DType.F64: 2.0**-52, DType.C64: 2.0**-23}
 #: Ops whose result is one of the inputs' values or an exactly representable function of them:
-#: those whose schema says ``accuracy="exact"`` (the elementwise ones) and these.
+#: those whose schema says ``accuracy="exact"`` (the elementwise ops, max/min reductions, argmax and
+#: argmin) and these.
 EXACT_OPS: frozenset[str] = frozenset({
     "reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "iota",
-    "reduce_max", "reduce_min", "argmax", "argmin",
     "relu", "max_pool2d", "embedding"}) | frozenset(  # HIR: max(x, 0), a window's max, a table row
     s.name for s in REGISTRY.schemas() if s.accuracy == "exact")
 #: Ops computed by library functions that are accurate to a few ulps, not correctly rounded (the
 #: schema says ``accuracy="library"``).
 LIBRARY_OPS: frozenset[str] = frozenset(s.name for s in REGISTRY.schemas() if s.accuracy == "library")
-#: Ops that sum (or multiply) ``k`` terms per output element.
-ACCUMULATING_OPS: frozenset[str] = frozenset({"reduce_sum", "reduce_prod", "reduce_mean", "matmul",
-                                              "conv2d", "cumsum", "scatter_add"})
+#: Ops that sum (or multiply) ``k`` terms per output element (the schema says ``accumulates=True``).
+ACCUMULATING_OPS: frozenset[str] = frozenset(s.name for s in REGISTRY.schemas() if s.accumulates)
 #: Allowance, in compute-precision ulps, for a library function's error (NumPy's SIMD f32 and
 #: libm functions are within 4 ulps; twice that leaves margin without hiding real bugs).
 LIBRARY_ULPS = 8
@@ -1355,7 +1367,8 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
     if not (dt.is_float or dt.is_complex):
         return 0.0, 0.0
     complex_op = dt.is_complex or sdt.is_complex
-    accuracy = REGISTRY.get(op).accuracy if op in REGISTRY else None  # ops registered after import
+    schema = REGISTRY.get(op) if op in REGISTRY else None  # ops registered after import too
+    accuracy = schema.accuracy if schema is not None else None
     if (op in EXACT_OPS or accuracy == "exact") and not (op == "abs" and complex_op):
         return 0.0, 0.0
     e = EPS[dt]
@@ -1367,7 +1380,7 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
         return 2 * e + lib * c + chain + acc, (chain + acc) * scale
     library = op in LIBRARY_OPS or accuracy == "library" or (complex_op and op not in _COMPLEX_EXACT_ARITH)
     rtol = 2 * e + (LIBRARY_ULPS if library else 1) * c
-    if op in ACCUMULATING_OPS:
+    if op in ACCUMULATING_OPS or (schema is not None and schema.accumulates):
         return rtol + k * c, k * c * scale
     return rtol, e * scale
 
@@ -1460,7 +1473,8 @@ def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
     HIR ops have their own rules (:data:`HIR_CONDITION`): ``k`` is the reduction length and
     ``scale`` the magnitude their absolute error is proportional to (see :func:`tolerance`).
     """
-    if case.op not in ACCUMULATING_OPS and case.op not in HIR_CONDITION:
+    accumulates = case.op in ACCUMULATING_OPS or (case.op in REGISTRY and REGISTRY.get(case.op).accumulates)
+    if not accumulates and case.op not in HIR_CONDITION:
         return 1, 1.0
     from rlx_core.plugin import to_reference
 
@@ -1488,7 +1502,7 @@ def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
         k = (idx[int(attrs["axis"]) % len(idx)] if idx else 0) + 1  # type: ignore[call-overload]
     else:
         out = graph.types[graph.outputs[0]]
-        n_in, n_out = math.prod(shapes["x"]), out.numel()
+        n_in, n_out = math.prod(shapes[graph.inputs[0].name]), out.numel()
         k = n_in // n_out if n_out else 1
     refs = []
     for v in graph.inputs:

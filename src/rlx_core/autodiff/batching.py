@@ -20,7 +20,7 @@ from ..ir.graph import Graph, Node
 from ..ir.schema import REGISTRY
 from ..ir.types import Attrs, Dim, TensorType, normalize_axis
 from ._util import ADBuilder, decomposition_graph, expand_to, reshape, unique_name
-from .registry import BATCH_RULES, register_batch_rule
+from .registry import get_batch_rule, register_batch_rule
 from .transforms import prune
 
 Flags = Sequence[bool]
@@ -56,7 +56,7 @@ def _check(op: str, outs: Sequence[Tensor], flags: Sequence[bool], want: Sequenc
 def batch_node(b: ADBuilder, op: str, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim,
                out_types: Sequence[TensorType]) -> tuple[list[Tensor], list[bool]]:
     """Outputs of ``op`` applied per example to ``ins`` (flags: which carry the batch axis 0)."""
-    rule = BATCH_RULES.get(op)
+    rule = get_batch_rule(op)
     if rule is not None:
         res = rule(b, ins, flags, attrs, size)
         if res is not None:
@@ -198,20 +198,8 @@ def _shift(axis: Any, rank: int) -> int:
     return normalize_axis(int(axis), rank) + 1
 
 
-def _reduction_rule(op: str) -> None:
-    def rule(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-        x = ins[0]
-        r = x.rank - 1
-        axes = attrs["axes"]
-        new = tuple(range(1, r + 1)) if axes is None else tuple(_shift(a, r) for a in axes)  # type: ignore[union-attr]
-        return [b.op(op, x, axes=new, keepdims=attrs["keepdims"])], [True]
-
-    register_batch_rule(op, rule)
-
-
-for _op in ("reduce_sum", "reduce_mean", "reduce_prod", "reduce_max", "reduce_min"):
-    _reduction_rule(_op)
-
+# The reductions (reduce_*, argmax, argmin) carry their rules on their schemas (OpSchema.batch):
+# see rlx_core.ir.ops.reduction.
 
 def _axis_rule(op: str, min_rank: int = 0) -> None:
     """Ops whose only axis attribute is ``axis`` and whose batched operand is input 0 only."""
@@ -225,7 +213,7 @@ def _axis_rule(op: str, min_rank: int = 0) -> None:
     register_batch_rule(op, rule)
 
 
-for _op in ("argmax", "argmin", "softmax", "log_softmax", "layer_norm", "rms_norm"):
+for _op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
     _axis_rule(_op)
 _axis_rule("cumsum", min_rank=1)
 

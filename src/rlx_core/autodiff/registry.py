@@ -1,8 +1,9 @@
 """Registries of differentiation and batching rules, one entry per op name.
 
 Rules build graph fragments with a :class:`~rlx_core.ir.builder.GraphBuilder`; they never compute
-numbers. An op may also carry its rules on its schema (``OpSchema.vjp``/``jvp``, as the core's
-elementwise ops do); :func:`get_vjp`/:func:`get_jvp` see both, a registered rule first.
+numbers. An op may also carry its rules on its schema (``OpSchema.vjp``/``jvp``/``batch``, as the
+core's elementwise ops and reductions do); :func:`get_vjp`/:func:`get_jvp`/:func:`get_batch_rule`
+see both, a registered rule first.
 A plugin that adds an op (``rlx_ops`` hook) makes it differentiable with
 :func:`register_vjp` (reverse mode), :func:`register_jvp` (forward mode) and batchable with
 :func:`register_batch_rule`. Ops without a rule are handled through their decomposition when they
@@ -81,4 +82,5 @@ def get_jvp(op: str) -> JvpRule | None:
 
 
 def get_batch_rule(op: str) -> BatchRule | None:
-    return BATCH_RULES.get(op)
+    """The ``vmap`` rule of ``op``: a registered one, else the one on its schema, else None."""
+    return BATCH_RULES.get(op) or _schema_rule(op, "batch")

@@ -1,9 +1,10 @@
 """Reverse (vjp) and forward (jvp) rules for the MIR ops that do not carry them on their schema.
 
 Each rule builds MIR nodes only, so gradients run on any backend and can be differentiated again.
-Conventions follow PyTorch where a choice exists: ``maximum``/``minimum`` split the gradient
-equally on ties, ``reduce_max``/``reduce_min`` share it among all maximal elements, ``abs`` has
-zero slope at 0, ``pow`` has no exponent gradient where the base is 0 and the exponent >= 0.
+Conventions follow PyTorch where a choice exists (the op families in :mod:`rlx_core.ir.ops`
+state theirs: ``maximum``/``minimum`` split the gradient equally on ties, ``reduce_max``/
+``reduce_min`` share it among all maximal elements, ``pow`` has no exponent gradient where the base
+is 0 and the exponent >= 0).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from ._util import (
     is_static,
     keep_shape,
     or_zeros,
-    red_axes,
     reshape,
-    restore_reduced,
     reverse_axes,
     sum_to,
     swap_last,
@@ -34,7 +33,6 @@ from ._util import (
     zeros,
     zeros_like,
 )
-from ._util import count as _count
 from .registry import register_jvp, register_vjp
 
 Cts = Sequence["Tensor | None"]
@@ -51,17 +49,16 @@ def _fl(t: Tensor) -> bool:
 
 
 def zero_rules(op: str) -> None:
-    """No gradient and no tangent: comparisons, logical ops, rounding, arg-reductions, iota."""
+    """No gradient and no tangent (iota)."""
     register_vjp(op, lambda b, ins, outs, cts, attrs: [None] * len(ins))
     register_jvp(op, lambda b, ins, outs, ts, attrs: [None] * len(outs))
 
 
-for _op in ("argmax", "argmin", "iota"):
-    zero_rules(_op)
+zero_rules("iota")
 
 
-# The elementwise ops (unary, binary, compare, logical, where, cast) carry their rules on their
-# schemas: see rlx_core.ir.ops.elementwise.
+# The elementwise ops (unary, binary, compare, logical, where, cast) and the reductions (reduce_*,
+# argmax, argmin) carry their rules on their schemas: see rlx_core.ir.ops.
 
 
 # -- ops that are linear in their (single) differentiable input: jvp applies the op itself -------
@@ -76,92 +73,12 @@ def _jvp_same(op: str, **override: Any) -> None:
     register_jvp(op, jvp)
 
 
-for _op in ("reshape", "transpose", "expand", "slice", "reduce_sum", "reduce_mean", "cumsum"):
+for _op in ("reshape", "transpose", "expand", "slice", "cumsum"):
     _jvp_same(_op)
 _jvp_same("pad", value=0.0)
 
 
-# -- reductions ----------------------------------------------------------------------------------
-
-@register_vjp("reduce_sum")
-def _sum_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    x, g = ins[0], cts[0]
-    if g is None or not _fl(x):
-        return [None]
-    return [restore_reduced(b, g, x, red_axes(attrs, x.rank), bool(attrs["keepdims"]))]
-
-
-@register_vjp("reduce_mean")
-def _mean_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    x, g = ins[0], cts[0]
-    if g is None or not _fl(x):
-        return [None]
-    axes = red_axes(attrs, x.rank)
-    g = g / _count(b, x.shape, axes, x.dtype)
-    return [restore_reduced(b, g, x, axes, bool(attrs["keepdims"]))]
-
-
-def _extreme_share(b: GraphBuilder, x: Tensor, y: Tensor, attrs: Attrs) -> Tensor:
-    """mask / count: 1/k on each of the k elements equal to the max (min), 0 elsewhere."""
-    axes = red_axes(attrs, x.rank)
-    yk = restore_reduced(b, y, x, axes, bool(attrs["keepdims"]), expand=False)
-    mask = b.op("cast", b.op("equal", x, yk), to=x.dtype)
-    return mask / b.op("reduce_sum", mask, axes=axes, keepdims=True)
-
-
-def _extreme_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    x, g = ins[0], cts[0]
-    if g is None or not _fl(x):
-        return [None]
-    axes = red_axes(attrs, x.rank)
-    gk = restore_reduced(b, g, x, axes, bool(attrs["keepdims"]), expand=False)
-    return [_extreme_share(b, x, outs[0], attrs) * gk]
-
-
-def _extreme_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-    x, t = ins[0], ts[0]
-    if t is None or not _fl(x):
-        return [None]
-    share = _extreme_share(b, x, outs[0], attrs)
-    return [b.op("reduce_sum", t * share, axes=red_axes(attrs, x.rank), keepdims=bool(attrs["keepdims"]))]
-
-
-for _op in ("reduce_max", "reduce_min"):
-    register_vjp(_op, _extreme_vjp)
-    register_jvp(_op, _extreme_jvp)
-
-
-def _prod_partials(b: GraphBuilder, x: Tensor, axes: Sequence[int]) -> Tensor:
-    """d prod / d x_i = the product of the other elements, exact when some x are 0."""
-    z = _c(b, 0.0, x)
-    one = _c(b, 1.0, x)
-    is0 = b.op("equal", x, z)
-    nz = b.op("where", is0, one, x)
-    p = b.op("reduce_prod", nz, axes=tuple(axes), keepdims=True)
-    zc = b.op("reduce_sum", b.op("cast", is0, to=x.dtype), axes=tuple(axes), keepdims=True)
-    at_zero = b.op("where", b.op("equal", zc, one), p, z)
-    elsewhere = b.op("where", b.op("equal", zc, z), p / nz, z)
-    return b.op("where", is0, at_zero, elsewhere)
-
-
-@register_vjp("reduce_prod")
-def _prod_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    x, g = ins[0], cts[0]
-    if g is None or not _fl(x):
-        return [None]
-    axes = red_axes(attrs, x.rank)
-    gk = restore_reduced(b, g, x, axes, bool(attrs["keepdims"]), expand=False)
-    return [gk * _prod_partials(b, x, axes)]
-
-
-@register_jvp("reduce_prod")
-def _prod_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-    x, t = ins[0], ts[0]
-    if t is None or not _fl(x):
-        return [None]
-    axes = red_axes(attrs, x.rank)
-    return [b.op("reduce_sum", t * _prod_partials(b, x, axes), axes=axes, keepdims=bool(attrs["keepdims"]))]
-
+# -- scans ---------------------------------------------------------------------------------------
 
 @register_vjp("cumsum")
 def _cumsum_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:

@@ -17,87 +17,17 @@ from ..dtypes import INDEX_DTYPES, DType
 from ..errors import DTypeError, ShapeError
 from .indices import normalize as normalize_indices
 
-# Elementwise ops (unary, binary, compare, logical, where, cast) are declared once each, with all
-# their facts, in their own module: importing it registers them.
+# Elementwise ops (unary, binary, compare, logical, where, cast) and reductions (reduce_*, argmax,
+# argmin) are declared once each, with all their facts, in their family's module: importing it
+# registers them.
 from .ops import elementwise as _elementwise  # noqa: F401
+from .ops import reduction as _reduction  # noqa: F401
 from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED  # noqa: F401  (re-exported)
 from .ops._common import check_dtypes as _check_dtypes
 from .ops._common import same_dtype as _same_dtype
 from .ops._common import wrap_int as _wrap_int
 from .schema import AttrSpec, IndexInput, OpSchema, register_op
 from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
-
-# -- reductions --------------------------------------------------------------------------------
-
-def _axes(attrs: Attrs, rank: int) -> tuple[int, ...]:
-    axes = attrs["axes"]
-    if axes is None:
-        return tuple(range(rank))
-    norm = tuple(sorted({normalize_axis(a, rank) for a in axes}))  # type: ignore[union-attr]
-    if len(norm) != len(axes):  # type: ignore[arg-type]
-        raise ShapeError(f"reduction axes {axes} repeat an axis", fix="list each axis once")
-    return norm
-
-
-def _reduce_shape(t: TensorType, axes: Sequence[int], keepdims: bool) -> tuple[Dim, ...]:
-    if keepdims:
-        return tuple(1 if i in axes else d for i, d in enumerate(t.shape))
-    return tuple(d for i, d in enumerate(t.shape) if i not in axes)
-
-
-_RED_ATTRS = (AttrSpec("axes", "ints", default=None, doc="axes to reduce; None reduces all"),
-              AttrSpec("keepdims", "bool", default=False))
-
-
-def _reduction(name: str, fn: Any, dtypes: Sequence[DType], doc: str, nonempty: bool = False,
-               amp: str | None = None) -> None:
-    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-        _check_dtypes(name, ts, dtypes)
-        axes = _axes(attrs, ts[0].rank)
-        if nonempty and any(ts[0].shape[a] == 0 for a in axes):
-            raise ShapeError(f"{name} over an empty axis has no identity",
-                             fix="reduce only non-empty axes")
-        return [TensorType(ts[0].dtype, _reduce_shape(ts[0], axes, bool(attrs["keepdims"])))]
-
-    def ref(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-        axes = _axes(attrs, xs[0].ndim)
-        with np.errstate(all="ignore"):
-            return [np.asarray(fn(xs[0], axis=axes, keepdims=bool(attrs["keepdims"])))]
-
-    register_op(OpSchema(name, ("x",), infer, ref, attrs=_RED_ATTRS, category="reduction", doc=doc,
-                         dtypes=tuple(dtypes), fusion="reduction", amp=amp,
-                         flops=lambda i, o, a: float(i[0].numel())))
-
-
-# Sums and products run in f32 under autocast (accumulation error grows with the count).
-_reduction("reduce_sum", np.sum, NUMERIC, "sum over axes (integers wrap)", amp="f32")
-_reduction("reduce_prod", np.prod, NUMERIC, "product over axes", amp="f32")
-_reduction("reduce_mean", np.mean, FLOATS_C, "mean over axes", amp="f32")
-_reduction("reduce_max", np.max, REAL, "max over axes; NaN propagates", nonempty=True)
-_reduction("reduce_min", np.min, REAL, "min over axes; NaN propagates", nonempty=True)
-
-
-def _arg(name: str, fn: Any) -> None:
-    def infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-        _check_dtypes(name, ts, REAL)
-        ax = normalize_axis(attrs["axis"], ts[0].rank)  # type: ignore[arg-type]
-        if ts[0].shape[ax] == 0:
-            raise ShapeError(f"{name} over an empty axis", fix="reduce a non-empty axis")
-        return [TensorType(DType.I64, _reduce_shape(ts[0], (ax,), bool(attrs["keepdims"])))]
-
-    def ref(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-        ax = normalize_axis(attrs["axis"], xs[0].ndim)  # type: ignore[arg-type]
-        return [np.asarray(fn(xs[0], axis=ax, keepdims=bool(attrs["keepdims"]))).astype(np.int64)]
-
-    register_op(OpSchema(name, ("x",), infer, ref, attrs=(AttrSpec("axis", "int", default=-1),
-                                                          AttrSpec("keepdims", "bool", default=False)),
-                         category="reduction", dtypes=REAL, differentiable=False,
-                         doc=f"index of the first {name[3:]} along axis (i64); NaN counts as extreme"))
-
-
-_arg("argmax", np.argmax)
-_arg("argmin", np.argmin)
-
 
 # -- matmul ------------------------------------------------------------------------------------
 
@@ -128,7 +58,7 @@ def _matmul_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: 
 
 register_op(OpSchema("matmul", ("a", "b"), _infer_matmul,
                      _wrap_int(lambda a, b: np.matmul(a, b)), category="matmul", dtypes=NUMERIC,
-                     flops=_matmul_flops, amp="low",
+                     flops=_matmul_flops, amp="low", accumulates=True,
                      doc="batched matrix product with broadcasting (NumPy rules)"))
 
 
@@ -371,6 +301,7 @@ def _ref_scatter_add(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]
 register_op(OpSchema("scatter_add", ("x", "indices", "updates"), _infer_scatter_add,
                      _ref_scatter_add, attrs=(AttrSpec("axis", "int", default=0),),
                      category="movement", dtypes=NUMERIC, index_inputs=(IndexInput(1),),
+                     accumulates=True,
                      doc="out = x; out[.., indices[i], ..] += updates[i] along axis (duplicates add "
                          "up; ONNX ScatterElements with reduction='add'). Indices follow ONNX: valid in "
                          "[-n, n-1], a negative one counts from the end once, anything else is an "
@@ -472,6 +403,7 @@ register_op(OpSchema("conv2d", ("x", "w"), _infer_conv2d,
                             AttrSpec("dilations", "ints", default=(1, 1)),
                             AttrSpec("groups", "int", default=1)),
                      category="conv", dtypes=NUMERIC, flops=_conv_flops, amp="low",
+                     accumulates=True,
                      doc="2-D cross-correlation, x NCHW, w OIHW (no bias: add it after)"))
 
 
@@ -501,7 +433,8 @@ register_op(OpSchema("cumsum", ("x",), _infer_cumsum, _ref_cumsum,
                      attrs=(AttrSpec("axis", "int", default=-1),
                             AttrSpec("exclusive", "bool", default=False),
                             AttrSpec("reverse", "bool", default=False)),
-                     category="scan", dtypes=NUMERIC, amp="f32", doc="running sum along axis"))
+                     category="scan", dtypes=NUMERIC, amp="f32", accumulates=True,
+                     doc="running sum along axis"))
 
 MIR_OPS: tuple[str, ...] = ()
 

@@ -109,12 +109,15 @@ ExprFn = Callable[[Any, Sequence[str], Sequence[DType], DType, Mapping[str, Any]
 #: Autodiff rules, as :data:`rlx_core.autodiff.registry.VjpRule` / ``JvpRule`` (typed loosely here
 #: so the IR does not import the builder).
 GradFn = Callable[..., Sequence[Any]]
+#: A ``vmap`` rule, as :data:`rlx_core.autodiff.registry.BatchRule`: ``rule(b, inputs, batched,
+#: attrs, axis_size) -> (outputs, out_batched)`` or ``None`` to decline.
+BatchFn = Callable[..., Any]
 
 AMP_CLASSES = ("low", "f32")
 FUSION_CLASSES = ("elementwise", "reduction")
 ACCURACY_CLASSES = ("exact", "library")
 #: Value domains the conformance generator knows (``rlx_conformance.cases``, which reads this).
-CASE_DOMAINS = ("default", "positive", "nonzero", "halves", "ties", "bool")
+CASE_DOMAINS = ("default", "positive", "nonzero", "halves", "ties", "bool", "unit")
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,11 @@ class CaseSpec:
     """How the conformance generator (``rlx_conformance.cases.cases_for``) feeds an op.
 
     ``family`` picks the generator: ``"unary"`` / ``"binary"`` (the elementwise suites: shapes,
-    broadcasting, scalars, size 0/1, non-contiguous, NaN/Inf, large values) or the name of a
-    dedicated generator in ``rlx_conformance.cases.GENERATORS``. ``domains`` gives one value domain per
-    operand (one of :data:`CASE_DOMAINS`; values outside an op's domain give NaN, which tests
-    little). ``overflow`` adds integer cases at the type's extremes (``neg``/``abs`` of INT_MIN).
+    broadcasting, scalars, size 0/1, non-contiguous, NaN/Inf, large values), ``"reduction"``
+    (``axes``/``keepdims`` reductions), ``"arg"`` (``axis``/``keepdims`` index reductions) or the
+    name of a dedicated generator in ``rlx_conformance.cases.GENERATORS``. ``domains`` gives one
+    value domain per operand (one of :data:`CASE_DOMAINS`; values outside an op's domain give NaN,
+    which tests little). ``overflow`` adds integer cases at the type's extremes (``neg``/``abs`` of INT_MIN).
     """
 
     family: str
@@ -189,8 +193,14 @@ class OpSchema:
     #: registered for the op with ``register_vjp``/``register_jvp``).
     vjp: GradFn | None = None
     jvp: GradFn | None = None
+    #: ``vmap`` rule (``rlx_core.autodiff`` falls back to it when none was registered with
+    #: ``register_batch_rule``).
+    batch: BatchFn | None = None
     #: How the conformance suite generates cases for the op (core ops; ``None``: by op name).
     cases: CaseSpec | None = None
+    #: The op sums (or multiplies) ``k`` terms per output element: its conformance tolerance adds
+    #: the summation error bound for ``k`` terms.
+    accumulates: bool = False
     #: Tolerance class: ``"exact"`` (results are input values or exactly representable),
     #: ``"library"`` (a libm-style function, a few ulps), ``None`` (correctly rounded).
     accuracy: str | None = None
