@@ -373,6 +373,14 @@ def test_cli_text(cpu_hub: Any) -> None:
     assert np.array(json.loads(r.stdout)["embeddings"]).shape == (2, DIM)
 
 
+def test_cli_multi_device(cpu_hub: Any) -> None:
+    # A multi-device session compiles to a MultiDeviceExecutable, which has no single .device: the
+    # report named exe.device.name and failed with an AttributeError (found by mypy).
+    r = _invoke("A man is eating food.", "--json", "--device", "cpu,cpu")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["device"] == "cpu:0,cpu:0"
+
+
 def test_cli_usage_errors(cpu_hub: Any) -> None:
     r = _invoke()
     assert r.exit_code == 2 and "at least one sentence" in r.output

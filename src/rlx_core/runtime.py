@@ -183,7 +183,8 @@ class Session:
         return {s: self.shape_hints.get(s, 1) for s in sorted(graph.symbols)}
 
     # -- compiling -------------------------------------------------------------------------------
-    def compile(self, graph: Graph, *, carry: Mapping[str, str] | None = None) -> Executable:
+    def compile(self, graph: Graph, *, carry: Mapping[str, str] | None = None
+                ) -> Executable | MultiDeviceExecutable:
         """Dispatch now (so illegal graphs fail here); specialise symbolic dims on first run.
 
         ``carry``: input -> output pairs the caller feeds back between runs through

@@ -7,7 +7,7 @@ import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from types import MappingProxyType
 from typing import Any
 
@@ -31,6 +31,11 @@ def _frozen(w: Any) -> bool:
     return True
 
 
+def _forget_digest(key: int, _ref: object) -> None:
+    """The weakref callback: the array is gone, so its id may be reused by another."""
+    _DIGESTS.pop(key, None)
+
+
 def weight_digest(w: Any) -> bytes:
     """sha256 of a weight's bytes; remembered per array when nothing can write to it (memory-mapped
     model files), so specialising a 90 MB model per input shape does not rehash it each time."""
@@ -43,7 +48,7 @@ def weight_digest(w: Any) -> bytes:
     if _frozen(w):
         try:
             key = id(w)
-            _DIGESTS[key] = (weakref.ref(w, lambda _r, key=key: _DIGESTS.pop(key, None)), d)
+            _DIGESTS[key] = (weakref.ref(w, partial(_forget_digest, key)), d)
         except TypeError:
             pass
     return d
@@ -223,9 +228,10 @@ class Graph:
         def sub(attrs: Attrs, schema: OpSchema) -> Attrs:
             changes = {}
             for spec in schema.attrs:
-                if spec.kind == "shape" and isinstance(attrs.get(spec.name), tuple):
+                value = attrs.get(spec.name)
+                if spec.kind == "shape" and isinstance(value, tuple):
                     changes[spec.name] = tuple(bindings.get(d, d) if isinstance(d, str) else d
-                                               for d in attrs[spec.name])
+                                               for d in value)
             return attrs.replace(**changes) if changes else attrs
 
         nodes = tuple(Node(n.name, n.op, n.inputs, n.outputs, sub(n.attrs, REGISTRY.get(n.op)))

