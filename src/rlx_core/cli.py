@@ -690,12 +690,12 @@ def doctor_report(h: Hub) -> dict[str, Any]:
     core["default_device"] = default
     disabled = set(settings.DISABLE_PLUGINS.get(h.env) or [])
     for n in sorted(set(entries) - set(order)):
-        e = entries[n]
+        eps = entries[n]
         why = ("disabled by RLX_DISABLE_PLUGINS" if n in disabled
                else "not listed in RLX_BACKENDS")
         backends.append({"name": n, "status": "SKIP", "kind": "skipped", "reason": why, "error": None,
                          "distributions": [{"name": x.distribution, "version": x.dist_version,
-                                            "entry_point": x.value} for x in e],
+                                            "entry_point": x.value} for x in eps],
                          "backend_version": None, "api_version": None, "description": None, "devices": []})
     counts = {s: sum(1 for b in backends if b["status"] == s) for s in ("PASS", "FAIL", "SKIP")}
     code = EXIT_USAGE if not entries else EXIT_FAIL if counts["FAIL"] else EXIT_OK
@@ -774,10 +774,10 @@ def _print_doctor(rep: Mapping[str, Any]) -> None:
     out.print()
     if s["installed"] == 0:
         if rep["core"]["env"].get("RLX_DISABLE_PLUGINS", "").strip() == "all":
-            msg = "All backend plugins are disabled by RLX_DISABLE_PLUGINS=all."
+            none = "All backend plugins are disabled by RLX_DISABLE_PLUGINS=all."
         else:
-            msg = "No backend plugins are installed. Install the default one: pip install rlx-cpu"
-        out.print(Text(msg, style="bold red"))
+            none = "No backend plugins are installed. Install the default one: pip install rlx-cpu"
+        out.print(Text(none, style="bold red"))
     else:
         tail = f", {s['skipped']} skipped" if s["skipped"] else ""
         out.print(Text(f"{s['passed']} passed, {s['failed']} failed{tail}",

@@ -103,17 +103,17 @@ def collect(h: Hub, *, backends: list[str] | None = None, core_commands: frozens
             continue
         if exporters:
             try:
-                for e in backend_exporters(b):
-                    other = ext.exporters.get(e.target)
-                    if e.target in ext.conflicts:
+                for exp in backend_exporters(b):
+                    other = ext.exporters.get(exp.target)
+                    if exp.target in ext.conflicts:
                         continue
                     if other is not None:
-                        ext.conflicts[e.target] = _conflict(
-                            "export target", e.target, other.distribution, e.distribution,
+                        ext.conflicts[exp.target] = _conflict(
+                            "export target", exp.target, other.distribution, exp.distribution,
                             "uninstall one of them, or disable one with RLX_DISABLE_PLUGINS")
-                        del ext.exporters[e.target]
+                        del ext.exporters[exp.target]
                     else:
-                        ext.exporters[e.target] = e
+                        ext.exporters[exp.target] = exp
             except RLXError as err:
                 ext.fail(name, err)
         if commands:
