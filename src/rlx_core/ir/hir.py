@@ -23,7 +23,7 @@ from ..errors import DTypeError, IRError, ShapeError
 from .builder import GraphBuilder, Tensor
 from .indices import normalize as normalize_indices
 from .schema import REGISTRY, AttrSpec, IndexInput, OpSchema, register_op
-from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
+from .types import Attrs, Dim, TensorType, attr_float, attr_ints, broadcast_shapes, normalize_axis
 
 FLOATS = FLOAT_DTYPES
 
@@ -330,7 +330,7 @@ def _dec_layer_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, 
     # Variance of centred values: E[x^2] - E[x]^2 cancels catastrophically in f16/f32.
     c = x - g.op("reduce_mean", x, axes=axes, keepdims=True)
     var = g.op("reduce_mean", c * c, axes=axes, keepdims=True)
-    return [_down(g, c * rstd(g, var, a["eps"]) * gamma + beta, x0)]
+    return [_down(g, c * rstd(g, var, attr_float(a, "eps")) * gamma + beta, x0)]
 
 
 _NORM_ATTRS = (AttrSpec("axis", "int", default=-1, doc="normalise axes axis..rank-1"),)
@@ -366,7 +366,7 @@ def _dec_rms_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, An
     x, gamma = _up(g, *ins)
     axes = _norm_axes("rms_norm", x.type, a["axis"])
     ms = g.op("reduce_mean", x * x, axes=axes, keepdims=True)
-    return [_down(g, x * rstd(g, ms, a["eps"]) * gamma, x0)]
+    return [_down(g, x * rstd(g, ms, attr_float(a, "eps")) * gamma, x0)]
 
 
 _register(OpSchema(
@@ -402,7 +402,7 @@ def _dec_batch_norm(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, 
     a = _attrs("batch_norm", attrs)
     x, scale, bias, mean, var = ins
     view = (x.shape[1],) + (1,) * (x.rank - 2)
-    inv = scale * rstd(g, var, a["eps"])
+    inv = scale * rstd(g, var, attr_float(a, "eps"))
 
     def per_channel(t: Tensor) -> Tensor:
         return g.op("reshape", t, shape=view)
@@ -559,7 +559,8 @@ def _infer_conv2d_bias(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorTyp
 
 def _ref_conv2d_bias(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     x, w, b = xs
-    (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]  # type: ignore[misc]
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = (attr_ints(attrs, "strides"), attr_ints(attrs, "pads"),
+                                             attr_ints(attrs, "dilations"))
     g = int(attrs["groups"])  # type: ignore[arg-type]
     o, cg, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
@@ -576,7 +577,7 @@ def _ref_conv2d_bias(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]
 def _dec_conv2d_bias(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
     a = _attrs("conv2d_bias", attrs)
     x, w, b = ins
-    y = g.op("conv2d", x, w, **dict(a))
+    y = g.op("conv2d", x, w, name=None, **dict(a))  # name: the node's, not an attribute
     return [y + g.op("reshape", b, shape=(w.shape[0], 1, 1))]
 
 
@@ -593,21 +594,21 @@ _register(OpSchema(
 
 
 def _pool_params(op: str, attrs: Attrs) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
-    k = attrs["kernel"]
-    s = attrs["strides"] if attrs["strides"] is not None else k
-    p = attrs["pads"]
-    if len(k) != 2 or min(k) < 1:  # type: ignore[arg-type]
+    k = attr_ints(attrs, "kernel")
+    s = attr_ints(attrs, "strides") if attrs["strides"] is not None else k
+    p = attr_ints(attrs, "pads")
+    if len(k) != 2 or min(k) < 1:
         raise ShapeError(f"{op}: kernel {k} must be two sizes >= 1", fix="kernel=(kh, kw)")
-    if len(s) != 2 or min(s) < 1:  # type: ignore[arg-type]
+    if len(s) != 2 or min(s) < 1:
         raise ShapeError(f"{op}: strides {s} must be two values >= 1", fix="strides=(sh, sw)")
-    if len(p) != 4 or min(p) < 0:  # type: ignore[arg-type]
+    if len(p) != 4 or min(p) < 0:
         raise ShapeError(f"{op}: pads {p} must be four values >= 0", fix="pads=(top, left, bottom, right)")
-    kh, kw = k  # type: ignore[misc]
-    if max(p[0], p[2]) >= kh or max(p[1], p[3]) >= kw:  # type: ignore[index]
+    kh, kw = k
+    if max(p[0], p[2]) >= kh or max(p[1], p[3]) >= kw:
         # Otherwise a window could hold only padding: -inf for max, 0/0 for an exclusive average.
         raise ShapeError(f"{op}: pads {p} must be smaller than the kernel {k} on each side",
                          fix="reduce the padding (torch allows at most half the kernel)")
-    return tuple(k), tuple(s), tuple(p)  # type: ignore[return-value]
+    return (kh, kw), (s[0], s[1]), (p[0], p[1], p[2], p[3])
 
 
 def _pool_out(op: str, x: TensorType, attrs: Attrs) -> tuple[int, int]:
@@ -649,7 +650,7 @@ def _ref_avg_pool(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     x = xs[0]
     total = _windows(x, "avg_pool2d", attrs, 0.0).sum(axis=(-2, -1))
     if attrs["count_include_pad"]:
-        kh, kw = attrs["kernel"]  # type: ignore[misc]
+        kh, kw = attr_ints(attrs, "kernel")
         return [total / (kh * kw)]
     count = _windows(np.ones((1, 1, *x.shape[2:])), "avg_pool2d", attrs, 0.0).sum(axis=(-2, -1))
     return [total / count]
@@ -683,16 +684,18 @@ def _dec_avg_pool(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, An
     y = taps[0]
     for t in taps[1:]:
         y = y + t
-    kh, kw = a["kernel"]  # type: ignore[misc]
-    if a["count_include_pad"] or not any(a["pads"]):  # type: ignore[arg-type]
+    kh, kw = attr_ints(a, "kernel")
+    if a["count_include_pad"] or not any(attr_ints(a, "pads")):
         return [_down(g, y / g.const(kh * kw, x.dtype), x0)]
     # Shapes are static, so the per-window count of real elements is a build-time constant.
-    count = _windows(np.ones((1, 1, *x.shape[2:])), "avg_pool2d", a, 0.0).sum(axis=(-2, -1))
+    h, w = x.shape[2], x.shape[3]
+    assert isinstance(h, int) and isinstance(w, int)  # _taps -> _pool_out has checked they are static
+    count = _windows(np.ones((1, 1, h, w)), "avg_pool2d", a, 0.0).sum(axis=(-2, -1))
     return [_down(g, y / g.const(count, x.dtype), x0)]
 
 
 def _flops_pool(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:
-    kh, kw = attrs["kernel"]  # type: ignore[misc]
+    kh, kw = attr_ints(attrs, "kernel")
     return float(kh * kw) * _numel(outs[0])
 
 

@@ -141,6 +141,22 @@ def freeze_attr(value: Any) -> AttrValue:
                   fix="attributes are ints, floats, bools, strings, dtypes, None, or tuples of these")
 
 
+def attr_float(attrs: Mapping[str, Any], name: str) -> float:
+    """A ``float`` attribute as a float (:meth:`OpSchema.check_attrs` has made it one)."""
+    v = attrs[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise IRError(f"attribute {name!r} = {v!r} is not a float", fix=f"pass {name}=<number>")
+    return float(v)
+
+
+def attr_ints(attrs: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    """An ``ints`` attribute (:meth:`OpSchema.check_attrs` has checked its elements)."""
+    v = attrs[name]
+    if not isinstance(v, tuple):
+        raise IRError(f"attribute {name!r} = {v!r} is not a tuple of ints", fix=f"pass {name}=(...)")
+    return v
+
+
 class Attrs(Mapping[str, AttrValue]):
     """An immutable, hashable mapping of attribute names to frozen values."""
 
