@@ -89,6 +89,17 @@ def test_core_reductions_carry_all_their_facts() -> None:
         assert (schema.name in ACCUMULATING_OPS) == schema.accumulates, schema.name
 
 
+@pytest.mark.parametrize("op", ["reshape", "transpose", "expand", "slice", "concat", "pad"])
+def test_core_movement_ops_carry_all_their_facts(op: str) -> None:
+    from rlx_core.autodiff import get_batch_rule
+
+    schema = REGISTRY.get(op)
+    assert schema.cases is not None and schema.accuracy == "exact" and tolerance("f16", op) == (0.0, 0.0)
+    assert get_vjp(op) is schema.vjp is not None and get_jvp(op) is schema.jvp is not None
+    assert get_batch_rule(op) is schema.batch is not None
+    assert cases_for(op, "f32")
+
+
 def test_a_new_reduction_is_one_declaration() -> None:
     """A plugin reduction declared with the reduction case family and ``accumulates`` gets the
     reduction suite and the summation tolerance."""

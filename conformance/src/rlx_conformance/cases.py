@@ -1274,10 +1274,10 @@ def build_case_graph(case: OpCase) -> Graph:
 EPS: Mapping[DType, float] = {DType.F16: 2.0**-10, DType.BF16: 2.0**-7, DType.F32: 2.0**-23,
                               DType.F64: 2.0**-52, DType.C64: 2.0**-23}
 #: Ops whose result is one of the inputs' values or an exactly representable function of them:
-#: those whose schema says ``accuracy="exact"`` (the elementwise ops, max/min reductions, argmax and
-#: argmin) and these.
+#: those whose schema says ``accuracy="exact"`` (the elementwise ops, max/min reductions, argmax,
+#: argmin and the movement ops) and these.
 EXACT_OPS: frozenset[str] = frozenset({
-    "reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "iota",
+    "gather", "iota",
     "relu", "max_pool2d", "embedding"}) | frozenset(  # HIR: max(x, 0), a window's max, a table row
     s.name for s in REGISTRY.schemas() if s.accuracy == "exact")
 #: Ops computed by library functions that are accurate to a few ulps, not correctly rounded (the

@@ -19,7 +19,7 @@ from ..ir.builder import Tensor
 from ..ir.graph import Graph, Node
 from ..ir.schema import REGISTRY
 from ..ir.types import Attrs, Dim, TensorType, normalize_axis
-from ._util import ADBuilder, decomposition_graph, expand_to, reshape, unique_name
+from ._util import ADBuilder, decomposition_graph, reshape, unique_name
 from .registry import get_batch_rule, register_batch_rule
 from .transforms import prune
 
@@ -198,8 +198,8 @@ def _shift(axis: Any, rank: int) -> int:
     return normalize_axis(int(axis), rank) + 1
 
 
-# The reductions (reduce_*, argmax, argmin) carry their rules on their schemas (OpSchema.batch):
-# see rlx_core.ir.ops.reduction.
+# The reductions (reduce_*, argmax, argmin) and the movement ops (reshape, transpose, expand, slice,
+# concat, pad) carry their rules on their schemas (OpSchema.batch): see rlx_core.ir.ops.
 
 def _axis_rule(op: str, min_rank: int = 0) -> None:
     """Ops whose only axis attribute is ``axis`` and whose batched operand is input 0 only."""
@@ -244,50 +244,6 @@ def _matmul(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, siz
         c = reshape(b, c, (c.shape[0],) + (1,) * (n - nbatch(c, fc)) + c.shape[1:])
     y = b.op("matmul", a, c)
     return [reshape(b, y, (size, *out.shape))], [True]
-
-
-@register_batch_rule("reshape")
-def _reshape(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-    return [b.op("reshape", ins[0], shape=(ins[0].shape[0], *attrs["shape"]))], [True]  # type: ignore[misc]
-
-
-@register_batch_rule("transpose")
-def _transpose(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-    r = ins[0].rank - 1
-    perm = attrs["perm"]
-    perm = tuple(reversed(range(r))) if perm is None else tuple(normalize_axis(p, r) for p in perm)  # type: ignore[union-attr]
-    return [b.op("transpose", ins[0], perm=(0, *(p + 1 for p in perm)))], [True]
-
-
-@register_batch_rule("expand")
-def _expand(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-    x = ins[0]
-    target = tuple(attrs["shape"])  # type: ignore[arg-type]
-    x = reshape(b, x, (x.shape[0],) + (1,) * (len(target) - (x.rank - 1)) + x.shape[1:])
-    return [expand_to(b, x, (x.shape[0], *target))], [True]
-
-
-@register_batch_rule("slice")
-def _slice(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-    r = ins[0].rank - 1
-    a = dict(attrs)
-    axes = a["axes"] if a["axes"] is not None else tuple(range(len(a["starts"])))
-    a["axes"] = tuple(_shift(ax, r) for ax in axes)
-    return [b.op("slice", ins[0], **a)], [True]
-
-
-@register_batch_rule("concat")
-def _concat(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-    r = _orig_rank(ins[0], flags[0])
-    xs = [_batched(b, t, f, size) for t, f in zip(ins, flags)]
-    return [b.op("concat", *xs, axis=_shift(attrs["axis"], r))], [True]
-
-
-@register_batch_rule("pad")
-def _pad(b: ADBuilder, ins: Sequence[Tensor], flags: Flags, attrs: Attrs, size: Dim) -> Any:
-    r = ins[0].rank - 1
-    p = tuple(attrs["pads"])  # type: ignore[arg-type]
-    return [b.op("pad", ins[0], pads=(0, *p[:r], 0, *p[r:]), value=attrs["value"])], [True]
 
 
 @register_batch_rule("gather")

@@ -28,10 +28,8 @@ from ._util import (
     reverse_axes,
     sum_to,
     swap_last,
-    take_window,
     window,
     zeros,
-    zeros_like,
 )
 from .registry import register_jvp, register_vjp
 
@@ -57,8 +55,9 @@ def zero_rules(op: str) -> None:
 zero_rules("iota")
 
 
-# The elementwise ops (unary, binary, compare, logical, where, cast) and the reductions (reduce_*,
-# argmax, argmin) carry their rules on their schemas: see rlx_core.ir.ops.
+# The elementwise ops (unary, binary, compare, logical, where, cast), the reductions (reduce_*,
+# argmax, argmin) and the movement ops (reshape, transpose, expand, slice, concat, pad) carry their
+# rules on their schemas: see rlx_core.ir.ops.
 
 
 # -- ops that are linear in their (single) differentiable input: jvp applies the op itself -------
@@ -73,9 +72,7 @@ def _jvp_same(op: str, **override: Any) -> None:
     register_jvp(op, jvp)
 
 
-for _op in ("reshape", "transpose", "expand", "slice", "cumsum"):
-    _jvp_same(_op)
-_jvp_same("pad", value=0.0)
+_jvp_same("cumsum")
 
 
 # -- scans ---------------------------------------------------------------------------------------
@@ -121,107 +118,6 @@ def _matmul_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
     parts = ([b.op("matmul", ta, c)] if ta is not None else []) + \
             ([b.op("matmul", a, tc)] if tc is not None else [])
     return [parts[0] if len(parts) == 1 else parts[0] + parts[1]]
-
-
-# -- movement ------------------------------------------------------------------------------------
-
-@register_vjp("reshape")
-def _reshape_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    return [None if g is None or not _fl(ins[0]) else reshape(b, g, ins[0].shape)]
-
-
-@register_vjp("transpose")
-def _transpose_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    if g is None or not _fl(ins[0]):
-        return [None]
-    r = ins[0].rank
-    perm = attrs["perm"]
-    perm = tuple(reversed(range(r))) if perm is None else tuple(normalize_axis(p, r) for p in perm)  # type: ignore[union-attr]
-    inv = [0] * r
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return [b.op("transpose", g, perm=tuple(inv))]
-
-
-@register_vjp("expand")
-def _expand_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    return [None if g is None or not _fl(ins[0]) else sum_to(b, g, ins[0].shape)]
-
-
-def slice_params(attrs: Attrs, rank: int) -> list[tuple[int, int, int, int]]:
-    starts, stops = attrs["starts"], attrs["stops"]
-    n = len(starts)  # type: ignore[arg-type]
-    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(n))
-    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * n
-    return [(normalize_axis(ax, rank), st, sp, step)
-            for st, sp, ax, step in zip(starts, stops, axes, steps)]  # type: ignore[call-overload]
-
-
-def slice_transpose(b: GraphBuilder, g: Tensor, x: Tensor, attrs: Attrs) -> Tensor:
-    """Scatter a slice's cotangent back into zeros of ``x``'s shape (any steps, negative too)."""
-    out = g
-    for ax, st, sp, step in slice_params(attrs, x.rank):
-        n = x.shape[ax]
-        if not isinstance(n, int):
-            continue  # only the full slice of a symbolic dim is legal
-        r = range(*slice(st, sp, step).indices(n))
-        if len(r) == 0:
-            return zeros_like(b, x)
-        if step < 0:
-            out = reverse_axes(b, out, [ax])
-            first, step = r[-1], -step
-        else:
-            first = r[0]
-        out = dilate(b, out, ax, step)
-        out = take_window(b, out, ax, -first, n)
-    return out
-
-
-@register_vjp("slice")
-def _slice_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    return [None if g is None or not _fl(ins[0]) else slice_transpose(b, g, ins[0], attrs)]
-
-
-@register_vjp("concat")
-def _concat_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g = cts[0]
-    if g is None or not _fl(outs[0]):
-        return [None] * len(ins)
-    if len(ins) == 1:
-        return [g]
-    ax = normalize_axis(attrs["axis"], g.rank)  # type: ignore[arg-type]
-    res: list[Tensor | None] = []
-    off = 0
-    for x in ins:
-        n = x.shape[ax]
-        res.append(b.op("slice", g, starts=(off,), stops=(off + n,), axes=(ax,)))  # type: ignore[operator]
-        off += n  # type: ignore[operator]
-    return res
-
-
-@register_jvp("concat")
-def _concat_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
-    if not _fl(outs[0]) or all(t is None for t in ts):
-        return [None]
-    return [b.op("concat", *[or_zeros(b, t, x) for t, x in zip(ts, ins)], axis=attrs["axis"])]
-
-
-@register_vjp("pad")
-def _pad_vjp(b: B, ins: Ts, outs: Ts, cts: Cts, attrs: Attrs) -> list:
-    g, x = cts[0], ins[0]
-    if g is None or not _fl(x):
-        return [None]
-    pads = attrs["pads"]
-    r = x.rank
-    axes = [i for i in range(r) if pads[i] or pads[i + r]]  # type: ignore[index]
-    if not axes:
-        return [g]
-    return [b.op("slice", g, starts=tuple(pads[i] for i in axes),  # type: ignore[index]
-                 stops=tuple(pads[i] + x.shape[i] for i in axes), axes=tuple(axes))]  # type: ignore[index, operator]
 
 
 # -- gather / scatter_add ------------------------------------------------------------------------
@@ -409,4 +305,4 @@ def _conv_jvp(b: B, ins: Ts, outs: Ts, ts: Cts, attrs: Attrs) -> list:
 
 
 __all__ = ["BIG", "conv_attrs", "conv_input_grad", "conv_weight_grad", "gather_transpose", "keep_shape",
-           "slice_params", "slice_transpose", "take_along_axis", "zero_rules"]
+           "take_along_axis", "zero_rules"]

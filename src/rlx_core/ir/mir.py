@@ -7,9 +7,7 @@ Integer arithmetic wraps (two's complement); integer ``div`` truncates toward ze
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -17,17 +15,19 @@ from ..dtypes import INDEX_DTYPES, DType
 from ..errors import DTypeError, ShapeError
 from .indices import normalize as normalize_indices
 
-# Elementwise ops (unary, binary, compare, logical, where, cast) and reductions (reduce_*, argmax,
-# argmin) are declared once each, with all their facts, in their family's module: importing it
-# registers them.
+# Elementwise ops (unary, binary, compare, logical, where, cast), reductions (reduce_*, argmax,
+# argmin) and data movement (reshape, transpose, expand, slice, concat, pad) are declared once each,
+# with all their facts, in their family's module: importing it registers them.
 from .ops import elementwise as _elementwise  # noqa: F401
+from .ops import movement as _movement  # noqa: F401
 from .ops import reduction as _reduction  # noqa: F401
 from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED  # noqa: F401  (re-exported)
 from .ops._common import check_dtypes as _check_dtypes
 from .ops._common import same_dtype as _same_dtype
 from .ops._common import wrap_int as _wrap_int
+from .ops.movement import slice_params  # noqa: F401  (public: rlx_core.plugin.slice_params)
 from .schema import AttrSpec, IndexInput, OpSchema, register_op
-from .types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
+from .types import Attrs, TensorType, broadcast_shapes, normalize_axis
 
 # -- matmul ------------------------------------------------------------------------------------
 
@@ -62,196 +62,7 @@ register_op(OpSchema("matmul", ("a", "b"), _infer_matmul,
                      doc="batched matrix product with broadcasting (NumPy rules)"))
 
 
-# -- data movement -----------------------------------------------------------------------------
-
-def _infer_reshape(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    shape = list(attrs["shape"])  # type: ignore[arg-type]
-    src = ts[0].shape
-    if shape.count(-1) > 1:
-        raise ShapeError(f"reshape target {tuple(shape)} has more than one -1", fix="use at most one -1")
-    if any(isinstance(d, str) for d in src) or any(isinstance(d, str) for d in shape):
-        # Symbolic: the symbols on both sides must match and the static parts must agree.
-        s_syms = sorted(d for d in src if isinstance(d, str))
-        t_syms = sorted(d for d in shape if isinstance(d, str))
-        if s_syms != t_syms and -1 not in shape:
-            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes symbolic dims",
-                             fix="keep the same symbols in the target shape")
-        s_static = math.prod(d for d in src if isinstance(d, int))
-        t_static = math.prod(d for d in shape if isinstance(d, int) and d != -1)
-        if -1 in shape:
-            if s_syms != t_syms:
-                raise ShapeError(f"reshape {src} -> {tuple(shape)}: -1 cannot absorb a symbol",
-                                 fix="name the symbol in the target shape")
-            shape[shape.index(-1)] = s_static // t_static if t_static else 0
-        elif s_static != t_static:
-            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes the element count",
-                             fix="the product of the dims must stay the same")
-        return [TensorType(ts[0].dtype, tuple(shape))]
-    n = math.prod(src)  # type: ignore[arg-type]
-    if -1 in shape:
-        rest = math.prod(d for d in shape if d != -1)
-        if rest == 0 or n % rest:
-            raise ShapeError(f"cannot reshape {src} ({n} elements) to {tuple(shape)}",
-                             fix="the product of the dims must divide the element count")
-        shape[shape.index(-1)] = n // rest
-    if math.prod(shape) != n:
-        raise ShapeError(f"cannot reshape {src} ({n} elements) to {tuple(shape)}",
-                         fix="the product of the dims must equal the element count")
-    return [TensorType(ts[0].dtype, tuple(shape))]
-
-
-register_op(OpSchema("reshape", ("x",), _infer_reshape,
-                     lambda xs, a: [xs[0].reshape([d for d in _concrete_shape(a["shape"], xs[0])])],
-                     attrs=(AttrSpec("shape", "shape", doc="target shape; one -1 may be inferred"),),
-                     category="movement", flops=lambda i, o, a: 0.0, doc="same elements, new shape"))
-
-
-def _concrete_shape(shape: Any, x: np.ndarray) -> list[int]:
-    return [d if isinstance(d, int) else -1 for d in shape]
-
-
-def _infer_transpose(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    perm = attrs["perm"]
-    r = ts[0].rank
-    if perm is None:
-        perm = tuple(reversed(range(r)))
-    if sorted(normalize_axis(p, r) for p in perm) != list(range(r)):  # type: ignore[union-attr]
-        raise ShapeError(f"transpose perm {perm} is not a permutation of {r} axes",
-                         fix=f"list each axis 0..{r - 1} exactly once")
-    return [TensorType(ts[0].dtype, tuple(ts[0].shape[normalize_axis(p, r)] for p in perm))]  # type: ignore[union-attr]
-
-
-register_op(OpSchema("transpose", ("x",), _infer_transpose,
-                     lambda xs, a: [np.transpose(xs[0], a["perm"])],
-                     attrs=(AttrSpec("perm", "ints", default=None, doc="axis order; None reverses"),),
-                     category="movement", flops=lambda i, o, a: 0.0, doc="permute axes"))
-
-
-def _infer_expand(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    target = tuple(attrs["shape"])  # type: ignore[arg-type]
-    src = ts[0].shape
-    if len(target) < len(src):
-        raise ShapeError(f"expand to {target} has lower rank than the input {src}",
-                         fix="the target rank must be >= the input rank")
-    out = broadcast_shapes(src, target)
-    if out != target:
-        raise ShapeError(f"cannot expand {src} to {target}", fix="only size-1 dims can be expanded")
-    return [TensorType(ts[0].dtype, target)]
-
-
-register_op(OpSchema("expand", ("x",), _infer_expand,
-                     lambda xs, a: [np.broadcast_to(xs[0], tuple(a["shape"]))],  # type: ignore[arg-type]
-                     attrs=(AttrSpec("shape", "shape", doc="target shape (NumPy broadcasting)"),),
-                     category="movement", flops=lambda i, o, a: 0.0, doc="broadcast to a larger shape"))
-
-_BIG = 2**62
-
-
-def slice_params(attrs: Attrs, shape: Sequence[Dim]) -> list[tuple[int, slice]]:
-    """A ``slice`` node's attributes resolved against its input shape: one ``(axis, slice)`` per sliced
-    axis, axes normalised, ``stops`` clamped so a Python/NumPy slice takes them as they are.
-
-    Public (``rlx_core.plugin.slice_params``) so every backend slices exactly as the reference does;
-    raises :class:`ShapeError` for mismatched lengths, a zero step or an axis listed twice."""
-    starts, stops = attrs["starts"], attrs["stops"]
-    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))  # type: ignore[arg-type]
-    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)  # type: ignore[arg-type]
-    if not (len(starts) == len(stops) == len(axes) == len(steps)):  # type: ignore[arg-type]
-        raise ShapeError("slice: starts, stops, axes and steps must have the same length",
-                         fix="give one entry per sliced axis")
-    out = []
-    for st, sp, ax, step in zip(starts, stops, axes, steps):  # type: ignore[call-overload]
-        if step == 0:
-            raise ShapeError("slice step is 0", fix="use a non-zero step")
-        out.append((normalize_axis(ax, len(shape)), slice(st, min(sp, _BIG) if sp > 0 else sp, step)))
-    if len({a for a, _ in out}) != len(out):
-        raise ShapeError("slice lists an axis twice", fix="list each axis once")
-    return out
-
-
-def _infer_slice(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    shape = list(ts[0].shape)
-    for ax, sl in slice_params(attrs, shape):
-        d = shape[ax]
-        if isinstance(d, str):
-            if sl.start == 0 and sl.stop >= _BIG and sl.step == 1:
-                continue
-            raise ShapeError(f"slice of symbolic dim {d!r} needs a concrete size",
-                             fix="specialize the graph (bind the symbol) before slicing it")
-        shape[ax] = len(range(*sl.indices(d)))
-    return [TensorType(ts[0].dtype, tuple(shape))]
-
-
-def _ref_slice(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-    idx: list[Any] = [slice(None)] * xs[0].ndim
-    for ax, sl in slice_params(attrs, xs[0].shape):
-        idx[ax] = sl
-    return [xs[0][tuple(idx)]]
-
-
-register_op(OpSchema("slice", ("x",), _infer_slice, _ref_slice,
-                     attrs=(AttrSpec("starts", "ints"), AttrSpec("stops", "ints"),
-                            AttrSpec("axes", "ints", default=None),
-                            AttrSpec("steps", "ints", default=None)),
-                     category="movement", flops=lambda i, o, a: 0.0,
-                     doc="Python slicing per axis (negative indices and steps, clamped)"))
-
-
-def _infer_concat(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    dt = _same_dtype("concat", ts)
-    r = ts[0].rank
-    ax = normalize_axis(attrs["axis"], r)  # type: ignore[arg-type]
-    total = 0
-    for i, t in enumerate(ts):
-        if t.rank != r or any(t.shape[j] != ts[0].shape[j] for j in range(r) if j != ax):
-            raise ShapeError(f"concat input {i} has shape {t.shape}, incompatible with {ts[0].shape}",
-                             fix=f"all inputs must match except on axis {ax}")
-        d = t.shape[ax]
-        if isinstance(d, str):
-            if len(ts) == 1:
-                return [ts[0]]
-            raise ShapeError(f"concat along symbolic dim {d!r}", fix="specialize the graph first")
-        total += d
-    shape = list(ts[0].shape)
-    shape[ax] = total
-    return [TensorType(dt, tuple(shape))]
-
-
-register_op(OpSchema("concat", ("xs*",), _infer_concat,
-                     lambda xs, a: [np.concatenate(list(xs), axis=a["axis"])],  # type: ignore[arg-type]
-                     attrs=(AttrSpec("axis", "int"),), category="movement",
-                     flops=lambda i, o, a: 0.0, doc="join along an axis"))
-
-
-def _infer_pad(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    pads = attrs["pads"]
-    r = ts[0].rank
-    if len(pads) != 2 * r or any(p < 0 for p in pads):  # type: ignore[arg-type, union-attr]
-        raise ShapeError(f"pad needs {2 * r} non-negative pads (all befores, then all afters), "
-                         f"got {pads}", fix="pads = (b0, b1, ..., e0, e1, ...)")
-    shape = []
-    for i, d in enumerate(ts[0].shape):
-        extra = pads[i] + pads[i + r]  # type: ignore[index]
-        if isinstance(d, str) and extra:
-            raise ShapeError(f"padding symbolic dim {d!r}", fix="specialize the graph first")
-        shape.append(d if isinstance(d, str) else d + extra)
-    return [TensorType(ts[0].dtype, tuple(shape))]
-
-
-def _ref_pad(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-    r = xs[0].ndim
-    if r == 0:  # np.pad rejects an empty pad_width; a rank-0 tensor has nothing to pad
-        return [xs[0].copy()]
-    pads = attrs["pads"]
-    width = [(pads[i], pads[i + r]) for i in range(r)]  # type: ignore[index]
-    return [np.pad(xs[0], width, constant_values=np.asarray(attrs["value"]).astype(xs[0].dtype))]
-
-
-register_op(OpSchema("pad", ("x",), _infer_pad, _ref_pad,
-                     attrs=(AttrSpec("pads", "ints", doc="befores then afters, one per axis"),
-                            AttrSpec("value", "float", default=0.0)),
-                     category="movement", flops=lambda i, o, a: 0.0, doc="constant padding"))
-
+# -- gather, scatter_add -----------------------------------------------------------------------
 
 def _infer_gather(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     _check_dtypes("gather (indices)", ts[1:], INDEX_DTYPES)
