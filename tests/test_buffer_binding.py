@@ -108,6 +108,16 @@ def test_missing_capability_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
         assert generic.step(x=xb, y=yb) == pytest.approx(ref.step(x=xb, y=yb), rel=1e-6, abs=1e-7)
 
 
+def test_resident_trainer_needs_one_device() -> None:
+    # A multi-device session compiles to a MultiDeviceExecutable: without carried state (resident=False)
+    # the trainer failed later with an AttributeError on .program() (found by mypy).
+    arch = (6, 5, 3)
+    model = mlp_graph(arch, init_params(arch, 2), 4)
+    for resident in (False, None):
+        with pytest.raises(InputError, match="one device"):
+            ResidentTrainer(model, "loss", SGD(lr=0.1), device="cpu,cpu", resident=resident)
+
+
 @pytest.mark.parametrize("fusion", [False, True], ids=["nofusion", "fusion"])
 @pytest.mark.parametrize("opt", [SGD(lr=0.05, momentum=0.9), Adam(lr=1e-2)], ids=["sgd", "adam"])
 def test_resident_trainer_needs_only_the_protocol(monkeypatch: pytest.MonkeyPatch, fusion: bool,

@@ -117,7 +117,7 @@ def autocast(graph: Graph, compute_dtype: DType | str = "bf16", params: Sequence
             target = None  # only constants: leave as built
         if target is not None:
             ins = [cast(t, target) for t in ins]
-        out = b.op(node.op, *ins, **dict(node.attrs))
+        out = b.op(node.op, *ins, name=None, **dict(node.attrs))  # a fresh name; attrs never hold one
         outs = out if isinstance(out, tuple) else (out,)
         env.update(zip(node.outputs, outs))
         if all(i in weak for i, t in zip(node.inputs, ins) if t.dtype.is_float) and node.inputs:

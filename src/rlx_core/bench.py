@@ -137,6 +137,7 @@ def torch_resnet18(seed: int = 0, classes: int = 1000) -> Any:
     with torch.no_grad():  # non-trivial BN statistics, so BN is not an identity
         for mod in m.modules():
             if isinstance(mod, nn.BatchNorm2d):
+                assert mod.running_mean is not None and mod.running_var is not None  # tracked (default)
                 mod.running_mean.uniform_(-0.1, 0.1)
                 mod.running_var.uniform_(0.5, 1.5)
     return m
@@ -271,11 +272,12 @@ def worker(runtime: str, model: str, batch: int, seq: int, min_reps: int, min_ti
     feed = inputs(model, batch, seq)
     out: dict[str, Any] = {"runtime": runtime, "model": model, "batch": batch, "seq": seq, "threads": threads}
     if runtime == "rlx":
-        from .runtime import Session
+        from .runtime import Executable, Session
 
         graph = rlx_graph(model)
         t0 = time.perf_counter()
         exe = Session("cpu").compile(graph)
+        assert isinstance(exe, Executable)  # one device
         from .runtime import bind_inputs
 
         exe.program(bind_inputs(graph, feed, "bench")[1])  # specialise + backend compile, no run

@@ -123,7 +123,8 @@ class SGD(Optimizer):
             damped = _c(b, 1 - self.dampening, p) * g if self.dampening else g
             buf = state["momentum_buffer"] * _c(b, self.momentum, p) + damped
             if self.dampening:  # torch starts the buffer at the first gradient, undamped
-                first = b.op("equal", step, b.const(0, step.dtype))  # type: ignore[union-attr]
+                assert step is not None  # uses_step: build_update has required the step counter
+                first = b.op("equal", step, b.const(0, step.dtype))
                 buf = b.op("where", first, g, buf)
             new["momentum_buffer"] = buf
             g = g + _c(b, self.momentum, p) * buf if self.nesterov else buf
@@ -258,7 +259,7 @@ class Muon(Optimizer):
         m = m + _c(b, 1 - mu, p) * (g - m)
         u = g + _c(b, mu, p) * (m - g) if self.nesterov else m
         if u.rank > 2:
-            u = b.op("reshape", u, shape=(p.shape[0], math.prod(p.shape[1:])))  # type: ignore[arg-type]
+            u = b.op("reshape", u, shape=(p.shape[0], math.prod(p.shape[1:])))
         u = newton_schulz(b, u, self.ns_steps)
         u = u * _c(b, max(1.0, p.shape[-2] / p.shape[-1]) ** 0.5, p)  # type: ignore[operator]
         if u.shape != p.shape:
@@ -311,7 +312,7 @@ def train_step_graph(model_graph: Graph, loss_output: str, params: Sequence[str]
             s = f"{p}.{slot}"
             state[s] = tr.b.input(s, ptypes[p].dtype, ptypes[p].shape)
     step = tr.b.input(step_name, DType.I64, ())
-    gmap = {p: grads[p] if grads[p] is not None else zeros_like(tr.b, tr.env[p]) for p in params}
+    gmap = {p: gp if (gp := grads[p]) is not None else zeros_like(tr.b, tr.env[p]) for p in params}
     new_p, new_s = optimizer.build_update(tr.b, {p: tr.env[p] for p in params}, gmap, state, step)
     outs = [(value, loss_output)]
     outs += [(new_p[p], tr.unique(f"{p}.next")) for p in params]
@@ -397,8 +398,8 @@ class ResidentTrainer:
                  params: Sequence[str] | None = None, *, device: str | None = "cpu", session: Any = None,
                  step_name: str = "step", resident: bool | None = None, train_graph: Graph | None = None,
                  fusion: bool | None = None) -> None:
-        from .errors import CapabilityError
-        from .runtime import Session
+        from .errors import CapabilityError, InputError
+        from .runtime import Executable, Session
 
         self.model_graph = model_graph
         self.optimizer = optimizer
@@ -421,7 +422,12 @@ class ResidentTrainer:
                               outs[1:1 + n] + outs[1 + n:1 + n + len(self.state_names)], strict=True))
         self.session = session if session is not None else Session(device, fusion=fusion)
         t0 = time.perf_counter()
-        self.executable = self.session.compile(self.graph, carry=None if resident is False else self.carry)
+        exe = self.session.compile(self.graph, carry=None if resident is False else self.carry)
+        if not isinstance(exe, Executable):  # carried state already needs one device; so does .program()
+            names = ", ".join(self.session.device_names)
+            raise InputError(f"ResidentTrainer runs on one device, not {names}",
+                             where=f"graph {self.graph.name!r}", fix="pass one device, e.g. device='cpu'")
+        self.executable = exe
         self.program = self.executable.program()
         self.binding: Any = None
         if resident is not False:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .ir.graph import Graph, Node
-from .ir.types import Attrs
+from .ir.types import Attrs, attr_ints
 
 Accept = Callable[[Graph, Node], bool]
 
@@ -101,7 +101,7 @@ def fuse_attention(g: Graph, accept: Accept | None = None) -> tuple[Graph, list[
         kt_node = prod.get(kt)
         base = pv.name
         if kt_node is not None and kt_node.op == "transpose":
-            perm = tuple(kt_node.attrs["perm"])
+            perm = attr_ints(kt_node.attrs, "perm")
             k_perm = tuple(perm[i] for i in swap)
             k_src = kt_node.inputs[0]
             if k_perm == tuple(range(r)):

@@ -75,6 +75,7 @@ def decomposition_graph(schema: OpSchema, in_types: Sequence[TensorType], attrs:
     """The op's decomposition as a small graph with inputs ``in0, in1, ...`` (constants as params)."""
     sub = GraphBuilder(f"{schema.name}_decomposition")
     ins = [sub.input(f"in{i}", t.dtype, t.shape) for i, t in enumerate(in_types)]
+    assert schema.decompose is not None, schema.name  # callers check that the op has one
     outs = schema.decompose(sub, ins, attrs)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     for o in outs:
@@ -169,7 +170,7 @@ def count(b: GraphBuilder, shape: Sequence[Dim], axes: Sequence[int], dtype: DTy
     """The number of elements over ``axes`` of ``shape``: a constant, or computed when symbolic."""
     dims = [shape[a] for a in axes]
     if all(isinstance(d, int) for d in dims):
-        return b.const(float(math.prod(dims)), dtype)  # type: ignore[arg-type]
+        return b.const(float(math.prod(dims)), dtype)
     ones = full(b, 1.0, tuple(shape[a] if a in axes else 1 for a in range(len(shape))), dtype)
     return b.op("reduce_sum", ones, axes=None, keepdims=False)
 

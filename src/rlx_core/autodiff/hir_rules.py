@@ -330,8 +330,9 @@ def _conv_bias_jvp(b: B, ins: Ts, outs: Ts, ts: Cts,
     tx, tw, tb = ts
     x, w, _ = ins
     a = dict(attrs)
-    parts = ([b.op("conv2d", tx, w, **a)] if tx is not None else []) + \
-            ([b.op("conv2d", x, tw, **a)] if tw is not None else [])
+    # name=None: a fresh node name (the attributes never hold one)
+    parts = ([b.op("conv2d", tx, w, name=None, **a)] if tx is not None else []) + \
+            ([b.op("conv2d", x, tw, name=None, **a)] if tw is not None else [])
     if tb is not None:
         tb = reshape(b, tb, (w.shape[0], 1, 1))
         parts.append(tb if parts else b.op("expand", tb, shape=outs[0].shape))

@@ -418,7 +418,7 @@ def hvp(graph: Graph, loss: str, wrt: str | Sequence[str], *, params_to_inputs: 
     tr = Trace(graph, differentiate=wrt, mode="both", name=name or f"{graph.name}_hvp")
     value = tr.env[loss]
     grads = tr.gradients({loss: full(tr.b, 1.0, value.shape, value.dtype)}, wrt)
-    gts = {w: grads[w] if grads[w] is not None else zeros_like(tr.b, tr.env[w]) for w in wrt}
+    gts = {w: gw if (gw := grads[w]) is not None else zeros_like(tr.b, tr.env[w]) for w in wrt}
     seeds = {w: tr.input(f"tangent_{w}", graph.types[w]) for w in wrt}
     tan = tr.tangents(seeds)
     outs = [(value, loss)]

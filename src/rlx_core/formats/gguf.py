@@ -707,7 +707,7 @@ def read_gguf(path: PathLike) -> GGUFFile:
         raise _error(f"cannot memory-map the file: {e}", path,
                      "check that the path is a regular file") from None
     size = len(mm)
-    cur = _Cursor(memoryview(mm), path)
+    cur = _Cursor(mm.data, path)  # the array's bytes (a memoryview that keeps the map alive)
     version, metadata, types, infos, end = _parse_header(cur)
     alignment = _alignment(metadata, types, path)
     data_offset = -(-end // alignment) * alignment

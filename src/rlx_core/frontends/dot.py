@@ -54,9 +54,9 @@ def to_dot(graph: Graph, report: Any = None, *, params: bool = True, max_label: 
     ]
     ids: dict[str, str] = {}  # value name -> DOT id of the node that produces it
     param_names = {p.name for p in graph.params}
-    for i, v in enumerate(graph.inputs):
-        ids[v.name] = f"in{i}"
-        label = _q(f"{v.name}{_NL}{v.type}")
+    for i, inp in enumerate(graph.inputs):
+        ids[inp.name] = f"in{i}"
+        label = _q(f"{inp.name}{_NL}{inp.type}")
         lines.append(f"  in{i} [label={label}, shape=ellipse, fillcolor=\"{_INPUT}\"];")
     if params:
         for i, p in enumerate(graph.params):

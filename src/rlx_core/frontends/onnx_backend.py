@@ -146,7 +146,7 @@ def _independent_outputs(graph: Any) -> list[str]:
     return [o for o in graph.outputs if o not in live]
 
 
-class RLXBackendRep(_OnnxBackendRep):  # type: ignore[misc,valid-type]
+class RLXBackendRep(_OnnxBackendRep):
     """A compiled model: ``run(inputs)`` -> the outputs, in the model's output order.
 
     For a model prepared with frozen inputs (``freeze_inputs``), ``candidates`` are the inputs that
@@ -240,7 +240,7 @@ class RLXBackendRep(_OnnxBackendRep):  # type: ignore[misc,valid-type]
         return _namedtupledict("Outputs", self.output_names)(*values)
 
 
-class RLXBackend(_OnnxBackend):  # type: ignore[misc,valid-type]
+class RLXBackend(_OnnxBackend):
     """ONNX backend API over RLX: ``prepare`` = ``load_onnx`` + ``Session(device).compile``.
 
     ``prepare`` keywords:

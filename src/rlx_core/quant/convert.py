@@ -173,11 +173,11 @@ class _Converter:
             return q
         if q.layout == "flat_nhwc":
             assert q.chw is not None
-            c, h, w = q.chw
+            fc, fh, fw = q.chw  # the float (C, H, W), static
             n = q.t.shape[0]
-            t4 = QTensor(self.b.op("reshape", q.t, shape=(n, h, w, c)), q.scale, q.zero_point, "nhwc")
+            t4 = QTensor(self.b.op("reshape", q.t, shape=(n, fh, fw, fc)), q.scale, q.zero_point, "nhwc")
             p = self.plain(t4)
-            return QTensor(self.b.op("reshape", p.t, shape=(n, c * h * w)), q.scale, q.zero_point)
+            return QTensor(self.b.op("reshape", p.t, shape=(n, fc * fh * fw)), q.scale, q.zero_point)
         n, h, w, c = q.t.shape
         t = (self.b.op("reshape", q.t, shape=(n, 1, h, w)) if c == 1 else
              self.b.op("transpose", q.t, perm=(0, 3, 1, 2)))
