@@ -113,7 +113,6 @@ def _digits(model: str, n_test: int, *, parallel: int, seed: int) -> dict[str, A
     y = s["y_test"][:n_test]
     want = Session("cpu", use_cache=False).compile(q).run(x=x)["probs"]  # the INT8 reference
     core, before, after = int8_core(q)
-    xq_name = next(iter(after[0].inputs)) if after else None
     env = run_host(before, q, {"x": x.astype(np.float32)})
     xq = env[before[-1].outputs[0]]
     ref_logits = Session("cpu", use_cache=False).compile(core).run(xq=xq)["logits_q"]
@@ -121,7 +120,7 @@ def _digits(model: str, n_test: int, *, parallel: int, seed: int) -> dict[str, A
     fp = FPGAProgram(program, parallel=parallel)
     out_value = program.outputs[0][1]
     got_logits = fp.run({"xq": xq})[out_value]
-    post = run_host(after, q, {xq_name: got_logits}) if after else {}
+    post = run_host(after, q, {next(iter(after[0].inputs)): got_logits}) if after else {}
     probs = post.get(q.outputs[0].name if hasattr(q.outputs[0], "name") else "probs", None)
     if probs is None:
         probs = post[after[-1].outputs[0]]

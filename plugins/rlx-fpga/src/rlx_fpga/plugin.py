@@ -89,20 +89,21 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
 
     i8, i32 = DType.I8, DType.I32
     return [
-        KernelClaim("matmul_i8", "fpga.mac_array", dtypes={i8, i32}, predicate=_static,
+        KernelClaim("matmul_i8", "fpga.mac_array", dtypes=frozenset({i8, i32}), predicate=_static,
                     constraint="static shapes"),
-        KernelClaim("requantize", "fpga.requantize", dtypes={i32}, predicate=_elementwise_pred,
+        KernelClaim("requantize", "fpga.requantize", dtypes=frozenset({i32}), predicate=_elementwise_pred,
                     constraint="static, rank <= 8, NumPy broadcasting"),
-        KernelClaim("maximum", "fpga.maximum_s8", dtypes={i8}, predicate=_elementwise_pred,
+        KernelClaim("maximum", "fpga.maximum_s8", dtypes=frozenset({i8}), predicate=_elementwise_pred,
                     constraint="static, rank <= 8, NumPy broadcasting"),
-        KernelClaim("reshape", "fpga.reshape", dtypes={i8, i32, DType.F32}, predicate=_static, in_place=True),
-        KernelClaim("conv2d_i8", "fpga.conv_taps", dtypes={i8, i32}, predicate=_static,
+        KernelClaim("reshape", "fpga.reshape", dtypes=frozenset({i8, i32, DType.F32}), predicate=_static,
+                    in_place=True),
+        KernelClaim("conv2d_i8", "fpga.conv_taps", dtypes=frozenset({i8, i32}), predicate=_static,
                     constraint="static shapes (NHWC, any stride/padding/dilation/groups)"),
-        KernelClaim("max_pool2d_i8", "fpga.max_pool", dtypes={i8}, predicate=_static,
+        KernelClaim("max_pool2d_i8", "fpga.max_pool", dtypes=frozenset({i8}), predicate=_static,
                     constraint="static shapes"),
-        KernelClaim("avg_pool2d_i8", "fpga.avg_pool", dtypes={i8}, predicate=_static,
+        KernelClaim("avg_pool2d_i8", "fpga.avg_pool", dtypes=frozenset({i8}), predicate=_static,
                     constraint="static shapes"),
-        KernelClaim("add", "fpga.add_f32", dtypes={DType.F32}, predicate=_elementwise_pred,
+        KernelClaim("add", "fpga.add_f32", dtypes=frozenset({DType.F32}), predicate=_elementwise_pred,
                     constraint="static, rank <= 8, NumPy broadcasting (IEEE binary32 adder)"),
     ]
 

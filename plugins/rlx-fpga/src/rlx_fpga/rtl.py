@@ -86,7 +86,7 @@ def _ident(name: str, used: set[str]) -> str:
     return out
 
 
-def _hex(v: int, width: int) -> str:
+def _hex(v: int | np.integer, width: int) -> str:
     return format(int(v) & ((1 << width) - 1), f"0{width // 4}x")
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 #: DSP blocks of the reference parts (iCE40 UP5K, Artix-7 XC7A35T)
@@ -46,8 +47,8 @@ def _stat_cells(log: str) -> dict[str, int]:
 
 
 def classify(family: str, cells: dict[str, int]) -> Resources:
-    def total(pred: object) -> int:
-        return sum(n for c, n in cells.items() if pred(c))  # type: ignore[operator]
+    def total(pred: Callable[[str], bool]) -> int:
+        return sum(n for c, n in cells.items() if pred(c))
 
     if family == "ice40":
         luts = total(lambda c: c == "SB_LUT4")
