@@ -477,7 +477,9 @@ def test_calibrate_rejects_a_device_index(runner: CliRunner) -> None:
 
 
 def test_json_safe_handles_non_finite_and_numpy() -> None:
-    data = cli_module.json_safe({"a": float("nan"), "b": np.float32(1.5), "c": (1, 2), "d": np.int64(3)})
+    from rlx_core.cliutil import json_safe
+
+    data = json_safe({"a": float("nan"), "b": np.float32(1.5), "c": (1, 2), "d": np.int64(3)})
     assert json.loads(json.dumps(data)) == {"a": "nan", "b": 1.5, "c": [1, 2], "d": 3}
 
 

@@ -29,7 +29,7 @@ class ExportCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         if "rlx.export" not in ctx.meta:
             return super().invoke(ctx)
-        from .cli import hub_instance
+        from .cliutil import hub_instance
         from .extensions import find_exporter, resolve_command
 
         target, rest = ctx.meta["rlx.export"]
@@ -39,7 +39,7 @@ class ExportCommand(click.Command):
             return cmd.invoke(sub)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from .cli import hub_instance
+        from .cliutil import hub_instance
         from .extensions import exporter_table
 
         rows, broken = exporter_table(hub_instance())
@@ -70,7 +70,7 @@ def export_command(ctx: click.Context, model: str | None, target: str | None) ->
       rlx export digits_int8.rlx --target fpga -o rtl/
     """
     # Reached only without --target: with it, ExportCommand hands everything to the exporter.
-    from .cli import hub_instance
+    from .cliutil import hub_instance
     from .extensions import exporter_table
 
     rows, _ = exporter_table(hub_instance())

@@ -187,14 +187,14 @@ def resolve_command(info: ExporterInfo) -> click.Command:
 
 
 def _function_command(info: ExporterInfo) -> click.Command:
-    from .cli import export_options
+    from .cliutil import export_options
 
     fn = info.function
     assert fn is not None
 
     def callback(model: str, target_name: str, out_dir: str, binds: tuple[str, ...], as_json: bool,
                  **options: Any) -> None:
-        from .cli import check_bindings, echo_json, load_command_model, parse_bindings
+        from .cliutil import check_bindings, echo_json, load_command_model, parse_bindings
 
         graph, bindings = load_command_model(model, parse_bindings(binds))
         check_bindings(graph, bindings)

@@ -181,13 +181,13 @@ _LAZY: dict[str, str] = {
     "softmax_lut": "rlx_core.quant.fixedpoint",
     "pool_geometry": "rlx_core.quant.ops",
     # exporters
-    "export_options": "rlx_core.cli",
-    "echo_json": "rlx_core.cli",
-    "parse_pairs": "rlx_core.cli",
-    "parse_bindings": "rlx_core.cli",
-    "check_bindings": "rlx_core.cli",
-    "load_model": "rlx_core.cli",
-    "load_command_model": "rlx_core.cli",
+    "export_options": "rlx_core.cliutil",
+    "echo_json": "rlx_core.cliutil",
+    "parse_pairs": "rlx_core.cliutil",
+    "parse_bindings": "rlx_core.cliutil",
+    "check_bindings": "rlx_core.cliutil",
+    "load_model": "rlx_core.cliutil",
+    "load_command_model": "rlx_core.cliutil",
     # running
     "Session": "rlx_core.runtime",
     "Executable": "rlx_core.runtime",
@@ -238,7 +238,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         verify_tree,
         write_entry,
     )
-    from rlx_core.cli import (
+    from rlx_core.cliutil import (
         check_bindings,
         echo_json,
         export_options,

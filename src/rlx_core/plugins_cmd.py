@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from .cli import CONTEXT_SETTINGS, cli, console, echo_json, hub_instance, json_option
+from .cli import CONTEXT_SETTINGS, cli, console
+from .cliutil import echo_json, hub_instance, json_option
 
 
 @click.command("plugins", context_settings=CONTEXT_SETTINGS)

@@ -259,7 +259,8 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
       rlx embed --file sentences.txt --json
       rlx embed "hello world" --device cpu
     """
-    from ..cli import console, echo_json
+    from ..cli import console
+    from ..cliutil import echo_json
 
     texts = list(sentences) + (_read_sentences(file) if file is not None else [])
     if not texts:

@@ -47,7 +47,7 @@ def quantize_command(model: str, calib: str | None, output: str, method: str, pe
     """
     import numpy as np
 
-    from ..cli import echo_json, load_model
+    from ..cliutil import echo_json, load_model
     from ..errors import InputError
     from ..ir.serialize import save
     from . import quantize_graph, quantize_weights_int4
