@@ -90,7 +90,15 @@ def _strides(shape: Sequence[int]) -> list[int]:
 def _shape(t: TensorType) -> tuple[int, ...]:
     if not t.is_static:
         raise CodegenError(f"shape {t} is symbolic; the program must be specialised")
-    return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+    return tuple(int(d) for d in t.shape)
+
+
+def _ints(s: Step, name: str) -> tuple[int, ...]:
+    """An ``ints`` attribute of ``s`` (the op's schema has checked its elements)."""
+    v = s.attrs[name]
+    if not isinstance(v, tuple):
+        raise CodegenError(f"{s.op}: attribute {name!r} = {v!r} is not a tuple of ints")
+    return v
 
 
 @dataclass
@@ -195,9 +203,9 @@ def _conv_params(ctx: _Ctx, s: Step) -> str:
     n, h, wd, c = ctx.shape(x)
     o, kh, kw, _ = ctx.shape(w)
     _, ho, wo, _ = ctx.shape(y)
-    sh, sw = s.attrs["strides"]  # type: ignore[misc]
-    pt, pl, _, _ = s.attrs["pads"]  # type: ignore[misc]
-    dh, dw = s.attrs["dilations"]  # type: ignore[misc]
+    sh, sw = _ints(s, "strides")
+    pt, pl, _, _ = _ints(s, "pads")
+    dh, dw = _ints(s, "dilations")
     name = ctx.fresh("conv")
     vals = [n, h, wd, c, o, kh, kw, sh, sw, pt, pl, dh, dw, ho, wo, int(s.attrs["groups"]),  # type: ignore[arg-type]
             -int(s.attrs["x_zero_point"])]  # type: ignore[arg-type]
@@ -280,8 +288,8 @@ def _e_transpose(ctx: _Ctx, s: Step) -> str:
     (x,), (y,) = s.inputs, s.outputs
     xs = ctx.shape(x)
     r = len(xs)
-    perm = s.attrs["perm"]
-    perm = tuple(reversed(range(r))) if perm is None else tuple(normalize_axis(p, r) for p in perm)  # type: ignore[union-attr]
+    perm = (tuple(reversed(range(r))) if s.attrs["perm"] is None
+            else tuple(normalize_axis(p, r) for p in _ints(s, "perm")))
     st = _strides(xs)
     shape = [xs[p] for p in perm]
     strides = [st[p] for p in perm]
@@ -370,8 +378,8 @@ def generate(program: Program) -> Generated:
     gen = Generated({"rlx_model.c": model_c, "rlx_model.h": model_h}, arena, weight_bytes, kernels)
     for v in program.inputs:
         gen.inputs.append((v.name, v.type.dtype.value, _shape(v.type), v.type.nbytes()))
-    for _, v in program.outputs:
-        t = g.types[v]
-        gen.outputs.append((v, t.dtype.value, _shape(t), t.nbytes()))
+    for _, out in program.outputs:
+        t = g.types[out]
+        gen.outputs.append((out, t.dtype.value, _shape(t), t.nbytes()))
     return gen
 

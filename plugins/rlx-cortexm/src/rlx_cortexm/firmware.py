@@ -219,8 +219,8 @@ def build(model_files: dict[str, str], target: Target, arena_bytes: int, *,
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="build-", dir=root) as tmp:
             work = Path(tmp)
-            for name, text in files.items():
-                (work / name).write_text(text)
+            for name, source in files.items():
+                (work / name).write_text(source)
             res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
             if res.returncode != 0:
                 raise FirmwareError(f"arm-none-eabi-gcc failed (exit {res.returncode}):\n"

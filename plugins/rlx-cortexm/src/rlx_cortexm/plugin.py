@@ -114,21 +114,22 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     i8, i32, f32 = DType.I8, DType.I32, DType.F32
     q = frozenset({i8, i32})
     movable = frozenset({i8, i32, f32})
+    s8, s32, fp32 = frozenset({i8}), frozenset({i32}), frozenset({f32})
     return [
-        KernelClaim("quantize", "cortexm.quantize_f32_s8", dtypes={f32}, predicate=_static),
-        KernelClaim("dequantize", "cortexm.dequantize_s8_f32", dtypes={i8}, predicate=_static),
+        KernelClaim("quantize", "cortexm.quantize_f32_s8", dtypes=fp32, predicate=_static),
+        KernelClaim("dequantize", "cortexm.dequantize_s8_f32", dtypes=s8, predicate=_static),
         KernelClaim("matmul_i8", "cortexm.fully_connected_s8", dtypes=q, predicate=_static),
         KernelClaim("conv2d_i8", "cortexm.depthwise_conv_s8", dtypes=q, predicate=_depthwise_pred,
                     constraint="groups == C (one input channel per group)"),
         KernelClaim("conv2d_i8", "cortexm.convolve_s8", dtypes=q, predicate=_static),
-        KernelClaim("requantize", "cortexm.requantize_s32_s8", dtypes={i32}, predicate=_requantize_pred,
+        KernelClaim("requantize", "cortexm.requantize_s32_s8", dtypes=s32, predicate=_requantize_pred,
                     constraint="multiplier/shift scalar, per trailing block, or full"),
-        KernelClaim("max_pool2d_i8", "cortexm.max_pool_s8", dtypes={i8}, predicate=_static),
-        KernelClaim("avg_pool2d_i8", "cortexm.avg_pool_s8", dtypes={i8}, predicate=_static),
-        KernelClaim("softmax_i8", "cortexm.softmax_s8", dtypes={i8}, predicate=_static),
-        KernelClaim("argmax", "cortexm.argmax_s8", dtypes={i8}, predicate=_static),
-        KernelClaim("maximum", "cortexm.maximum_s8", dtypes={i8}, predicate=_static, in_place=True),
-        KernelClaim("add", "cortexm.add_f32", dtypes={f32}, predicate=_static, in_place=True),
+        KernelClaim("max_pool2d_i8", "cortexm.max_pool_s8", dtypes=s8, predicate=_static),
+        KernelClaim("avg_pool2d_i8", "cortexm.avg_pool_s8", dtypes=s8, predicate=_static),
+        KernelClaim("softmax_i8", "cortexm.softmax_s8", dtypes=s8, predicate=_static),
+        KernelClaim("argmax", "cortexm.argmax_s8", dtypes=s8, predicate=_static),
+        KernelClaim("maximum", "cortexm.maximum_s8", dtypes=s8, predicate=_static, in_place=True),
+        KernelClaim("add", "cortexm.add_f32", dtypes=fp32, predicate=_static, in_place=True),
         KernelClaim("reshape", "cortexm.reshape", dtypes=movable, predicate=_static, in_place=True),
         KernelClaim("transpose", "cortexm.transpose", dtypes=movable, predicate=_static),
     ]
