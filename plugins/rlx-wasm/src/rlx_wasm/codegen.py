@@ -18,6 +18,7 @@ increment of its kernel's counter). Kernels are shared between steps of equal sh
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,36 @@ class CodegenError(RLXError):
 
 
 def _shape(t: TensorType) -> tuple[int, ...]:
-    return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+    return tuple(int(d) for d in t.shape)
+
+
+# Checked reads of a step's attributes (the op's schema has given them these types).
+def _int(attrs: Mapping[str, object], name: str) -> int:
+    v = attrs[name]
+    if not isinstance(v, int):
+        raise CodegenError(f"attribute {name!r} = {v!r} is not an int")
+    return v
+
+
+def _ints(attrs: Mapping[str, object], name: str) -> tuple[int, ...]:
+    v = attrs[name]
+    if not isinstance(v, tuple):
+        raise CodegenError(f"attribute {name!r} = {v!r} is not a tuple of ints")
+    return v
+
+
+def _float(attrs: Mapping[str, object], name: str) -> float:
+    v = attrs[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise CodegenError(f"attribute {name!r} = {v!r} is not a float")
+    return v
+
+
+def _str(attrs: Mapping[str, object], name: str) -> str:
+    v = attrs[name]
+    if not isinstance(v, str):
+        raise CodegenError(f"attribute {name!r} = {v!r} is not a string")
+    return v
 
 
 def _linear_weight_transposed(program: Program, s: Step) -> bool:
@@ -210,7 +240,7 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
         return make
 
     if op == "fused_elementwise":
-        return simple(ew.elementwise_kernel(mb, ew.decode_program(attrs["program"]), ins, out))
+        return simple(ew.elementwise_kernel(mb, ew.decode_program(_str(attrs, "program")), ins, out))
     if op in ew.SUPPORTED:
         return simple(ew.elementwise_kernel(mb, ew.single_op_program(op, len(ins_v), attrs), ins, out))
     isz = out.dtype.itemsize
@@ -222,12 +252,12 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
             return [] if src == dst else [_call(fname, [i32(src), i32(dst)])]
         return make_reshape
     if op == "transpose":
-        oshape, st = k.transpose_args(_shape(ins[0]), attrs["perm"])
+        oshape, st = k.transpose_args(_shape(ins[0]), None if attrs["perm"] is None else _ints(attrs, "perm"))
         return simple(k.copy_kernel(mb, oshape, st, 0, ew.contiguous_strides(oshape), 0, isz))
     if op == "expand":
-        oshape = _shape(out)
-        st = ew.broadcast_strides(_shape(ins[0]), oshape)
-        return simple(k.copy_kernel(mb, oshape, st, 0, ew.contiguous_strides(oshape), 0, isz))
+        eshape = _shape(out)
+        st = ew.broadcast_strides(_shape(ins[0]), eshape)
+        return simple(k.copy_kernel(mb, eshape, st, 0, ew.contiguous_strides(eshape), 0, isz))
     if op == "slice":
         from rlx_core.plugin import slice_params
 
@@ -244,7 +274,7 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
         return simple(k.copy_kernel(mb, oshape, st, offset, ew.contiguous_strides(oshape), 0, isz))
     if op == "concat":
         oshape = list(_shape(out))
-        ax = normalize_axis(attrs["axis"], len(oshape))
+        ax = normalize_axis(_int(attrs, "axis"), len(oshape))
         ost = ew.contiguous_strides(oshape)
         fnames, at = [], 0
         for t in ins:
@@ -258,9 +288,9 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
     if op == "pad":
         oshape = list(_shape(out))
         r = len(oshape)
-        pads = attrs["pads"]
+        pads = _ints(attrs, "pads")
         ost = ew.contiguous_strides(oshape)
-        fill = k.fill_kernel(mb, math.prod(oshape) * isz, out.dtype, float(attrs["value"]))
+        fill = k.fill_kernel(mb, math.prod(oshape) * isz, out.dtype, _float(attrs, "value"))
         sh = list(_shape(ins[0]))
         offset = sum(pads[i] * ost[i] for i in range(r))
         cp = k.copy_kernel(mb, sh, ew.contiguous_strides(sh), 0, ost, offset, isz)
@@ -269,15 +299,16 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
             return [_call(fill, [i32(addr(out_v))]), _call(cp, [i32(addr(ins_v[0])), i32(addr(out_v))])]
         return make_pad
     if op == "gather":
-        return simple(k.gather_kernel(mb, ins[0], ins[1], attrs["axis"]))
+        return simple(k.gather_kernel(mb, ins[0], ins[1], _int(attrs, "axis")))
     if op == "iota":
-        return simple(k.iota_kernel(mb, out, attrs["axis"]))
+        return simple(k.iota_kernel(mb, out, _int(attrs, "axis")))
     if op.startswith("reduce_"):
-        return simple(k.reduce_kernel(mb, op, ins[0], attrs["axes"]))
+        axes = None if attrs["axes"] is None else _ints(attrs, "axes")
+        return simple(k.reduce_kernel(mb, op, ins[0], axes))
     if op in ("argmax", "argmin"):
-        return simple(k.arg_kernel(mb, op, ins[0], attrs["axis"]))
+        return simple(k.arg_kernel(mb, op, ins[0], _int(attrs, "axis")))
     if op == "cumsum":
-        return simple(k.cumsum_kernel(mb, ins[0], attrs["axis"], bool(attrs["exclusive"]),
+        return simple(k.cumsum_kernel(mb, ins[0], _int(attrs, "axis"), bool(attrs["exclusive"]),
                                       bool(attrs["reverse"])))
     if op == "matmul":
         return simple(k.matmul_kernel(mb, ins[0], ins[1], out))
@@ -298,10 +329,10 @@ def _kernel(mb: ModuleBuilder, program: Program, s: Step) -> Any:
             return [_call(fname, [i32(addr(ins_v[0])), i32(addr(ins_v[1])), i32(addr(out_v)), i32(scratch)])]
         return make_conv
     if op == "scatter_add":
-        return simple(k.scatter_add_kernel(mb, ins[0], ins[1], attrs["axis"]))
+        return simple(k.scatter_add_kernel(mb, ins[0], ins[1], _int(attrs, "axis")))
     if op in ("softmax", "log_softmax"):
-        return simple(k.softmax_kernel(mb, ins[0], attrs["axis"], op == "log_softmax"))
+        return simple(k.softmax_kernel(mb, ins[0], _int(attrs, "axis"), op == "log_softmax"))
     if op == "layer_norm":
-        return simple(k.layer_norm_kernel(mb, ins[0], attrs["axis"], attrs["eps"]))
+        return simple(k.layer_norm_kernel(mb, ins[0], _int(attrs, "axis"), _float(attrs, "eps")))
     raise CodegenError(f"rlx-wasm has no code generator for {s.kernel} ({op})",
                        fix="this is a bug in rlx-wasm: a claimed op has no kernel")

@@ -400,10 +400,10 @@ def elementwise_kernel(mb: ModuleBuilder, ops: list[tuple[str, list[str], dict[s
         params = [(f"$in{k}", "i32") for k in range(nin)] + [("$out", "i32")]
         fn = Func(name, params)
         em = Emit(fn, mb)
-        shape = [int(d) for d in out_type.shape]  # type: ignore[arg-type]
+        shape = [int(d) for d in out_type.shape]
         if math.prod(shape) == 0:
             return fn
-        strides = [broadcast_strides([int(d) for d in t.shape], shape) for t in in_types]  # type: ignore[misc]
+        strides = [broadcast_strides([int(d) for d in t.shape], shape) for t in in_types]
         strides.append(contiguous_strides(shape))
         dims = collapse(shape, strides)
         sizes = [REPR[d].size for d in in_dts] + [REPR[out_type.dtype].size]

@@ -25,7 +25,7 @@ VEC = mathlib.VECTOR
 
 
 def _shape(t: TensorType) -> list[int]:
-    return [int(d) for d in t.shape]  # type: ignore[arg-type]
+    return [int(d) for d in t.shape]
 
 
 def _raw(isz: int) -> tuple[str, str, str]:
@@ -125,12 +125,12 @@ def fill_kernel(mb: ModuleBuilder, nbytes: int, dtype: DType, value: float) -> s
     return mb.kernel(key, make)
 
 
-def transpose_args(in_shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
+def transpose_args(in_shape: Sequence[int], perm: Sequence[int] | None) -> tuple[list[int], list[int]]:
     r = len(in_shape)
-    perm = [normalize_axis(p, r) for p in perm] if perm is not None else list(reversed(range(r)))
+    axes = [normalize_axis(p, r) for p in perm] if perm is not None else list(reversed(range(r)))
     own = contiguous_strides(in_shape)
-    out_shape = [in_shape[p] for p in perm]
-    return out_shape, [own[p] for p in perm]
+    out_shape = [in_shape[p] for p in axes]
+    return out_shape, [own[p] for p in axes]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,12 +87,16 @@ class WasmProgram:
         self.store = wasmtime.Store(engine(artifact.simd))
         inst = wasmtime.Instance(self.store, mod, [])
         ex = inst.exports(self.store)
-        self.memory = ex["memory"]
+        memory = ex["memory"]
+        if not isinstance(memory, wasmtime.Memory):
+            raise TypeError(f"the module's export 'memory' is a {type(memory).__name__}, not a memory")
+        self.memory = memory
         self._run = ex["run"]
         self._profile = ex["run_profile"]
         self._raw = self.memory.get_buffer_ptr(self.store)  # keeps the ctypes array alive
         #: all of linear memory as bytes (zero-copy; the memory never grows)
-        self.buffer = np.frombuffer(self._raw, dtype=np.uint8)
+        # ctypes arrays export the buffer protocol; numpy's stubs do not list them
+        self.buffer = np.frombuffer(self._raw, dtype=np.uint8)  # type: ignore[call-overload]
         base = artifact.weights_offset
         for off, arr in artifact.weights:
             raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
