@@ -44,6 +44,34 @@ def bstrides(src: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
     return [0 if i < pad or src[i - pad] == 1 else cs[i - pad] for i in range(len(out))]
 
 
+# Checked reads of a step's attributes (the op's schema has given them these types); ``default``
+# stands in for an absent attribute.
+def _int(s: Step, name: str, default: int | None = None) -> int:
+    v = s.attrs[name] if default is None else s.attrs.get(name, default)
+    if not isinstance(v, (int, float)):
+        raise TypeError(f"{s.op}: attribute {name!r} = {v!r} is not an int")
+    return int(v)
+
+
+def _float(s: Step, name: str, default: float) -> float:
+    v = s.attrs.get(name, default)
+    if not isinstance(v, (int, float)):
+        raise TypeError(f"{s.op}: attribute {name!r} = {v!r} is not a number")
+    return float(v)
+
+
+def _ints(s: Step, name: str, default: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    v = s.attrs[name] if default is None else s.attrs.get(name, default)
+    if not isinstance(v, tuple):
+        raise TypeError(f"{s.op}: attribute {name!r} = {v!r} is not a tuple of ints")
+    return v
+
+
+def _opt_ints(s: Step, name: str) -> tuple[int, ...] | None:
+    """An ``ints`` attribute that may be absent or ``None``."""
+    return None if s.attrs.get(name) is None else _ints(s, name)
+
+
 def f2i(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", float(x)))[0]
 
@@ -61,7 +89,7 @@ class VkAllocator:
         buf.write(offset, data)
 
     def copyout(self, buf: Any, offset: int, nbytes: int) -> np.ndarray:
-        return buf.read(offset, nbytes)  # type: ignore[no-any-return]
+        return buf.read(offset, nbytes)
 
 
 class VkRuntime:
@@ -250,8 +278,8 @@ class VulkanProgram(KitProgram):
 
     def _reduce(self, s: Step) -> None:
         x = self.shape(s.inputs[0])
-        axes = s.attrs.get("axes")
-        axes = set(range(len(x))) if axes is None else {normalize_axis(int(a), len(x)) for a in axes}
+        given = _opt_ints(s, "axes")
+        axes = set(range(len(x))) if given is None else {normalize_axis(int(a), len(x)) for a in given}
         cs = cstrides(x)
         kept = [(x[d], cs[d]) for d in range(len(x)) if d not in axes]
         red = [(x[d], cs[d]) for d in range(len(x)) if d in axes]
@@ -266,9 +294,9 @@ class VulkanProgram(KitProgram):
 
     def _rows(self, s: Step) -> None:
         x = self.shape(s.inputs[0])
-        ax = normalize_axis(int(s.attrs.get("axis", -1)), len(x))
+        ax = normalize_axis(_int(s, "axis", -1), len(x))
         rows, cols = math.prod(x[:ax]), math.prod(x[ax:])
-        eps = f2i(float(s.attrs.get("eps", 0.0)))
+        eps = f2i(_float(s, "eps", 0.0))
         gb = self.locate(s.inputs[1]) if len(s.inputs) > 1 else (0, 0)
         bb = self.locate(s.inputs[2]) if len(s.inputs) > 2 else (0, 0)
         meta = [rows, cols, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1], eps, *gb, *bb]
@@ -284,9 +312,9 @@ class VulkanProgram(KitProgram):
         if s.outputs[0] in self.constant_offsets:  # a constant, transposed at compile time
             return
         x = self.shape(s.inputs[0])
-        perm = s.attrs.get("perm")
-        perm = (list(reversed(range(len(x)))) if perm is None
-                else [normalize_axis(int(p), len(x)) for p in perm])
+        given = _opt_ints(s, "perm")
+        perm = (list(reversed(range(len(x)))) if given is None
+                else [normalize_axis(int(p), len(x)) for p in given])
         out = self.shape(s.outputs[0])
         cs = cstrides(x)
         self._copy(math.prod(out), list(out), s.inputs[0], 0, [cs[p] for p in perm],
@@ -303,11 +331,11 @@ class VulkanProgram(KitProgram):
         cs = cstrides(x)
         ist = list(cs)
         base = 0
-        starts, stops = s.attrs["starts"], s.attrs["stops"]
-        axes = s.attrs.get("axes") or tuple(range(len(starts)))
-        steps = s.attrs.get("steps") or (1,) * len(starts)
-        for st, sp, ax, step in zip(starts, stops, axes, steps):
-            ax = normalize_axis(int(ax), len(x))
+        starts, stops = _ints(s, "starts"), _ints(s, "stops")
+        axes = _opt_ints(s, "axes") or tuple(range(len(starts)))
+        steps = _opt_ints(s, "steps") or (1,) * len(starts)
+        for st, sp, given, step in zip(starts, stops, axes, steps):
+            ax = normalize_axis(int(given), len(x))
             r = range(*slice(int(st), int(sp), int(step)).indices(x[ax]))
             if len(r):
                 base += r.start * cs[ax]
@@ -317,7 +345,7 @@ class VulkanProgram(KitProgram):
 
     def _k_concat(self, s: Step) -> None:
         out = self.shape(s.outputs[0])
-        ax = normalize_axis(int(s.attrs["axis"]), len(out))
+        ax = normalize_axis(_int(s, "axis"), len(out))
         co = cstrides(out)
         o = self.locate(s.outputs[0])[1]
         pos = 0
@@ -331,9 +359,9 @@ class VulkanProgram(KitProgram):
         x = self.shape(s.inputs[0])
         out = self.shape(s.outputs[0])
         r = len(x)
-        pads = s.attrs["pads"]
+        pads = _ints(s, "pads")
         o = self.locate(s.outputs[0])[1]
-        v = float(s.attrs.get("value", 0.0))
+        v = _float(s, "value", 0.0)
         bits = f2i(v) if self.types[s.outputs[0]].dtype is DType.F32 else int(np.int32(int(v)))
         n = math.prod(out)
         self.emit(glsl.fill32(), [n, o, bits], n)
@@ -344,7 +372,7 @@ class VulkanProgram(KitProgram):
     def _k_gather(self, s: Step) -> None:
         x = self.shape(s.inputs[0])
         idx = self.shape(s.inputs[1])
-        ax = normalize_axis(int(s.attrs["axis"]), len(x))
+        ax = normalize_axis(_int(s, "axis"), len(x))
         n = math.prod(self.shape(s.outputs[0]))
         esz = 8 if self.types[s.inputs[1]].dtype is DType.I64 else 4
         words = self.types[s.inputs[0]].dtype.np.itemsize // 4
@@ -355,7 +383,7 @@ class VulkanProgram(KitProgram):
 
     def _axis_split(self, s: Step) -> tuple[int, int, int]:
         x = self.shape(s.inputs[0]) or (1,)
-        ax = normalize_axis(int(s.attrs.get("axis", -1)), len(x))
+        ax = normalize_axis(_int(s, "axis", -1), len(x))
         return math.prod(x[:ax]), x[ax], math.prod(x[ax + 1:])
 
     def _k_cumsum(self, s: Step) -> None:
@@ -377,9 +405,9 @@ class VulkanProgram(KitProgram):
         nb, c, h, w = self.shape(s.inputs[0])
         o, cg, kh, kw = self.shape(s.inputs[1])
         out = self.shape(s.outputs[0])
-        st, pads, dil = s.attrs.get("strides", (1, 1)), s.attrs.get("pads", (0, 0, 0, 0)), \
-            s.attrs.get("dilations", (1, 1))
-        groups = int(s.attrs.get("groups", 1))
+        st, pads, dil = _ints(s, "strides", (1, 1)), _ints(s, "pads", (0, 0, 0, 0)), \
+            _ints(s, "dilations", (1, 1))
+        groups = _int(s, "groups", 1)
         n = math.prod(out)
         meta = [n, c, h, w, o, cg, kh, kw, out[2], out[3], st[0], st[1], pads[0], pads[1], dil[0], dil[1],
                 o // groups, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]),
@@ -388,7 +416,7 @@ class VulkanProgram(KitProgram):
 
     def _k_iota(self, s: Step) -> None:
         out = self.shape(s.outputs[0]) or (1,)
-        ax = normalize_axis(int(s.attrs["axis"]), len(out))
+        ax = normalize_axis(_int(s, "axis"), len(out))
         n = math.prod(out)
         self.emit(glsl.iota(self.types[s.outputs[0]].dtype),
                   [n, math.prod(out[ax + 1:]), out[ax], self.locate(s.outputs[0])[1]], n)

