@@ -93,7 +93,11 @@ class Session:
 
     # -- planning --------------------------------------------------------------------------------
     def legalize(self, graph: Graph) -> tuple[Legalized, bool]:
-        """Fuse, then legalize for the session's (first) device, through the on-disk cache."""
+        """Fold constants, fuse, then legalize for the session's (first) device, through the on-disk
+        cache (keyed by the folded graph)."""
+        from .fold import fold_constants
+
+        graph = fold_constants(graph)
         backend, device = self.devices[0]
         variant = "fusion" if self.fusion else "nofusion"
         if self.cache is not None:
@@ -160,6 +164,9 @@ class Session:
 
         b = {**self._hints(graph), **(bindings or {})}
         g = graph.specialize(b) if graph.symbols else graph
+        from .fold import fold_constants
+
+        g = fold_constants(g)  # as legalize sees it: a folded node needs no kernel
         backend, device = self.devices[0]
         disp = self.dispatcher(backend, device)
         entries, illegal = [], []

@@ -250,10 +250,12 @@ MAX_SPECIALIZATIONS = declare(
     "Input-shape specialisations each executable keeps compiled (least recently used dropped).", min=1)
 ONNX_FOLD_MAX_ELEMENTS = declare(
     "RLX_ONNX_FOLD_MAX_ELEMENTS", "int", 1 << 24,
-    "Largest tensor (elements) the ONNX importer folds at import time.", min=0)
+    "Largest tensor (elements) a constant fold may create from smaller inputs (ONNX import, and "
+    "compile: rlx_core.fold).", min=0)
 ONNX_FOLD_MAX_BYTES = declare(
     "RLX_ONNX_FOLD_MAX_BYTES", "int", 64 << 20,
-    "Total bytes the ONNX importer may create by constant folding, per model.", min=0)
+    "Total bytes constant folding may create, per model (ONNX import) and per compiled graph, on "
+    "top of twice the model's own tensor bytes.", min=0)
 ONNX_DEVICE = declare(
     "RLX_ONNX_DEVICE", "str", None,
     "The RLX device the ONNX backend (onnx.backend API) runs every model on (e.g. cpu, cuda:1).",

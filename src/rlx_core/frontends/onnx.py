@@ -41,6 +41,7 @@ import numpy as np
 from .. import settings as _settings
 from ..dtypes import DType
 from ..errors import IRError, RLXError, SerializationError
+from ..fold import FoldBudget as _CoreFoldBudget
 from ..ir.builder import GraphBuilder, Tensor
 from ..ir.graph import Graph
 from ..ir.types import Dim
@@ -573,25 +574,16 @@ DEFAULT_FOLD_MAX_ELEMENTS: int = _settings.ONNX_FOLD_MAX_ELEMENTS.default
 DEFAULT_FOLD_MAX_BYTES: int = _settings.ONNX_FOLD_MAX_BYTES.default
 
 
-class FoldBudget:
-    """How much constant folding one ONNX import may do (issue 14: a 158-byte file once took 43 s and
-    3.6 GB in ``rlx explain``).
-
-    * A fold whose result has more elements than its largest input (it *amplifies*) may create at most
-      ``max_elements`` elements; a fold that does not amplify (Transpose, Cast, Slice of a weight) may
-      be as large as its input.
-    * All folds of one import together may create at most ``max_bytes`` plus twice the bytes of the
-      model's own tensors (so folding a transpose or cast of every weight still fits).
-    * Matrix products and convolutions fold only up to ``16 * max_elements`` multiply-adds.
+class FoldBudget(_CoreFoldBudget):
+    """How much constant folding one ONNX import may do: the rules of the core's
+    :class:`rlx_core.fold.FoldBudget` (amplifying folds at most ``max_elements``, all folds at most
+    ``max_bytes`` plus twice the model's own bytes, contractions at most ``16 * max_elements``
+    multiply-adds), with ONNX's operators: data-bounded ones (NonZero, Unique ...) may fold without a
+    predicted size, and contractions' work is counted from their operands' shapes.
 
     A node over budget is not folded: its handler makes it a run-time graph node, or, for an operator
     that can only be imported by folding, the import fails saying so.
     """
-
-    def __init__(self, max_elements: int, max_bytes: int, own_bytes: int) -> None:
-        self.max_elements = max_elements
-        self.max_bytes = max_bytes
-        self.left = max_bytes + 2 * own_bytes
 
     @classmethod
     def for_model(cls, proto: Any, max_elements: int | None = None,
@@ -613,32 +605,11 @@ class FoldBudget:
                 "RLX_ONNX_FOLD_MAX_BYTES (defaults 16777216 elements / 64 MiB), or fold the model offline "
                 "(onnx-simplifier) so the file carries the constant")
 
-    def check(self, op: str, inputs: Sequence[np.ndarray], outs: list[tuple[int, int]] | None) -> str | None:
-        """Why a fold of ``op`` would be over budget (None: it may fold). ``outs``: the predicted
-        ``(elements, itemsize)`` of each output, None when they cannot be known beforehand."""
-        biggest = max((a.size for a in inputs), default=0)
-        if outs is None:
-            if op not in _DATA_BOUNDED:
-                return "the size of its result cannot be known before computing it"
-            rank = max((a.ndim for a in inputs), default=1)
-            outs = [(biggest * max(rank, 1), 8)]
-        elems = sum(n for n, _ in outs)
-        nbytes = sum(n * size for n, size in outs)
-        if max((n for n, _ in outs), default=0) > biggest and elems > self.max_elements:
-            return (f"folding it would create {elems:,} elements from inputs of at most {biggest:,} (over "
-                    f"the import's limit of {self.max_elements:,} elements, RLX_ONNX_FOLD_MAX_ELEMENTS)")
-        if nbytes > self.left:
-            return (f"folding it would create {nbytes:,} bytes, more than the {max(self.left, 0):,} bytes "
-                    f"left of the import's folding budget (RLX_ONNX_FOLD_MAX_BYTES)")
-        if op in _CONTRACTIONS:
-            work = _fold_work(op, [a.shape for a in inputs], elems)
-            if work > 16 * self.max_elements:
-                return (f"folding it would take about {work:,} multiply-adds (over the import's limit of "
-                        f"{16 * self.max_elements:,})")
-        return None
+    def data_bounded(self, op: str) -> bool:
+        return op in _DATA_BOUNDED
 
-    def charge(self, nbytes: int) -> None:
-        self.left -= int(nbytes)
+    def work(self, op: str, shapes: Sequence[tuple[int, ...]], out_elems: int) -> int | None:
+        return _fold_work(op, shapes, out_elems) if op in _CONTRACTIONS else None
 
 
 def _fold_work(op: str, shapes: Sequence[tuple[int, ...]], out_elems: int) -> int:

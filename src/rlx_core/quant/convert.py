@@ -30,7 +30,6 @@ import numpy as np
 from ..dtypes import DType
 from ..ir.builder import GraphBuilder, Tensor
 from ..ir.graph import Graph, Node
-from ..ir.schema import REGISTRY
 from ..ir.types import normalize_axis
 from .calibrate import Range, calibrate
 from .fixedpoint import quantize_multipliers
@@ -63,20 +62,12 @@ class QTensor:
 
 
 def _fold_constants(graph: Graph) -> tuple[dict[str, np.ndarray], set[str]]:
-    """Weights plus the values of nodes computed from weights only (evaluated with the reference)."""
-    consts: dict[str, np.ndarray] = {p.name: np.asarray(graph.weights[p.name]) for p in graph.params}
-    folded: set[str] = set()
-    for n in graph.nodes:
-        if n.inputs and all(i in consts for i in n.inputs):
-            schema = REGISTRY.get(n.op)
-            from ..dtypes import reference_np_dtype
+    """Weights plus the values of nodes computed from weights only (the core folding pass's values,
+    outputs included and without a budget: the converter reads them, it does not keep them)."""
+    from ..fold import constant_values
 
-            args = [consts[i].astype(reference_np_dtype(graph.types[i].dtype)) for i in n.inputs]
-            outs = schema.reference(args, n.attrs)
-            for o, v in zip(n.outputs, outs):
-                consts[o] = np.asarray(v).astype(graph.types[o].dtype.np)
-            folded.add(n.name)
-    return consts, folded
+    consts, folded = constant_values(graph, outputs=True)
+    return consts, set(folded)
 
 
 class _Converter:

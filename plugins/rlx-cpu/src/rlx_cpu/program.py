@@ -75,11 +75,7 @@ class CpuProgram:
 
         # Bind-time fusion (GEMMs on transposed views, momentum in the GEMM, in-place AXPY updates):
         # fewer runs over the same planned buffers; kernel_names follows the runs.
-        def rebind(s: Step, ins: Any) -> Any:
-            with np.errstate(all="ignore"):
-                return factories[s.kernel](list(ins), [self.views[o] for o in s.outputs], s.attrs)
-
-        self.runs, self.kernel_names, self._slots, self.run_kernels = fuse(program, views, runs, rebind)
+        self.runs, self.kernel_names, self._slots, self.run_kernels = fuse(program, views, runs)
         if not self._slots:  # inputs re-pointed at bind_input keep their own runs
             from .parallel import chain
 

@@ -48,7 +48,7 @@ def enabled() -> bool:
 class _Fuser:
     def __init__(self, program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run]) -> None:
         self.steps = list(program.kernels)
-        self.views = dict(views)  # folded constants are read from private copies
+        self.views = dict(views)
         self.runs: list[Run | None] = list(runs)
         self.names = [s.kernel for s in self.steps]
         self.keep = {v for _, v in program.outputs}
@@ -195,36 +195,6 @@ class _Fuser:
         return out
 
     # -- patterns -----------------------------------------------------------------------------------
-    def fold_constants(self, bind: Callable[[Any, Sequence[np.ndarray]], Run]) -> None:
-        """Steps computing from constants only (``1 / batch`` broadcast for a mean's gradient) run
-        once, here; their results are kept in private arrays and their readers re-bound to them."""
-        params = {p: self.views[p] for p in self.consts} | {
-            p.name: self.views[p.name] for p in self.graph_params}
-        folded: dict[str, np.ndarray] = {}
-        for i, s in enumerate(self.steps):
-            if s.kernel not in _FOLDABLE or not s.inputs or len(s.outputs) != 1 or s.outputs[0] in self.keep:
-                continue
-            if not all(x in params or x in folded for x in s.inputs):
-                continue
-            o = self.views[s.outputs[0]]
-            if o.size > 65536:
-                continue
-            run = bind(s, [folded.get(x, params.get(x)) for x in s.inputs])  # type: ignore[misc]
-            with np.errstate(all="ignore"):
-                run()
-            folded[s.outputs[0]] = np.array(o, copy=True, order="C")
-            self.dropped.add(i)
-            self.runs[i] = None
-        if not folded:
-            return
-        for i, s in enumerate(self.steps):
-            if i in self.dropped or not any(x in folded for x in s.inputs):
-                continue
-            self.runs[i] = bind(s, [folded.get(x, self.views[x]) for x in s.inputs])
-            self.reads[i] = {x: None for x in s.inputs if x not in folded}
-        self.views.update(folded)
-
-
     def transposes(self) -> None:
         for t, s in enumerate(self.steps):
             if s.kernel != "cpu.transpose" or self.views[s.inputs[0]].ndim != 2:
@@ -650,7 +620,7 @@ class _Fuser:
 
     def result(self) -> tuple[tuple[Run, ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
         """Live runs, their names, and for each the kernel claims of the LIR steps whose work it
-        does (its own, those fused into it, and constant or no-op steps before it)."""
+        does (its own, those fused into it, and no-op steps before it)."""
         for k, s in enumerate(self.steps):  # a reshape planned in place moves nothing: no call at all
             if s.kernel == "cpu.reshape" and k not in self.dropped and k not in self.reads:
                 x, o = self.views[s.inputs[0]], self.views[s.outputs[0]]
@@ -664,7 +634,7 @@ class _Fuser:
             j = k
             while j in self.owner:
                 j = self.owner[j]
-            if j not in covers:  # folded at bind time or a no-op: counted with the next call
+            if j not in covers:  # a no-op: counted with the next call
                 j = next((q for q in keep if q > k), keep[-1] if keep else -1)
             if j in covers:
                 covers[j].append(s.kernel)
@@ -748,20 +718,17 @@ def transposed_layout(program: Any) -> set[str]:
     return out
 
 
-def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run],
-         bind: Callable[[Any, Sequence[np.ndarray]], Run] | None = None
+def fuse(program: Any, views: Mapping[str, np.ndarray], runs: Sequence[Run]
          ) -> tuple[tuple[Run, ...], tuple[str, ...], dict[str, list[tuple[list[int], int]]],
                     tuple[tuple[str, ...], ...]]:
     """The runs (and their kernel names) of ``program`` after bind-time fusion, the inputs that are
     read only through re-pointable BLAS operands (input -> pointer slots), and for each run the
-    kernel claims whose work it does (what ``profile`` counts). ``bind(step, input_arrays)`` binds
-    a step's kernel to other input arrays (for constant folding)."""
+    kernel claims whose work it does (what ``profile`` counts). Steps computing from constants only
+    are not here: the core folds them before dispatch (:mod:`rlx_core.fold`)."""
     f = _Fuser(program, views, runs)
     if not enabled() or not any(s.kernel in _STARTS for s in f.steps):
         r, n, c = f.result()
         return r, n, {}, c
-    if bind is not None:
-        f.fold_constants(bind)
     f.transposes()
     if train_blas.available():
         f.gemm_accumulate()
@@ -791,10 +758,6 @@ class _LazyRows:
 
 
 _NB_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-#: kernels that may be run once at bind time when all their inputs are constants
-_FOLDABLE = frozenset({"cpu.div", "cpu.mul", "cpu.add", "cpu.sub", "cpu.neg", "cpu.reshape", "cpu.expand",
-                       "cpu.cast", "cpu.transpose", "cpu.reciprocal", "cpu.sqrt"})
 
 #: kernels that end some pattern: without one, there is nothing to fuse
 _STARTS = frozenset({"cpu.transpose", "cpu.add", "cpu.sub", "cpu.reduce_mean", "cpu.where", "cpu.cast",
