@@ -131,7 +131,7 @@ _program_ok = render_check(lambda p, i, o: msl.elementwise_source(p, i, o), "as 
 def _numel(t: TensorType) -> int:
     n = 1
     for d in t.shape:
-        n *= int(d)  # type: ignore[arg-type]
+        n *= int(d)
     return n
 
 

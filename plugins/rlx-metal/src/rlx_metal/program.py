@@ -61,7 +61,15 @@ def _p(*xs: Any) -> np.ndarray:
 
 
 def _shape(t: TensorType) -> tuple[int, ...]:
-    return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+    return tuple(int(d) for d in t.shape)
+
+
+def _ints(attrs: Mapping[str, object], name: str) -> tuple[int, ...]:
+    """An ``ints`` attribute (the op's schema has checked its elements)."""
+    v = attrs[name]
+    if not isinstance(v, tuple):
+        raise IRError(f"attribute {name!r} = {v!r} is not a tuple of ints", fix=f"pass {name}=(...)")
+    return v
 
 
 def _copy(kernel: str, x: str, y: str, dt: DType, dims: list[int], ys: list[int], xs: list[int],
@@ -98,8 +106,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
     if op in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min"):
         xshape = _shape(its[0])
         r = len(xshape)
-        axes = a["axes"]
-        red = set(range(r)) if axes is None else {normalize_axis(x, r) for x in axes}  # type: ignore[union-attr]
+        red = set(range(r)) if a["axes"] is None else {normalize_axis(x, r) for x in _ints(a, "axes")}
         st = _contig(xshape)
         kept = [d for d in range(r) if d not in red]
         rd = sorted(red)
@@ -126,7 +133,7 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
         base = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), xshape, _contig(xshape)) \
             if xshape else np.zeros((), np.int8)
         if op == "transpose":
-            v = base.transpose(a["perm"]) if a["perm"] is not None else base.transpose()
+            v = base.transpose(_ints(a, "perm")) if a["perm"] is not None else base.transpose()
         elif op == "expand":
             v = np.broadcast_to(base, oshape)
         else:
@@ -149,11 +156,11 @@ def launches(step: Step, types: Mapping[str, TensorType]) -> list[Launch]:
             start += xs[ax]
         return res
     if op == "pad":
-        pads = a["pads"]
+        pads = _ints(a, "pads")
         xs = _shape(its[0])
         ost = _contig(oshape)
         fill = _launch(k, msl.fill_source(dt, msl.literal(a["value"], dt))[1], [out], _p(n))  # type: ignore[arg-type]
-        yo = sum(int(pads[d]) * ost[d] for d in range(len(xs)))  # type: ignore[index]
+        yo = sum(int(pads[d]) * ost[d] for d in range(len(xs)))
         res = [fill]
         if math.prod(xs):
             res.append(_copy(k, ins[0], out, dt, list(xs), ost, _contig(xs), yo, 0))
