@@ -34,6 +34,7 @@ from rlx_core.plugin import (
     Rewrite,
     RLXError,
     Session,
+    Tensor,
     evaluate,
 )
 
@@ -109,8 +110,9 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
             ins.append(g.param(p.name, single.weights[p.name]))
         by = {t.name: t for t in ins}
         args = [by[i] for i in node.inputs]
-        y1 = g.op(node.op, *args, **dict(node.attrs))
-        y2 = g.op(node.op, *args, **dict(node.attrs))
+        # name=None: fresh node names (the attributes never hold one)
+        y1 = g.op(node.op, *args, name=None, **dict(node.attrs))
+        y2 = g.op(node.op, *args, name=None, **dict(node.attrs))
         g.output(y1)
         g.output(y2)
         graph = g.build()
@@ -193,7 +195,8 @@ def _branchy(seed: int = 1) -> tuple[Graph, dict[str, np.ndarray]]:
     g = GraphBuilder("conformance_branchy")
     x = g.input("x", "f32", (4, 8))
     w = g.param("w", (rng.standard_normal((8, 8)) * 0.4).astype(np.float32))
-    h, skips = x, []
+    h = x
+    skips: list[Tensor] = []
     for i in range(5):
         a = (h @ w) * 0.5
         b = a * a + h
@@ -313,7 +316,8 @@ def _unsupported_fails(ctx: Context) -> Outcome:
         return Outcome("passed", "unsupported variant fails compilation and names the node")
     except Exception as e:
         return Outcome("failed", f"expected DispatchError, got {type(e).__name__}: {e}")
-    return Outcome("failed", f"an op nobody claims compiled (fallback?): {exe.report.to_text()[:300]}")
+    report = exe.report.to_text()[:300] if exe.report is not None else "no dispatch report"
+    return Outcome("failed", f"an op nobody claims compiled (fallback?): {report}")
 
 
 def c_costs(ctx: Context) -> Outcome:
@@ -333,9 +337,9 @@ def c_costs(ctx: Context) -> Outcome:
         return Outcome("failed", f"costs must be positive: {es} and {eb}")
     if not eb > es:
         return Outcome("failed", f"cost of 256^3 matmul ({eb}) is not above 16^3 ({es})")
-    for e in small.entries + big.entries:
-        if not e.seconds > 0:
-            return Outcome("failed", f"kernel cost of {e.node} is {e.seconds}")
+    for entry in small.entries + big.entries:
+        if not entry.seconds > 0:
+            return Outcome("failed", f"kernel cost of {entry.node} is {entry.seconds}")
     return Outcome("passed", f"16^3: {es:.3g}s, 256^3: {eb:.3g}s")
 
 

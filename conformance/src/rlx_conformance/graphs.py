@@ -301,11 +301,15 @@ def _node_k(graph: Graph, node: Node) -> int:
     if op in ("reduce_sum", "reduce_mean", "reduce_prod"):
         out = graph.types[node.outputs[0]]
         n_out = out.numel()
-        return int(math.prod(ins[0])) // n_out if n_out else 1  # type: ignore[arg-type]
+        return int(math.prod(ins[0])) // n_out if n_out else 1
     if op == "cumsum":
-        return int(ins[0][normalize_axis(int(a["axis"]), len(ins[0]))]) if ins[0] else 1
+        axis = a["axis"]
+        if not isinstance(axis, int):
+            raise TypeError(f"cumsum: attribute 'axis' = {axis!r} is not an int")
+        return int(ins[0][normalize_axis(axis, len(ins[0]))]) if ins[0] else 1
     if op in HIR_CONDITION:
-        dummies = [np.zeros(sh) for sh in ins]  # shapes only: k never depends on the values
+        # shapes only: k never depends on the values (the graph is specialised: its dims are ints)
+        dummies = [np.zeros(tuple(int(d) for d in sh)) for sh in ins]
         fn = HIR_CONDITION[op]
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
