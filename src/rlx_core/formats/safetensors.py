@@ -259,35 +259,35 @@ def read_safetensors(path: PathLike, *, mmap: bool = True) -> tuple[dict[str, np
         except (OSError, ValueError) as e:
             raise _error(f"cannot memory-map the file: {e}", path,
                          "pass mmap=False to read it into memory instead") from None
-        for e in layout.entries.values():
-            raw = mm[layout.data_start + e.begin: layout.data_start + e.end]
-            if len(raw) != e.end - e.begin:  # the file shrank between reading the header and mapping
+        for entry in layout.entries.values():
+            raw = mm[layout.data_start + entry.begin: layout.data_start + entry.end]
+            if len(raw) != entry.end - entry.begin:  # the file shrank between reading the header and mapping
                 raise _error("the data is shorter than the header says", path, "read the file again",
-                             tensor=e.name)
-            arr = raw.view(e.dtype.np).reshape(e.shape)
-            if not _LITTLE and e.dtype.itemsize > 1:  # files are little-endian; swap into a copy
+                             tensor=entry.name)
+            arr = raw.view(entry.dtype.np).reshape(entry.shape)
+            if not _LITTLE and entry.dtype.itemsize > 1:  # files are little-endian; swap into a copy
                 arr = arr.byteswap()
                 arr.flags.writeable = False
-            if e.dtype is DType.BOOL:
-                _check_bools(raw, path, e.name)
-            out[e.name] = arr
+            if entry.dtype is DType.BOOL:
+                _check_bools(raw, path, entry.name)
+            out[entry.name] = arr
         return out, layout.metadata
 
     with open(path, "rb") as f:
-        for e in layout.entries.values():
-            arr = np.empty(e.shape, dtype=e.dtype.np)
+        for entry in layout.entries.values():
+            arr = np.empty(entry.shape, dtype=entry.dtype.np)
             raw = arr.reshape(-1).view(np.uint8)
             if raw.size:
-                f.seek(layout.data_start + e.begin)
-                got = f.readinto(memoryview(raw))
+                f.seek(layout.data_start + entry.begin)
+                got = f.readinto(raw.data)
                 if got != raw.size:
                     raise _error(f"could read only {got} of {raw.size} bytes", path,
-                                 "the file changed while it was read; read it again", tensor=e.name)
-            if not _LITTLE and e.dtype.itemsize > 1:
+                                 "the file changed while it was read; read it again", tensor=entry.name)
+            if not _LITTLE and entry.dtype.itemsize > 1:
                 arr.byteswap(inplace=True)
-            if e.dtype is DType.BOOL:
-                _check_bools(raw, path, e.name)
-            out[e.name] = arr
+            if entry.dtype is DType.BOOL:
+                _check_bools(raw, path, entry.name)
+            out[entry.name] = arr
     return out, layout.metadata
 
 
@@ -396,6 +396,6 @@ def write_safetensors(path: PathLike, tensors: Mapping[str, np.ndarray],
         for name in order:
             arr = prepared[name][1]
             # A uint8 view exports a buffer for every dtype (bf16 itself cannot) and for 0-d/size-0.
-            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+            f.write(arr.reshape(-1).view(np.uint8).data)
 
     _atomic_write(Path(path), write)
