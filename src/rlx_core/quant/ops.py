@@ -35,7 +35,7 @@ from ..dtypes import DType
 from ..errors import DTypeError, IRError, ShapeError
 from ..ir.builder import GraphBuilder, Tensor
 from ..ir.schema import REGISTRY, AttrSpec, OpSchema, register_op
-from ..ir.types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
+from ..ir.types import Attrs, Dim, TensorType, attr_ints, broadcast_shapes, normalize_axis
 from . import fixedpoint as fx
 
 I8, I32, I64, U8, F32, F64 = DType.I8, DType.I32, DType.I64, DType.U8, DType.F32, DType.F64
@@ -210,18 +210,18 @@ _CONV_ATTRS = (AttrSpec("strides", "ints", default=(1, 1)),
 
 
 def conv_geometry(attrs: Attrs) -> tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int], int]:
-    s, p, d = attrs["strides"], attrs["pads"], attrs["dilations"]
-    if len(s) != 2 or len(p) != 4 or len(d) != 2 or min(s) < 1 or min(d) < 1 or min(p) < 0:  # type: ignore[arg-type]
+    s, p, d = attr_ints(attrs, "strides"), attr_ints(attrs, "pads"), attr_ints(attrs, "dilations")
+    if len(s) != 2 or len(p) != 4 or len(d) != 2 or min(s) < 1 or min(d) < 1 or min(p) < 0:
         raise ShapeError(f"conv2d_i8 strides {s}, pads {p}, dilations {d} are invalid",
                          fix="strides (sh, sw) >= 1, pads (top, left, bottom, right) >= 0, "
                              "dilations (dh, dw) >= 1")
-    return tuple(s), tuple(p), tuple(d), int(attrs["groups"])  # type: ignore[arg-type, return-value]
+    return (s[0], s[1]), (p[0], p[1], p[2], p[3]), (d[0], d[1]), int(attrs["groups"])  # type: ignore[arg-type]
 
 
 def _infer_conv2d_i8(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     x, w, b = ts
-    for t, n, dt in ((x, "x", I8), (w, "w", I8), (b, "bias", I32)):
-        _want("conv2d_i8", t, dt, n)
+    for t, name, dt in ((x, "x", I8), (w, "w", I8), (b, "bias", I32)):
+        _want("conv2d_i8", t, dt, name)
     _int8_attr("conv2d_i8", attrs, "x_zero_point")
     if x.rank != 4 or w.rank != 4:
         raise ShapeError(f"conv2d_i8 needs x NHWC and w OHWI (rank 4), got {x.shape} and {w.shape}",
@@ -417,16 +417,16 @@ _POOL_ATTRS = (AttrSpec("kernel", "ints", doc="(kh, kw)"),
 
 def pool_geometry(op: str, attrs: Attrs
                   ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
-    k = attrs["kernel"]
-    s = attrs["strides"] if attrs["strides"] is not None else k
-    p = attrs["pads"]
-    if len(k) != 2 or min(k) < 1 or len(s) != 2 or min(s) < 1 or len(p) != 4 or min(p) < 0:  # type: ignore[arg-type]
+    k = attr_ints(attrs, "kernel")
+    s = attr_ints(attrs, "strides") if attrs["strides"] is not None else k
+    p = attr_ints(attrs, "pads")
+    if len(k) != 2 or min(k) < 1 or len(s) != 2 or min(s) < 1 or len(p) != 4 or min(p) < 0:
         raise ShapeError(f"{op}: kernel {k}, strides {s}, pads {p} are invalid",
                          fix="kernel (kh, kw) >= 1, strides (sh, sw) >= 1, pads (t, l, b, r) >= 0")
-    if max(p[0], p[2]) >= k[0] or max(p[1], p[3]) >= k[1]:  # type: ignore[index]
+    if max(p[0], p[2]) >= k[0] or max(p[1], p[3]) >= k[1]:
         raise ShapeError(f"{op}: pads {p} must be smaller than the kernel {k} on each side",
                          fix="reduce the padding")
-    return tuple(k), tuple(s), tuple(p)  # type: ignore[return-value]
+    return (k[0], k[1]), (s[0], s[1]), (p[0], p[1], p[2], p[3])
 
 
 def _pool_out(op: str, x: TensorType, attrs: Attrs) -> tuple[int, int]:
@@ -515,7 +515,7 @@ def _dec_avg_pool_i8(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str,
 
 
 def _flops_pool(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:
-    kh, kw = attrs["kernel"]  # type: ignore[misc]
+    kh, kw = attr_ints(attrs, "kernel")
     return float(kh * kw) * _numel(outs[0])
 
 
@@ -543,8 +543,8 @@ def _infer_dequantize_int4(ts: Sequence[TensorType], attrs: Attrs) -> list[Tenso
     if p.rank != 2 or s.rank != 2 or not all(isinstance(d, int) for d in (*p.shape, *s.shape)):
         raise ShapeError(f"dequantize_int4: packed {p.shape} and scales {s.shape} must be static 2-D",
                          fix="packed is (N, K/2) bytes, scales (N, K/group_size)")
-    n, k2 = p.shape
-    k = 2 * k2  # type: ignore[operator]
+    n, k2 = int(p.shape[0]), int(p.shape[1])  # static: checked above
+    k = 2 * k2
     if gs < 1 or k % gs or s.shape != (n, k // gs):
         raise ShapeError(f"dequantize_int4: {k} columns in groups of {gs} need scales "
                          f"({n}, {k // max(gs, 1)}), got {s.shape}",
@@ -570,7 +570,7 @@ def _ref_dequantize_int4(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndar
 def _dec_dequantize_int4(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
     a = _attrs("dequantize_int4", attrs)
     p, s = ins
-    n, k2 = p.shape
+    n, k2 = int(p.shape[0]), int(p.shape[1])  # static: its inference has checked
     gs = int(a["group_size"])  # type: ignore[arg-type]
     p32 = g.op("cast", p, to=I32)
     hi = g.op("div", p32, g.const(16, I32))
@@ -581,7 +581,7 @@ def _dec_dequantize_int4(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[
 
     pair = g.op("concat", g.op("reshape", signed(lo), shape=(n, k2, 1)),
                 g.op("reshape", signed(hi), shape=(n, k2, 1)), axis=2)
-    k = 2 * k2  # type: ignore[operator]
+    k = 2 * k2
     q = g.op("reshape", g.op("cast", pair, to=F32), shape=(n, k // gs, gs))
     w = q * g.op("reshape", s, shape=(n, k // gs, 1))
     return [g.op("reshape", w, shape=(n, k))]
