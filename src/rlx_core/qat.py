@@ -58,16 +58,26 @@ def _infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     if tuple(out) != tuple(x.shape):
         raise ShapeError(f"fake_quant: scale {s.shape} would broadcast x {x.shape} to {out}",
                          fix="the scale must broadcast to x's shape, not enlarge it")
-    if int(attrs["qmin"]) >= int(attrs["qmax"]):  # type: ignore[call-overload]
+    qmin, qmax = _levels(attrs)
+    if qmin >= qmax:
         raise IRError(f"fake_quant: qmin {attrs['qmin']} must be below qmax {attrs['qmax']}",
                       fix="symmetric int8 is qmin=-128, qmax=127 (or -127 for a narrow range)")
     return [x]
 
 
+def _levels(attrs: Attrs) -> tuple[int, int]:
+    """``(qmin, qmax)``, ``int`` attributes (:meth:`OpSchema.check_attrs` has checked them)."""
+    qmin, qmax = attrs["qmin"], attrs["qmax"]
+    if not isinstance(qmin, int) or not isinstance(qmax, int):
+        raise IRError(f"fake_quant: qmin {qmin!r} and qmax {qmax!r} must be ints", fix="pass integer levels")
+    return qmin, qmax
+
+
 def _reference(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     x, s = (np.asarray(a, np.float64) for a in xs)
+    qmin, qmax = _levels(attrs)
     with np.errstate(all="ignore"):
-        return [np.clip(np.rint(x / s), attrs["qmin"], attrs["qmax"]) * s]
+        return [np.clip(np.rint(x / s), qmin, qmax) * s]
 
 
 def _attrs(attrs: Mapping[str, Any]) -> Attrs:
@@ -203,7 +213,7 @@ def qat_model(graph: Graph, *, weights: bool = True,
                 w = b.op(FAKE_QUANT, w, sw, qmin=qmin, qmax=qmax)
             ins = [x, w, bias]
             done.append(node.name)
-        out = b.op(node.op, *ins, **dict(node.attrs))
+        out = b.op(node.op, *ins, name=None, **dict(node.attrs))  # a fresh name; attrs never hold one
         env.update(zip(node.outputs, out if isinstance(out, tuple) else (out,)))
     if chosen is not None and (missing := sorted(chosen - set(done))):
         raise IRError(f"qat_model: {missing} are not linear nodes of graph {graph.name!r}",

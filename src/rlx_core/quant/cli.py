@@ -73,9 +73,10 @@ def quantize_command(model: str, calib: str | None, output: str, method: str, pe
     def nbytes(g: Any) -> int:
         return int(sum(np.asarray(g.weights[p.name]).nbytes for p in g.params))
 
+    ops = q.op_counts()
     info = {"model": model, "output": output, "mode": "int4 weight-only" if int4 else "int8",
             "method": None if int4 else method, "nodes_before": len(graph.nodes), "nodes_after": len(q.nodes),
-            "weight_bytes_before": nbytes(graph), "weight_bytes_after": nbytes(q), "ops": q.op_counts()}
+            "weight_bytes_before": nbytes(graph), "weight_bytes_after": nbytes(q), "ops": ops}
     if as_json:
         echo_json(info)
         return
@@ -83,4 +84,4 @@ def quantize_command(model: str, calib: str | None, output: str, method: str, pe
                f"{'' if int4 else f' (calibration {method} on {calib})'}")
     click.echo(f"  nodes {info['nodes_before']} -> {info['nodes_after']}, weights "
                f"{info['weight_bytes_before']} B -> {info['weight_bytes_after']} B")
-    click.echo("  ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(info["ops"].items())))
+    click.echo("  ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())))
