@@ -24,18 +24,18 @@ MASK_BIAS = 3
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def vexp64(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+def vexp64(x, out, ibuf, s1, s2):
     for i in range(x.shape[0]):
         out[i] = np.exp(x[i])
 
 
-def vexp_rows(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+def vexp_rows(x, out, ibuf, s1, s2):
     """exp of a row: the vectorised float32 helper, or libm for float64 (chosen at compile time)."""
     raise NotImplementedError("only callable from Numba-compiled code")
 
 
 @overload(vexp_rows)
-def _vexp_rows(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+def _vexp_rows(x, out, ibuf, s1, s2):
     # Resolved by type while compiling, so the kernel stays cacheable on disk (a function passed
     # as an argument made Numba recompile attention in every process: ~3 s on the first run).
     if x.dtype == types.float32:
@@ -44,7 +44,7 @@ def _vexp_rows(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rowmax(row):  # type: ignore[no-untyped-def]
+def _rowmax(row):
     # Eight independent running maxima: one chain would wait out the latency of every compare.
     n = row.shape[0]
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
@@ -66,7 +66,7 @@ def _rowmax(row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
-def attention_items(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):  # type: ignore[no-untyped-def]
+def attention_items(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):
     bsz, h, sq, d = q.shape
     sk = k.shape[2]
     nblk = (sq + QBLOCK - 1) // QBLOCK

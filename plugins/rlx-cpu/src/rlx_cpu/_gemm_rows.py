@@ -56,7 +56,7 @@ def _set_int(typingctx: Any, addr: Any, v: Any) -> Any:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gemm_rows(fns, ta, tb, a, lda, a_row, b, ldb, c, lo, hi):  # type: ignore[no-untyped-def]
+def gemm_rows(fns, ta, tb, a, lda, a_row, b, ldb, c, lo, hi):
     """Rows ``lo:hi`` of ``c = op(a) @ op(b)`` (float32) on this thread; ``fns`` = (sgemm,
     omp_get_max_threads, omp_set_num_threads) addresses; ``a_row``: elements from one row of
     op(a) to the next; ``ta``/``tb``: ord("N") or ord("T")."""
@@ -75,7 +75,7 @@ def gemm_rows(fns, ta, tb, a, lda, a_row, b, ldb, c, lo, hi):  # type: ignore[no
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
-def linear_rows(fns, ta, tb, x, lda, a_row, w, ldb, bias, o, lo, hi):  # type: ignore[no-untyped-def]
+def linear_rows(fns, ta, tb, x, lda, a_row, w, ldb, bias, o, lo, hi):
     """Rows ``lo:hi`` of ``o = op(x) @ op(w) + bias``: :func:`gemm_rows`, then the bias on those
     rows while they are in cache."""
     gemm_rows(fns, ta, tb, x, lda, a_row, w, ldb, o, lo, hi)

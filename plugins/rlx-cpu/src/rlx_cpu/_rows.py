@@ -11,7 +11,7 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
-def layer_norm_rows(x, g, b, o, eps, lo, hi):  # type: ignore[no-untyped-def]
+def layer_norm_rows(x, g, b, o, eps, lo, hi):
     n = x.shape[1]
     for r in range(lo, hi):
         s = 0.0

@@ -32,7 +32,7 @@ def _relax(typingctx: Any) -> Any:
 
 
 @njit(cache=True, nogil=True)
-def wait_all(counters, target, turns):  # type: ignore[no-untyped-def]
+def wait_all(counters, target, turns):
     """True once every ``counters[i] >= target``; False after ``turns`` polls."""
     for _ in range(turns):
         done = True

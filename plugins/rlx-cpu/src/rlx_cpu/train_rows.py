@@ -15,7 +15,7 @@ _FM = {"contract", "nsz"}
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def log_softmax_backward(g, y, o):  # type: ignore[no-untyped-def]
+def log_softmax_backward(g, y, o):
     """``o = g - exp(y) * sum(g, axis=-1, keepdims=True)`` over 2-D rows."""
     rows, cols = g.shape
     for r in range(rows):
@@ -27,7 +27,7 @@ def log_softmax_backward(g, y, o):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def neg_mean_rowdot(a, b, o):  # type: ignore[no-untyped-def]
+def neg_mean_rowdot(a, b, o):
     """``o[()] = mean over rows of -sum(a * b, axis=-1)`` for 2-D ``a``, ``b``."""
     rows, cols = a.shape
     s = 0.0
@@ -38,7 +38,7 @@ def neg_mean_rowdot(a, b, o):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def one_hot(labels, o):  # type: ignore[no-untyped-def]
+def one_hot(labels, o):
     """``o[r, c] = (labels[r] == c)`` (0 for a label out of range)."""
     rows, cols = o.shape
     for r in range(rows):
@@ -48,14 +48,14 @@ def one_hot(labels, o):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def relu_backward(x, v, o):  # type: ignore[no-untyped-def]
+def relu_backward(x, v, o):
     """``o = where(x > 0, v, 0)`` over flat contiguous arrays."""
     for i in range(x.shape[0]):
         o[i] = v[i] if x[i] > 0 else 0
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def log_softmax(x, o):  # type: ignore[no-untyped-def]
+def log_softmax(x, o):
     """``o = x - max - log(sum(exp(x - max)))`` over 2-D rows (``o`` may be ``x``)."""
     rows, cols = x.shape
     for r in range(rows):
@@ -73,7 +73,7 @@ def log_softmax(x, o):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def bias_relu(o, b):  # type: ignore[no-untyped-def]
+def bias_relu(o, b):
     """``o = maximum(o + b, 0)`` in place over 2-D rows (NaN stays NaN, as ``np.maximum``)."""
     rows, cols = o.shape
     for r in range(rows):

@@ -20,7 +20,7 @@ _LO = np.float32(-87.33654)
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def vexp32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+def vexp32(x, out, ibuf, s1, s2):
     n = x.shape[0]
     for i in range(n):
         v = x[i]
@@ -51,7 +51,7 @@ def vexp32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def vtanh32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+def vtanh32(x, out, ibuf, s1, s2):
     n = x.shape[0]
     arg = np.empty(n, np.float32)
     for i in range(n):
@@ -72,7 +72,7 @@ def vtanh32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
-def vsigmoid32(x, out, ibuf, s1, s2):  # type: ignore[no-untyped-def]
+def vsigmoid32(x, out, ibuf, s1, s2):
     n = x.shape[0]
     arg = np.empty(n, np.float32)
     for i in range(n):
