@@ -65,13 +65,13 @@ def _private_copy(src: str) -> tuple[str, bool]:
         return dst, True
     st = os.stat(src)
     tag = hashlib.sha256(f"{src}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    dst = d / f"rlx_openblas_{tag}.so"
-    if not verify_file(dst):
-        tmp = d / f".tmp-{dst.name}.{os.getpid()}"
+    cached = d / f"rlx_openblas_{tag}.so"
+    if not verify_file(cached):
+        tmp = d / f".tmp-{cached.name}.{os.getpid()}"
         shutil.copyfile(src, tmp)
-        if not publish_file(tmp, dst):  # the cache went away meanwhile: load the private copy
+        if not publish_file(tmp, cached):  # the cache went away meanwhile: load the private copy
             return str(tmp), True
-    return str(dst), False
+    return str(cached), False
 
 
 def _load() -> dict[str, Any]:

@@ -259,10 +259,11 @@ def _load_module(name: str, src: str, d: Path | None) -> Any:
     # anchors Numba's cache (its stamp and its __pycache__ directory).
     code = compile(src, str(path) if path is not None else f"<{name}>", "exec")
     mod.__file__ = str(path) if path is not None else f"<{name}>"
-    mod.__rlx_source__ = src  # what ran: the file may be gone (`rlx cache clear`) or never written
+    # what ran: the file may be gone (`rlx cache clear`) or never written
+    mod.__dict__["__rlx_source__"] = src
     sys.modules[name] = mod
     exec(code, mod.__dict__)
-    mod._rlx_cached = path is not None and _attach_cache(mod, path.parent)
+    mod.__dict__["_rlx_cached"] = path is not None and _attach_cache(mod, path.parent)
     return mod
 
 

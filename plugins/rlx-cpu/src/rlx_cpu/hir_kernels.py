@@ -176,8 +176,10 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     bsz, h, sq, d = q.shape
     sk = k.shape[2]
     mask = attrs["mask"]
-    scale = attrs["scale"]
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    given = attrs["scale"]
+    if given is not None and not isinstance(given, (int, float)):
+        raise TypeError(f"attention: attribute 'scale' = {given!r} is not a number")
+    scale = float(given) if given is not None else 1.0 / math.sqrt(d)
     dt = q.dtype
     scores = np.empty((bsz, h, sq, sk), dt)
     kt = k.swapaxes(-1, -2)
@@ -227,8 +229,8 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
             "bias": na.MASK_BIAS}[mask]
     keep = pad if mask == "padding" else np.ones((1, 1), np.uint8)
     # The bias as a (B, H, Sq, Sk) view (zero strides where it broadcasts); a dummy otherwise.
-    bias = np.broadcast_to(pad if mask == "bias" else np.zeros((1,) * 4, q.dtype),
-                           (bsz, h, sq, k.shape[2]) if mask == "bias" else (1,) * 4)
+    bias = (np.broadcast_to(pad, (bsz, h, sq, k.shape[2])) if mask == "bias" and pad is not None
+            else np.broadcast_to(np.zeros((1,) * 4, q.dtype), (1,) * 4))
     args = (q, k, v, keep, bias, mode, q.dtype.type(scale), q.dtype.type(neg), o)
     na.attention_items(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     # Item it writes o[b, h, block]: with whole blocks those are rows of an (items, block) view,

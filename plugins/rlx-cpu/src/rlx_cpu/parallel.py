@@ -163,9 +163,11 @@ class RowRun:
 
 
 def split_rows(fn: Callable[..., Any], n: int, args: Sequence[Any], work_elems: int,
-               chunks_per_thread: int = 4, **access: Sequence[Any]) -> RowRun:
-    """A bound :class:`RowRun` of ``fn`` over ``0:n`` rows (``access``: see :class:`RowRun`)."""
-    return RowRun(fn, n, args, work_elems, chunks_per_thread=chunks_per_thread, **access)
+               chunks_per_thread: int = 4, *, rows_in: Sequence[Any] = (), whole_in: Sequence[Any] = (),
+               rows_out: Sequence[Any] = ()) -> RowRun:
+    """A bound :class:`RowRun` of ``fn`` over ``0:n`` rows (the accessed rows: see :class:`RowRun`)."""
+    return RowRun(fn, n, args, work_elems, chunks_per_thread=chunks_per_thread, rows_in=rows_in,
+                  whole_in=whole_in, rows_out=rows_out)
 
 
 def _rows_ok(x: Any, n: int) -> bool:

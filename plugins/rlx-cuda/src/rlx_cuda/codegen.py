@@ -259,15 +259,15 @@ def plan_layouts(in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...
         return "".join(lays), [], {}
     keep = [j for j in range(r) if out_shape[j] != 1] or [r - 1]
     dims = [out_shape[j] for j in keep]
-    st = {k: [s[j] for j in keep] for k, s in strides.items()}
+    kept = {k: [s[j] for j in keep] for k, s in strides.items()}
     j = len(dims) - 2
     while j >= 0:  # merge dim j into j+1 where every broadcast input is contiguous across both
-        if all(s[j] == s[j + 1] * dims[j + 1] for s in st.values()):
+        if all(s[j] == s[j + 1] * dims[j + 1] for s in kept.values()):
             dims[j:j + 2] = [dims[j] * dims[j + 1]]
-            for s in st.values():
+            for s in kept.values():
                 s[j:j + 2] = [s[j + 1]]
         j -= 1
-    return "".join(lays), dims, st
+    return "".join(lays), dims, kept
 
 
 # -- row kernels ----------------------------------------------------------------------------------
