@@ -380,12 +380,16 @@ class _OptimTrainerMLP(RlxMLP):
         self.arch = tuple(arch)
         self.device = device
         t0 = time.perf_counter()
-        self.trainer = Trainer(mlp_graph(arch, params, batch), "loss", SGD(lr=lr, momentum=momentum),
-                               param_names(len(params)), device=device)
+        # not self.trainer: that is RlxMLP's ResidentTrainer (whose extras the result reports)
+        self.plain = Trainer(mlp_graph(arch, params, batch), "loss", SGD(lr=lr, momentum=momentum),
+                             param_names(len(params)), device=device)
         self.compile_s = time.perf_counter() - t0
 
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        return self.plain.step(x=x, y=y)
+
     def params(self) -> Params:
-        v = self.trainer.values
+        v = self.plain.values
         return [(np.array(v[f"w{k}"]), np.array(v[f"b{k}"])) for k in range(len(self.arch) - 1)]
 
 
@@ -507,6 +511,8 @@ def train_mlp(arch: str | Sequence[int] | None = None, *, batch: int | None = No
     threads = threads or default_threads()
     batch = batch or DEFAULT_BATCH[dataset]
     t_data = time.perf_counter()
+    xte: np.ndarray | None  # no test set for random images
+    yte: np.ndarray | None
     if dataset == "digits":
         xtr, ytr, xte, yte = digits_split(seed)
         if sizes[0] != xtr.shape[1] or sizes[-1] != 10:

@@ -798,7 +798,7 @@ def _corpus_safetensors() -> dict[str, bytes]:
 
     from rlx_core.formats.safetensors import write_safetensors
 
-    sets = {
+    sets: dict[str, dict[str, np.ndarray]] = {
         "floats": {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "h": np.ones(3, np.float16),
                    "b": np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16), "d": np.array(3.0)},
         "ints": {"i8": np.arange(-3, 3, dtype=np.int8), "u8": np.arange(4, dtype=np.uint8),

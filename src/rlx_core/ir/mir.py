@@ -27,7 +27,7 @@ from .ops._common import same_dtype as _same_dtype
 from .ops._common import wrap_int as _wrap_int
 from .ops.movement import slice_params  # noqa: F401  (public: rlx_core.plugin.slice_params)
 from .schema import AttrSpec, IndexInput, OpSchema, register_op
-from .types import Attrs, TensorType, broadcast_shapes, normalize_axis
+from .types import Attrs, TensorType, attr_dtype, attr_ints, broadcast_shapes, normalize_axis
 
 # -- matmul ------------------------------------------------------------------------------------
 
@@ -103,7 +103,7 @@ def _ref_scatter_add(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]
     data, idx, upd = xs
     ax = normalize_axis(attrs["axis"], data.ndim)  # type: ignore[arg-type]
     out = data.copy()
-    grids = list(np.indices(idx.shape, sparse=True))
+    grids: list[np.ndarray] = list(np.indices(idx.shape, sparse=True))
     grids[ax] = normalize_indices(idx, data.shape[ax], what="scatter_add", axis=ax)
     np.add.at(out, tuple(grids), upd)
     return [out]
@@ -124,7 +124,7 @@ def _infer_iota(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     if any(d == -1 for d in shape):
         raise ShapeError("iota shape may not contain -1", fix="give every dim")
     normalize_axis(attrs["axis"], len(shape))  # type: ignore[arg-type]
-    return [TensorType(attrs["dtype"], shape)]
+    return [TensorType(attr_dtype(attrs, "dtype"), shape)]
 
 
 def _ref_iota(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
@@ -147,12 +147,12 @@ register_op(OpSchema("iota", (), _infer_iota, _ref_iota,
 # -- conv2d and cumsum -------------------------------------------------------------------------
 
 def _conv_attrs(attrs: Attrs) -> tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int], int]:
-    s, p, d = attrs["strides"], attrs["pads"], attrs["dilations"]
-    if len(s) != 2 or len(p) != 4 or len(d) != 2 or min(s) < 1 or min(d) < 1 or min(p) < 0:  # type: ignore[arg-type]
+    s, p, d = attr_ints(attrs, "strides"), attr_ints(attrs, "pads"), attr_ints(attrs, "dilations")
+    if len(s) != 2 or len(p) != 4 or len(d) != 2 or min(s) < 1 or min(d) < 1 or min(p) < 0:
         raise ShapeError(f"conv2d strides {s}, pads {p}, dilations {d} are invalid",
                          fix="strides (sh, sw) >= 1, pads (top, left, bottom, right) >= 0, "
                              "dilations (dh, dw) >= 1")
-    return tuple(s), tuple(p), tuple(d), int(attrs["groups"])  # type: ignore[arg-type, return-value]
+    return (s[0], s[1]), (p[0], p[1], p[2], p[3]), (d[0], d[1]), int(attrs["groups"])  # type: ignore[arg-type]
 
 
 def _infer_conv2d(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:

@@ -149,6 +149,11 @@ def attr_float(attrs: Mapping[str, Any], name: str) -> float:
     return float(v)
 
 
+def attr_dtype(attrs: Mapping[str, Any], name: str) -> DType:
+    """A ``dtype`` attribute as a :class:`DType` (:meth:`DType.parse` reads any spelling of one)."""
+    return DType.parse(attrs[name])
+
+
 def attr_ints(attrs: Mapping[str, Any], name: str) -> tuple[int, ...]:
     """An ``ints`` attribute (:meth:`OpSchema.check_attrs` has checked its elements)."""
     v = attrs[name]

@@ -23,7 +23,7 @@ import numpy as np
 from ...dtypes import ALL_DTYPES, FLOAT_DTYPES, DType
 from ...errors import DTypeError
 from ..schema import AttrSpec, CaseSpec, OpSchema, register_op
-from ..types import Attrs, TensorType, broadcast_shapes
+from ..types import Attrs, TensorType, attr_dtype, broadcast_shapes
 from ._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED, check_dtypes, same_dtype, wrap_int
 
 Expr = str
@@ -391,7 +391,7 @@ register_op(OpSchema("where", ("cond", "a", "b"), _infer_where,
 
 
 def _infer_cast(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    return [TensorType(attrs["to"], ts[0].shape)]
+    return [TensorType(attr_dtype(attrs, "to"), ts[0].shape)]
 
 
 def _ref_cast(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
