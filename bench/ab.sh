@@ -4,6 +4,11 @@
 #
 #   git worktree add /tmp/before <commit>
 #   bash bench/ab.sh /tmp/before .            # A = before, B = this checkout
+#   WORKLOADS="resnet18 mlp" BATCHES="1 8" bash bench/ab.sh /tmp/before . 3
+#
+# WORKLOADS: any of minilm, resnet18, mlp (inference, `rlx bench infer`, ONNX Runtime alongside) and
+# train (`rlx bench train-mlp` 784-128-10, NumPy alongside); default "minilm train". BATCHES: the
+# inference batch sizes, default "1 8".
 #
 # Each side runs from its own sources (PYTHONPATH ahead of the editable installs of .venv) and its own
 # cache directory; results go to build/ab/<side>-<round>-<workload>.json and a table on stdout.
@@ -22,16 +27,25 @@ paths() {  # the source folders of one checkout, in the order the editable insta
   printf '%s' "$p"
 }
 
+WORKLOADS="${WORKLOADS:-minilm train}"
+BATCHES="${BATCHES:-1 8}"
+
 run_side() {  # side round
-  local side="$1" round="$2" dir
+  local side="$1" round="$2" dir w b
   [ "$side" = A ] && dir="$A" || dir="$B"
-  local cache="$OUT/cache-$side"
+  local cache="$OUT/cache-$side" bargs=()
   mkdir -p "$cache" && chmod 700 "$cache"
+  for b in $BATCHES; do bargs+=(--batch "$b"); done
   echo "== $side (round $round): $dir" >&2
-  PYTHONPATH="$(paths "$dir")" RLX_CACHE_DIR="$cache" "$PY" -m rlx_core.cli bench infer minilm \
-    --batch 1 --batch 8 --seq 128 --peers ort --json "$OUT/$side-$round-minilm.json" >/dev/null
-  PYTHONPATH="$(paths "$dir")" RLX_CACHE_DIR="$cache" "$PY" -m rlx_core.cli bench train-mlp \
-    --arch 784-128-10 --batch 128 --peers numpy --json "$OUT/$side-$round-train.json" >/dev/null
+  for w in $WORKLOADS; do
+    if [ "$w" = train ]; then
+      PYTHONPATH="$(paths "$dir")" RLX_CACHE_DIR="$cache" "$PY" -m rlx_core.cli bench train-mlp \
+        --arch 784-128-10 --batch 128 --peers numpy --json "$OUT/$side-$round-train.json" >/dev/null
+    else
+      PYTHONPATH="$(paths "$dir")" RLX_CACHE_DIR="$cache" "$PY" -m rlx_core.cli bench infer "$w" \
+        "${bargs[@]}" --peers ort --json "$OUT/$side-$round-$w.json" >/dev/null
+    fi
+  done
 }
 
 for r in $(seq 1 "$ROUNDS"); do
@@ -39,7 +53,7 @@ for r in $(seq 1 "$ROUNDS"); do
   run_side B "$r"
 done
 
-"$PY" - "$OUT" "$ROUNDS" <<'EOF'
+"$PY" - "$OUT" "$ROUNDS" "$WORKLOADS" <<'EOF'
 import json
 import statistics
 import sys
@@ -56,21 +70,27 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-print(f"{'workload':<28}{'A':>12}{'B':>12}{'B/A':>8}   yardstick (ONNX Runtime / NumPy) A, B")
-for batch in (1, 8):
-    a, b, pa, pb = [], [], [], []
-    for r in range(1, rounds + 1):
-        for side, rl, peer in (("A", a, pa), ("B", b, pb)):
-            for row in load(side, r, "minilm")["results"]:
-                if row["batch"] == batch:
-                    (rl if row["runtime"] == "rlx" else peer).append(1e3 * row["p50_s"])
-    print(f"{'MiniLM b%d p50 (ms)' % batch:<28}{med(a):>12.2f}{med(b):>12.2f}{med(b) / med(a):>8.3f}"
-          f"   {med(pa):.2f}, {med(pb):.2f}")
-a = [load("A", r, "train")["results"]["rlx"]["images_per_s"] for r in range(1, rounds + 1)]
-b = [load("B", r, "train")["results"]["rlx"]["images_per_s"] for r in range(1, rounds + 1)]
-pa = [load("A", r, "train")["results"]["numpy"]["images_per_s"] for r in range(1, rounds + 1)]
-pb = [load("B", r, "train")["results"]["numpy"]["images_per_s"] for r in range(1, rounds + 1)]
-print(f"{'MLP 784-128-10 train img/s':<28}{med(a):>12,.0f}{med(b):>12,.0f}{med(b) / med(a):>8.3f}"
-      f"   {med(pa):,.0f}, {med(pb):,.0f}")
+workloads = sys.argv[3].split()
+print(f"{'workload':<32}{'A':>12}{'B':>12}{'B/A':>8}   yardstick (ONNX Runtime / NumPy) A, B")
+for w in (w for w in workloads if w != "train"):
+    batches = sorted({row["batch"] for row in load("A", 1, w)["results"]})
+    for batch in batches:
+        a, b, pa, pb = [], [], [], []
+        for r in range(1, rounds + 1):
+            for side, rl, peer in (("A", a, pa), ("B", b, pb)):
+                for row in load(side, r, w)["results"]:
+                    if row["batch"] == batch:
+                        (rl if row["runtime"] == "rlx" else peer).append(1e3 * row["p50_s"])
+        label = f"{w} b{batch} p50 (ms)"
+        print(f"{label:<32}{med(a):>12.2f}{med(b):>12.2f}{med(b) / med(a):>8.3f}"
+              f"   {med(pa):.2f}, {med(pb):.2f}")
+if "train" in workloads:
+    runs = range(1, rounds + 1)
+    a = [load("A", r, "train")["results"]["rlx"]["images_per_s"] for r in runs]
+    b = [load("B", r, "train")["results"]["rlx"]["images_per_s"] for r in runs]
+    ra = [x / load("A", r, "train")["results"]["numpy"]["images_per_s"] for x, r in zip(a, runs)]
+    rb = [x / load("B", r, "train")["results"]["numpy"]["images_per_s"] for x, r in zip(b, runs)]
+    print(f"{'MLP 784-128-10 train img/s':<32}{med(a):>12,.0f}{med(b):>12,.0f}{med(b) / med(a):>8.3f}"
+          f"   RLX/NumPy {med(ra):.2f}, {med(rb):.2f}")
 print(f"(median of {rounds} alternating rounds; JSON in {out})")
 EOF

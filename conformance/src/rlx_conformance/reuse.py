@@ -22,10 +22,9 @@ from .checks import collect
 from .runner import keyword_filter, run_suite
 from .settings import CERT_DIR
 
-CERT_DIR_ENV = "RLX_CERT_DIR"
 #: Settings that cannot change a check's outcome: where caches and certificates live, which plugins
 #: are listed for selection (the backend is named explicitly), and reporting switches.
-NEUTRAL = frozenset({"RLX_CERT_DIR", "RLX_CACHE_DIR", "RLX_NO_CACHE", "RLX_BACKENDS", "RLX_DISABLE_PLUGINS",
+NEUTRAL = frozenset({CERT_DIR.name, "RLX_CACHE_DIR", "RLX_NO_CACHE", "RLX_BACKENDS", "RLX_DISABLE_PLUGINS",
                      "RLX_DEBUG", "RLX_DISPATCH_REPORT", "RLX_PLUGIN_IMPORT_TIMEOUT"})
 
 
