@@ -150,7 +150,7 @@ def _versions(device: str) -> dict[str, str]:
     import onnx
 
     import rlx_core
-    from rlx_core.hub import hub, parse_device
+    from rlx_core._hub import hub, parse_device
 
     out = {"onnx": onnx.__version__, "rlx-core": rlx_core.__version__, "numpy": np.__version__,
            "python": platform.python_version()}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx_core import hub as hub_module
-from rlx_core.hub import Hub, reset_hub
+from rlx_core import _hub as hub_module
+from rlx_core._hub import Hub, reset_hub
 
 _HUB_ENV = ("RLX_BACKENDS", "RLX_DISABLE_PLUGINS", "RLX_PLUGIN_IMPORT_TIMEOUT")
 

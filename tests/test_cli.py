@@ -20,7 +20,7 @@ from conftest import PluginFactory
 from rlx_core import cli as cli_module
 from rlx_core.cli import cli
 from rlx_core.errors import InputError
-from rlx_core.hub import Hub, reset_hub
+from rlx_core._hub import Hub, reset_hub
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
@@ -121,7 +121,7 @@ def test_help_runs_as_a_process_without_heavy_imports() -> None:
             cli.main(["--help"])
         except SystemExit as e:
             assert e.code == 0, e.code
-        heavy = [m for m in ("numpy", "rich", "rlx_core.ir", "rlx_core.hub", "rlx_core.runtime")
+        heavy = [m for m in ("numpy", "rich", "rlx_core.ir", "rlx_core._hub", "rlx_core.runtime")
                  if m in sys.modules]
         assert not heavy, heavy
     """)

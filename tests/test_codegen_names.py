@@ -186,7 +186,7 @@ def test_cuda_sources_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
                       host_link_bandwidth=2.5e10, source="test stand-in")
     dev = DeviceInfo("cuda", "cuda:0", True, caps, host_memory=False)
     monkeypatch.setattr(plugin, "_probe", lambda: [dev])
-    from rlx_core.hub import Hub
+    from rlx_core._hub import Hub
 
     sess = Session("cuda", hub=Hub(), use_cache=False)
     n = 0

@@ -26,7 +26,7 @@ from rlx_conformance.cases import build_case_graph, cases_for
 from rlx_conformance.certificate import Certificate, Result
 
 from rlx_core import GraphBuilder
-from rlx_core.hub import Hub
+from rlx_core._hub import Hub
 from rlx_core.ir.graph import Graph
 from rlx_core.ir.reference import evaluate
 from rlx_core.runtime import Session

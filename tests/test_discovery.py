@@ -12,7 +12,7 @@ from conftest import PluginFactory
 
 from rlx_core import GraphBuilder
 from rlx_core.errors import BackendNotFoundError, PluginConflictError, PluginError
-from rlx_core.hub import Hub
+from rlx_core._hub import Hub
 from rlx_core.runtime import Session
 
 
@@ -33,7 +33,7 @@ def test_listing_does_not_import_plugins(make_plugin: PluginFactory) -> None:
 
 
 def test_import_rlx_core_and_listing_import_no_plugin_or_numpy() -> None:
-    code = ("import sys, rlx_core, rlx_core.hub as h; names = h.Hub().names(); "
+    code = ("import sys, rlx_core, rlx_core._hub as h; names = h.Hub().names(); "
             "assert 'cpu' in names, names; "
             "bad = [m for m in ('numpy', 'rlx_cpu', 'rlx_cpu.plugin') if m in sys.modules]; "
             "assert not bad, bad")

@@ -183,7 +183,7 @@ def rlx_kernel_cost(claim, variant, caps):
     return 0.5
 '''
     make_plugin("rlx-decomp", "decomp", src)  # type: ignore[operator]
-    from rlx_core.hub import Hub
+    from rlx_core._hub import Hub
 
     g = GraphBuilder("r")
     x = g.input("x", "f32", (3,))

@@ -195,7 +195,7 @@ def test_yosys_resources_parsed_and_used_in_cost(tools: None, tmp_path: object) 
     # the kernel cost of a large matmul is capped by the DSPs the report says the part has left
     from rlx_fpga.plugin import rlx_kernel_cost
 
-    from rlx_core.hub import Hub
+    from rlx_core._hub import Hub
 
     program = lower_graph(graph)
     exe = FPGAProgram(program, parallel=2)

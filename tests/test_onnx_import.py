@@ -30,7 +30,7 @@ from rlx_core.errors import RLXError, SerializationError  # noqa: E402
 from rlx_core.frontends import onnx as onnx_frontend  # noqa: E402
 from rlx_core.frontends.dot import PATH_COLORS, to_dot  # noqa: E402
 from rlx_core.frontends.onnx import SymbolicShapeError, UnsupportedOnnxError, load_onnx  # noqa: E402
-from rlx_core.hub import Hub, reset_hub  # noqa: E402
+from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.runtime import Session  # noqa: E402
 
 F32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

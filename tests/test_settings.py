@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from rlx_core import settings
 from rlx_core.cli import cli
 from rlx_core.errors import RLXError, SettingError
-from rlx_core.hub import Hub, reset_hub
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.settings import Setting, declare
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_existing_error_types_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _entry() -> object:
-    from rlx_core.hub import PluginEntry
+    from rlx_core._hub import PluginEntry
 
     return PluginEntry("x", "x", "x", "0", entry_point=object())
 

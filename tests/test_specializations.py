@@ -17,7 +17,7 @@ import pytest
 
 from rlx_core.dtypes import DType
 from rlx_core.errors import RLXError
-from rlx_core.hub import Hub, reset_hub
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.ir.builder import GraphBuilder
 from rlx_core.ir.graph import Graph
 from rlx_core.runtime import DEFAULT_MAX_SPECIALIZATIONS, Session

@@ -74,7 +74,7 @@ def test_paired_gemms_match(monkeypatch: pytest.MonkeyPatch) -> None:
     arch = (40, 24, 12, 5)
     # The tight memory plan puts each layer's dX and dW GEMMs next to each other (with rlx-cpu's
     # default reuse distance the momentum GEMM runs where the update was instead).
-    from rlx_core.hub import reset_hub
+    from rlx_core._hub import reset_hub
 
     monkeypatch.setenv("RLX_CPU_REUSE_DISTANCE", "0")
     reset_hub()  # devices are probed once per hub

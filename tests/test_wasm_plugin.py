@@ -56,7 +56,7 @@ def _assert_certified(cert: object) -> None:
 
 
 def test_backend_is_discovered_as_whole_program() -> None:
-    from rlx_core.hub import Hub
+    from rlx_core._hub import Hub
 
     b = Hub().load("wasm")
     assert b.info.name == "wasm" and b.info.whole_program

@@ -24,7 +24,7 @@ _LAZY = {
     "Session": "rlx_core.runtime",
     "Executable": "rlx_core.runtime",
     "fastest_device": "rlx_core.cost",
-    "hub": "rlx_core.hub",
+    "hub": "rlx_core._hub",
     "load": "rlx_core.ir.serialize",
     "save": "rlx_core.ir.serialize",
     "grad": "rlx_core.autodiff",

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import numpy as np
     from rich.console import Console
 
-    from .hub import Hub
+    from ._hub import Hub
     from .ir.graph import Graph
     from .report import DispatchReport
 
@@ -606,8 +606,8 @@ def settings_report(h: Hub) -> dict[str, Any]:
     """Every declared ``RLX_*`` setting with its current value and source (what ``rlx doctor
     --settings`` prints). Plugins' settings come from their ``rlx_settings`` hook, for every installed
     plugin, selected by RLX_BACKENDS or not: one may set a plugin's variables before selecting it."""
-    from .hub import DOCTOR_IMPORT_TIMEOUT
-    from .hub import Hub as HubClass
+    from ._hub import DOCTOR_IMPORT_TIMEOUT
+    from ._hub import Hub as HubClass
 
     # A plugin named in RLX_DISABLE_PLUGINS is never imported, even here: that is what disabling is for.
     side = HubClass(env={k: v for k, v in h.env.items() if k != settings.BACKENDS.name},
@@ -688,7 +688,7 @@ def doctor(ctx: click.Context, as_json: bool, show_settings: bool) -> None:
     """
     h = hub_instance()
     if h.import_timeout is None:  # a plugin whose import hangs must not hang the diagnosis
-        from .hub import DOCTOR_IMPORT_TIMEOUT
+        from ._hub import DOCTOR_IMPORT_TIMEOUT
 
         h.import_timeout = DOCTOR_IMPORT_TIMEOUT
     if show_settings:
@@ -802,7 +802,7 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     """
     import numpy as np
 
-    from .hub import split_devices
+    from ._hub import split_devices
     from .runtime import Session
 
     files = parse_pairs(inputs, "--input", example="x=x.npy")
@@ -925,7 +925,7 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
       rlx explain model.rlx --bind batch=32 --json
       rlx explain model.onnx --dot model.dot && dot -Tsvg model.dot -o model.svg
     """
-    from .hub import split_devices
+    from ._hub import split_devices
     from .runtime import Session
 
     graph, bindings = load_command_model(model, parse_bindings(binds), require_signature=require_signature,

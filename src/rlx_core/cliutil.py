@@ -20,7 +20,7 @@ import click
 from . import settings
 
 if TYPE_CHECKING:
-    from .hub import Hub
+    from ._hub import Hub
     from .ir.graph import Graph
 
 
@@ -187,7 +187,7 @@ def load_command_model(path: str, bindings: Mapping[str, int],
 
 
 def hub_instance() -> Hub:
-    from .hub import hub
+    from ._hub import hub
 
     return hub()
 

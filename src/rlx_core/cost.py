@@ -16,7 +16,7 @@ from typing import Any
 
 from .costmodel import kernel_cost, roofline, transfer_cost
 from .errors import BackendNotFoundError, DispatchError, PluginError
-from .hub import hub as get_hub
+from ._hub import hub as get_hub
 from .ir.graph import Graph
 from .runtime import Session
 

@@ -20,7 +20,7 @@ import click
 from .errors import BackendNotFoundError, PluginConflictError, PluginError, RLXError
 
 if TYPE_CHECKING:
-    from .hub import Backend, Hub
+    from ._hub import Backend, Hub
     from .records import ExporterInfo
 
 #: Who owns the core's own command names in conflict messages.

@@ -191,9 +191,9 @@ _LAZY: dict[str, str] = {
     # running
     "Session": "rlx_core.runtime",
     "Executable": "rlx_core.runtime",
-    "Hub": "rlx_core.hub",
-    "Backend": "rlx_core.hub",
-    "parse_device": "rlx_core.hub",
+    "Hub": "rlx_core._hub",
+    "Backend": "rlx_core._hub",
+    "parse_device": "rlx_core._hub",
     # provisional demo models
     "MiniLM": "rlx_core.models.minilm",
     "split_digits": "rlx_core.quant.examples",
@@ -290,7 +290,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.fusion import decode as decode_fused
     from rlx_core.fusion import encode as encode_fused
     from rlx_core.hookspecs import hookimpl
-    from rlx_core.hub import Backend, Hub, parse_device
+    from rlx_core._hub import Backend, Hub, parse_device
     from rlx_core.ir.builder import GraphBuilder, Tensor
     from rlx_core.ir.graph import Graph, Node, Value
     from rlx_core.ir.hir import HIR_OPS, MASK_KINDS, masked_score

@@ -18,8 +18,8 @@ from .execution import DEFAULT_MAX_SPECIALIZATIONS, bind_inputs
 from .execution import SpecCache as _SpecCache
 from .execution import report_entry as _entry
 from .fusion import fuse
-from .hub import Backend, Hub, parse_device, split_devices
-from .hub import hub as get_hub
+from ._hub import Backend, Hub, parse_device, split_devices
+from ._hub import hub as get_hub
 from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
 from .lir import Program, Transfer, lower

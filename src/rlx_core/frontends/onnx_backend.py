@@ -79,7 +79,7 @@ _SESSIONS: dict[tuple[int, str, bool | None, bool | None], Any] = {}
 
 def _session(device: str, use_cache: bool | None, fusion: bool | None) -> Any:
     """One Session per (hub, device, options): its dispatcher memoises per op variant across models."""
-    from ..hub import hub
+    from .._hub import hub
     from ..runtime import Session
 
     h = hub()
@@ -319,7 +319,7 @@ class RLXBackend(_OnnxBackend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
-        from ..hub import hub, parse_device
+        from .._hub import hub, parse_device
 
         try:
             name, idx = parse_device(rlx_device(device))

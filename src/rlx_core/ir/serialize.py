@@ -129,7 +129,7 @@ def _register_optional_ops(structure: Mapping[str, Any]) -> None:
             continue
     missing = {o for o in missing if o not in REGISTRY}
     if missing:
-        from ..hub import hub as get_hub
+        from .._hub import hub as get_hub
 
         hub = get_hub()
         for name in hub.names():

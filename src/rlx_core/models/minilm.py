@@ -143,7 +143,7 @@ class MiniLM:
     # -- compiling --------------------------------------------------------------------------------
     def executable(self, device: str | None = "cpu") -> Executable | MultiDeviceExecutable:
         """The compiled graph for ``device`` (``None``: the default backend), compiled once."""
-        from ..hub import hub
+        from .._hub import hub
 
         if device is None:  # resolved now, so a changed RLX_BACKENDS (and hub) is honoured
             device = hub().default_backend()
