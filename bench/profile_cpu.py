@@ -116,8 +116,8 @@ def gemm_libraries(reps: int) -> None:
 def _bound(model: str, batch: int, seq: int, env: dict[str, str]) -> object:
     import os
 
-    from rlx_core.bench import inputs, rlx_graph
     from rlx_core._hub import reset_hub
+    from rlx_core.bench import inputs, rlx_graph
     from rlx_core.runtime import Session, bind_inputs
 
     os.environ.update(env)

@@ -18,9 +18,9 @@ from click.testing import CliRunner, Result
 from conftest import PluginFactory
 
 from rlx_core import cli as cli_module
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import cli
 from rlx_core.errors import InputError
-from rlx_core._hub import Hub, reset_hub
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers

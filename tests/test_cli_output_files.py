@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import cli, output_filenames
 from rlx_core.dtypes import DType
-from rlx_core._hub import Hub, reset_hub
 from rlx_core.ir.builder import GraphBuilder
 from rlx_core.ir.serialize import save
 

@@ -25,8 +25,8 @@ from rlx_cortexm.program import CortexMProgram
 from rlx_cortexm.targets import TARGETS, missing_reason, target
 
 from rlx_core import GraphBuilder, Session
-from rlx_core.errors import BackendNotFoundError, DispatchError
 from rlx_core._hub import Hub
+from rlx_core.errors import BackendNotFoundError, DispatchError
 from rlx_core.ir.reference import evaluate
 from rlx_core.ir.serialize import save
 from rlx_core.quant import QUANT_OPS, quantize_graph

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 from rlx_core import GraphBuilder, Session
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.dtypes import DType
 from rlx_core.errors import BackendNotFoundError
 from rlx_core.fusion import FUSED
-from rlx_core._hub import Hub, reset_hub
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "plugins" / "rlx-cuda" / "src"

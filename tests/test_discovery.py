@@ -11,8 +11,8 @@ from _plugintools import plugin_source
 from conftest import PluginFactory
 
 from rlx_core import GraphBuilder
-from rlx_core.errors import BackendNotFoundError, PluginConflictError, PluginError
 from rlx_core._hub import Hub
+from rlx_core.errors import BackendNotFoundError, PluginConflictError, PluginError
 from rlx_core.runtime import Session
 
 

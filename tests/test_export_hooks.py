@@ -17,10 +17,10 @@ from click.testing import CliRunner, Result
 from conftest import PluginFactory
 
 from rlx_core import GraphBuilder
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import cli
 from rlx_core.errors import PluginError
 from rlx_core.extensions import collect, split_target
-from rlx_core._hub import Hub, reset_hub
 from rlx_core.ir.serialize import save
 from rlx_core.records import ExporterInfo
 

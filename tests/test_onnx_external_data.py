@@ -19,9 +19,9 @@ onnx = pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.errors import SerializationError  # noqa: E402
 from rlx_core.frontends.onnx import load_onnx  # noqa: E402
-from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.runtime import Session  # noqa: E402
 
 SECRET = np.array([7.0, 7.0, 7.0, 7.0], np.float32)

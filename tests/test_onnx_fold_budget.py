@@ -22,10 +22,10 @@ ort = pytest.importorskip("onnxruntime")
 from click.testing import CliRunner  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.cli import cli  # noqa: E402
 from rlx_core.errors import RLXError  # noqa: E402
 from rlx_core.frontends.onnx import UnsupportedOnnxError, load_onnx  # noqa: E402
-from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.runtime import Session  # noqa: E402
 
 #: Peak Python-traced memory (NumPy's buffers included) an import or explain may use here; the

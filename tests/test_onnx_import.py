@@ -25,12 +25,12 @@ ort = pytest.importorskip("onnxruntime")
 from click.testing import CliRunner  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.bench import torch_resnet18  # noqa: E402
 from rlx_core.errors import RLXError, SerializationError  # noqa: E402
 from rlx_core.frontends import onnx as onnx_frontend  # noqa: E402
 from rlx_core.frontends.dot import PATH_COLORS, to_dot  # noqa: E402
 from rlx_core.frontends.onnx import SymbolicShapeError, UnsupportedOnnxError, load_onnx  # noqa: E402
-from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.runtime import Session  # noqa: E402
 
 F32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

@@ -17,8 +17,8 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from rlx_core.frontends.onnx import load_onnx  # noqa: E402
 from rlx_core._hub import Hub, reset_hub  # noqa: E402
+from rlx_core.frontends.onnx import load_onnx  # noqa: E402
 from rlx_core.runtime import Session  # noqa: E402
 
 X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7.0

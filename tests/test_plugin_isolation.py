@@ -21,9 +21,9 @@ from click.testing import CliRunner, Result
 from conftest import PluginFactory
 
 from rlx_core import GraphBuilder
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import cli
 from rlx_core.errors import BackendNotFoundError, PluginConflictError, PluginError, SerializationError
-from rlx_core._hub import Hub, reset_hub
 from rlx_core.runtime import Session
 
 

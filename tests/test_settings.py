@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from rlx_core import settings
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import cli
 from rlx_core.errors import RLXError, SettingError
-from rlx_core._hub import Hub, reset_hub
 from rlx_core.settings import Setting, declare
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.dtypes import DType
 from rlx_core.errors import RLXError
-from rlx_core._hub import Hub, reset_hub
 from rlx_core.ir.builder import GraphBuilder
 from rlx_core.ir.graph import Graph
 from rlx_core.runtime import DEFAULT_MAX_SPECIALIZATIONS, Session

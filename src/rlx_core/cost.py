@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._hub import hub as get_hub
 from .costmodel import kernel_cost, roofline, transfer_cost
 from .errors import BackendNotFoundError, DispatchError, PluginError
-from ._hub import hub as get_hub
 from .ir.graph import Graph
 from .runtime import Session
 

@@ -226,6 +226,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
+    from rlx_core._hub import Backend, Hub, parse_device
     from rlx_core.cache import (
         cache_subdir,
         publish_file,
@@ -290,7 +291,6 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.fusion import decode as decode_fused
     from rlx_core.fusion import encode as encode_fused
     from rlx_core.hookspecs import hookimpl
-    from rlx_core._hub import Backend, Hub, parse_device
     from rlx_core.ir.builder import GraphBuilder, Tensor
     from rlx_core.ir.graph import Graph, Node, Value
     from rlx_core.ir.hir import HIR_OPS, MASK_KINDS, masked_score

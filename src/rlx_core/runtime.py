@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from . import __version__, settings
+from ._hub import Backend, Hub, parse_device, split_devices
+from ._hub import hub as get_hub
 from .costmodel import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
 from .errors import BackendNotFoundError, CapabilityError, InputError, PluginError
@@ -18,8 +20,6 @@ from .execution import DEFAULT_MAX_SPECIALIZATIONS, bind_inputs
 from .execution import SpecCache as _SpecCache
 from .execution import report_entry as _entry
 from .fusion import fuse
-from ._hub import Backend, Hub, parse_device, split_devices
-from ._hub import hub as get_hub
 from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
 from .lir import Program, Transfer, lower

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from rlx_core import GraphBuilder, Session
+from rlx_core._hub import Hub, reset_hub
 from rlx_core.dtypes import DType
 from rlx_core.errors import DispatchError
-from rlx_core._hub import Hub, reset_hub
 from rlx_core.ir.reference import evaluate
 
 
