@@ -25,6 +25,8 @@ _LAZY = {
     "Executable": "rlx_core.runtime",
     "fastest_device": "rlx_core.cost",
     "hub": "rlx_core._hub",
+    "backends": "rlx_core._hub",
+    "devices": "rlx_core._hub",
     "load": "rlx_core.ir.serialize",
     "save": "rlx_core.ir.serialize",
     "grad": "rlx_core.autodiff",

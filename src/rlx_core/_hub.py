@@ -540,3 +540,65 @@ def split_devices(device: str | Sequence[str] | None) -> list[str]:
     if isinstance(device, str):
         return [d.strip() for d in device.split(",") if d.strip()]
     return list(device)
+
+
+# -- the public listing API (rlx_core.backends / rlx_core.devices) --------------------------------
+
+
+def _warn_broken(e: PluginError) -> None:
+    import warnings
+
+    # A listing must still list the healthy backends; the broken one is named, never dropped silently.
+    warnings.warn(f"{e.what} (left out of the list; fix: {e.fix or 'run `rlx doctor`'})",
+                  RuntimeWarning, stacklevel=3)
+
+
+def backends(*, from_hub: Hub | None = None) -> list[Any]:
+    """The usable backends' :class:`~rlx_core.records.BackendInfo`, in selection order.
+
+    Like ONNX Runtime's ``get_available_providers()``: every installed backend that ``RLX_BACKENDS``
+    / ``RLX_DISABLE_PLUGINS`` select and that loads (imports, speaks this plugin API). A backend that is
+    installed but broken is left out with a ``RuntimeWarning`` naming its cause; ``rlx doctor`` shows
+    the same records with a check per device. ``from_hub``: another :class:`Hub` than the process-wide one.
+    """
+    h = from_hub or hub()
+    installed = h.entries()
+    out: list[Any] = []
+    for name in h.names():
+        if name not in installed:  # named in RLX_BACKENDS but not installed: nothing to list
+            continue
+        try:
+            out.append(h.load(name).info)
+        except PluginError as e:
+            _warn_broken(e)
+    return out
+
+
+def devices(backend: str | None = None, *, include_unavailable: bool = False,
+            from_hub: Hub | None = None) -> list[Any]:
+    """Devices as :class:`~rlx_core.records.DeviceInfo` (``.name`` is what ``Session`` takes: "cuda:1").
+
+    Like ``jax.devices()``: by default the available devices of every usable backend in selection
+    order (the first is where ``Session()`` runs unless told otherwise); ``backend="cuda"``: only that
+    backend's (a backend that is not installed or broken raises, with the fix);
+    ``include_unavailable=True`` adds the devices a backend knows but cannot use, each with its
+    ``reason``.
+    """
+    h = from_hub or hub()
+    if backend is not None:
+        found = [h.load(backend)]
+    else:
+        found = []
+        for info in backends(from_hub=h):
+            found.append(h.load(info.name))
+    out: list[Any] = []
+    for b in found:
+        try:
+            devs = b.devices()
+        except PluginError as e:
+            if backend is not None:
+                raise
+            _warn_broken(e)
+            continue
+        out.extend(d for d in devs if include_unavailable or d.available)
+    return out
