@@ -323,15 +323,15 @@ _NP: dict[str, Any] = {
 
 
 def _np_erf(x: Any, a: Attrs) -> Any:
-    import scipy.special as sps
+    from .special import erf
 
-    return sps.erf(x)
+    return erf(x)
 
 
 def _np_sigmoid(x: Any, a: Attrs) -> Any:
-    import scipy.special as sps
+    from .special import expit
 
-    return sps.expit(x)
+    return expit(x)
 
 
 _NP["erf"] = _np_erf

@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import scipy.special as sps
 
 from rlx_core.plugin import Attrs, device_error, normalize_axis
+
+from . import special
 
 Run = Callable[[], None]
 Factory = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], Attrs], Run]
@@ -345,12 +346,12 @@ def k_cumsum(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
 
 def k_erf(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     x, o = ins[0], outs[0]
-    return lambda: sps.erf(x, out=o)
+    return lambda: special.erf(x, out=o)
 
 
 def k_sigmoid(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     x, o = ins[0], outs[0]
-    return lambda: sps.expit(x, out=o)
+    return lambda: special.expit(x, out=o)
 
 
 def k_sign(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
