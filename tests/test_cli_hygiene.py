@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 from _plugintools import plugin_source
+from click.testing import CliRunner, Result
 from conftest import PluginFactory
 
 import rlx_core
-from rlx_core._hub import Hub
+from rlx_core._hub import Hub, reset_hub
+from rlx_core.cli import EXIT_BROKEN_PIPE, cli
 from rlx_core.errors import BackendNotFoundError
 from rlx_core.records import BackendInfo, DeviceInfo
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("RLX_BACKENDS", "cpu")
+    monkeypatch.setenv("COLUMNS", "120")
+    reset_hub(Hub())
+    yield
+    monkeypatch.delenv("RLX_BACKENDS", raising=False)
+    reset_hub(Hub())
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="rlx")
+
+
+def _tiny_model(tmp_path: Path) -> Path:
+    g = rlx_core.GraphBuilder("tiny")
+    x = g.input("x", "f32", (4,))
+    g.output(g.relu(x + x), "y")
+    path = tmp_path / "tiny.rlx"
+    rlx_core.save(g.build(), path)
+    return path
 
 # -- item 3: rlx_core.hub() / backends() / devices() ------------------------------------------------
 
@@ -57,3 +86,51 @@ def test_devices_include_unavailable_ones_with_reason(make_plugin: PluginFactory
     assert rlx_core.devices(from_hub=h) == []
     [d] = rlx_core.devices(include_unavailable=True, from_hub=h)
     assert (d.name, d.available, d.reason) == ("absent:0", False, "unplugged")
+
+
+# -- item 6: CLI hygiene ------------------------------------------------------------------------------
+
+
+def test_python_m_rlx_core_and_a_closed_pipe_exit_quietly() -> None:
+    assert subprocess.run([sys.executable, "-m", "rlx_core", "--version"], capture_output=True,
+                          text=True, check=True).stdout.startswith("rlx ")
+    for args in (["ops"], ["ops", "--json"]):  # rich text and click.echo JSON
+        # The reader is gone before the command writes: every write fails with EPIPE, deterministically.
+        p = subprocess.Popen([sys.executable, "-m", "rlx_core", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait() == EXIT_BROKEN_PIPE, err
+        assert err == ""
+
+
+def test_run_with_an_npy_as_model_says_what_a_model_file_is(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.ones(3, np.float32))
+    r = invoke("run", str(tmp_path / "x.npy"))
+    assert r.exit_code == 1
+    assert "expected .rlx or .onnx" in r.stderr and "--input NAME=FILE.npy" in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_doctor_fails_when_every_backend_is_skipped(make_plugin: PluginFactory,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    src = plugin_source("absent").replace("available=True", "available=False, reason='unplugged'")
+    make_plugin("rlx-absent", "absent", src)
+    monkeypatch.setenv("RLX_BACKENDS", "absent")
+    reset_hub(Hub())
+    r = invoke("doctor")
+    assert r.exit_code == 2, r.output
+    assert "No usable backend" in r.stdout and "unplugged" in r.stdout
+    r = invoke("doctor", "--json")
+    assert r.exit_code == 2 and json.loads(r.stdout)["summary"]["passed"] == 0
+
+
+def test_run_reports_the_first_run_apart_from_the_steady_one(tmp_path: Path) -> None:
+    model = _tiny_model(tmp_path)
+    r = invoke("run", str(model), "--random", "--json")
+    assert r.exit_code == 0, r.output
+    seconds = json.loads(r.stdout)["seconds"]
+    assert set(seconds) == {"compile", "first_run", "run"}
+    r = invoke("run", str(model), "--random")
+    assert "first run (warm-up, JIT)" in r.stdout and "then ran in" in r.stdout

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 
 #: Exit codes shared by every command.
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+#: Exit code when the reader of stdout went away: 128 + SIGPIPE, what a shell reports for `cat`.
+EXIT_BROKEN_PIPE = 141
 
 #: Subcommands that live in other modules, imported only when invoked:
 #: ``name -> ("package.module:command_object", "one-line help shown by rlx --help")``.
@@ -166,6 +169,10 @@ class RLXGroup(click.Group):
                 raise
             click.echo("interrupted", err=True)
             raise click.exceptions.Exit(130) from None
+        except BrokenPipeError:
+            # The reader left (`rlx ops | head`): stop quietly, like other Unix tools.
+            _silence_stdout()
+            raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
         except Exception as e:
             if _debug_enabled(ctx):
                 raise
@@ -176,6 +183,15 @@ class RLXGroup(click.Group):
                                      "RLX_DEBUG=1) for the full traceback and report it"),
                         title="internal error")
             raise click.exceptions.Exit(EXIT_FAIL) from None
+
+
+def _silence_stdout() -> None:
+    # Output still buffered would raise BrokenPipeError again when Python flushes it at exit.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a real file: nothing to flush
+        pass
 
 
 def print_error(e: RLXError, *, title: str | None = None) -> None:
@@ -235,7 +251,13 @@ def console(*, stderr: bool = False) -> Console:
     c = Console(stderr=stderr, highlight=False)
     if not c.is_terminal and "COLUMNS" not in os.environ:
         c.width = 120  # piped or captured: do not wrap at rich's default of 80 columns
+    # rich would exit 1 itself; raising lets RLXGroup.invoke stop every command the same way.
+    setattr(c, "on_broken_pipe", _raise_broken_pipe)  # noqa: B010 - mypy refuses assigning a method
     return c
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError
 
 
 def fmt_rate(x: float | None, unit: str) -> str:
@@ -516,7 +538,9 @@ def doctor_report(h: Hub) -> dict[str, Any]:
                                             "entry_point": x.value} for x in eps],
                          "backend_version": None, "api_version": None, "description": None, "devices": []})
     counts = {s: sum(1 for b in backends if b["status"] == s) for s in ("PASS", "FAIL", "SKIP")}
-    code = EXIT_USAGE if not entries else EXIT_FAIL if counts["FAIL"] else EXIT_OK
+    # Installed but nothing usable (every backend skipped: no device, or none selected) is not a
+    # healthy installation: a script checking `rlx doctor` must not go on to fail at its first run.
+    code = (EXIT_FAIL if counts["FAIL"] else EXIT_USAGE if not counts["PASS"] else EXIT_OK)
     return {"core": core, "backends": backends,
             "summary": {"passed": counts["PASS"], "failed": counts["FAIL"], "skipped": counts["SKIP"],
                         "installed": len(entries)},
@@ -596,6 +620,10 @@ def _print_doctor(rep: Mapping[str, Any]) -> None:
         else:
             none = "No backend plugins are installed. Install the default one: pip install rlx-cpu"
         out.print(Text(none, style="bold red"))
+    elif not s["passed"] and not s["failed"]:
+        out.print(Text("No usable backend: every installed backend was skipped (reasons above). Select "
+                       "one that has a device here (RLX_BACKENDS), or install the default one: "
+                       "pip install rlx-cpu", style="bold red"))
     else:
         tail = f", {s['skipped']} skipped" if s["skipped"] else ""
         out.print(Text(f"{s['passed']} passed, {s['failed']} failed{tail}",
@@ -677,7 +705,8 @@ def doctor(ctx: click.Context, as_json: bool, show_settings: bool) -> None:
     the default device (a broken default backend is shown, never replaced by another one). A plugin
     whose import takes longer than RLX_PLUGIN_IMPORT_TIMEOUT seconds (default 30) fails.
 
-    Exit code: 0 when every backend passes, 1 when any fails, 2 when none is installed.
+    Exit code: 0 when every backend passes (skipped ones aside), 1 when any fails, 2 when none is
+    usable (none installed, or every one skipped).
 
     \b
     Examples:
@@ -789,7 +818,9 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     """Run an .rlx or .onnx model and print its outputs.
 
     Prints each output's shape, dtype, a preview and statistics (or JSON), and can save them.
-    An .onnx file is translated on load (dynamic dims become symbols such as batch).
+    An .onnx file is translated on load (dynamic dims become symbols such as batch). The model runs
+    twice: the first run's time (warm-up: JIT compilation, uploads) is reported apart from the
+    second, steady one.
 
     \b
     Examples:
@@ -834,8 +865,10 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     sess = Session(device)
     exe = sess.compile(graph)
     t1 = time.perf_counter()
-    outs = exe.run(feed)
+    exe.run(feed)  # the first run also pays for lazy compilation (JIT kernels, device uploads)
     t2 = time.perf_counter()
+    outs = exe.run(feed)  # steady state: what each further call costs
+    t3 = time.perf_counter()
 
     saved: dict[str, str] = {}
     if output_dir is not None:
@@ -847,7 +880,7 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     if as_json:
         echo_json({
             "model": str(model), "graph": graph.name, "device": sess.device.name,
-            "seconds": {"compile": t1 - t0, "run": t2 - t1},
+            "seconds": {"compile": t1 - t0, "first_run": t2 - t1, "run": t3 - t2},
             "inputs": {n: {"shape": list(a.shape), "dtype": str(want[n].dtype), "source": sources[n]}
                        for n, a in feed.items()},
             "outputs": {n: {"shape": list(a.shape), "dtype": _dtype_name(a), "preview": array_preview(a),
@@ -859,8 +892,9 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     from .report import fmt_seconds
 
     out = console()
-    out.print(Text(f"{graph.name} on {sess.device.name}: compiled in {fmt_seconds(t1 - t0)}, "
-                   f"ran in {fmt_seconds(t2 - t1)}", style="bold"))
+    out.print(Text(f"{graph.name} on {sess.device.name}: compiled in {fmt_seconds(t1 - t0)}, first run "
+                   f"(warm-up, JIT) {fmt_seconds(t2 - t1)}, then ran in {fmt_seconds(t3 - t2)}",
+                   style="bold"))
     for n, a in feed.items():
         out.print(Text(f"  input  {n}: {_shape_text(a)} from {sources[n]}", style="dim"))
     for n, a in outs.items():
@@ -1073,7 +1107,7 @@ def demo(ctx: click.Context, device: str | None, batch: int, seed: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from .cost import fastest_device, rank_devices
+    from .cost import choose_device, rank_devices
     from .ir.reference import evaluate
     from .report import fmt_seconds
     from .runtime import Session
@@ -1085,7 +1119,7 @@ def demo(ctx: click.Context, device: str | None, batch: int, seed: int) -> None:
     if device is None:
         h = hub_instance()
         ranked = rank_devices(graph, hub=h)
-        device = fastest_device(graph, hub=h)
+        device = choose_device(ranked, graph.name)
         t = Table(title="Device ranking (estimated time per run)", title_justify="left", show_edge=False)
         for col in ("device", "total", "kernels", "transfers", "note"):
             t.add_column(col, justify="right" if col in ("total", "kernels", "transfers") else "left")
@@ -1094,10 +1128,14 @@ def demo(ctx: click.Context, device: str | None, batch: int, seed: int) -> None:
                 t.add_row(e.device, "-", "-", "-", Text(f"cannot run: {e.error}", style="yellow"))
             else:
                 note = Text("<- chosen", style="bold green") if e.device == device else Text("")
+                if e.unreliable and e.device != device:
+                    note = Text(f"not chosen: estimate unreliable ({e.unreliable})", style="yellow")
                 t.add_row(e.device, fmt_seconds(e.seconds), fmt_seconds(e.kernels), fmt_seconds(e.transfers),
                           note)
         out.print(t)
-        why = "lowest estimated time"
+        first = next((e.device for e in ranked if e.seconds is not None), device)
+        why = "lowest estimated time" if first == device else \
+            "lowest estimated time among devices with reliable estimates"
     else:
         why = "--device"
     sess = Session(device)

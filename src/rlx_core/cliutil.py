@@ -126,9 +126,22 @@ def load_model(path: str | os.PathLike[str], **options: Any) -> Graph:
     if target is not None:
         module, _, attr = target.partition(":")
         return getattr(importlib.import_module(module), attr)(path, **options)
+    from .errors import InputError, SerializationError
     from .ir.serialize import load
 
-    return load(path)
+    suffix = Path(path).suffix.lower()
+    try:
+        return load(path)
+    except SerializationError as e:
+        if suffix == ".rlx":
+            raise
+        # Any other suffix is read as .rlx (a renamed file still loads), but when that fails the
+        # user most likely passed the wrong file (an input .npy): say what a model file is.
+        known = " or ".join([".rlx", *MODEL_IMPORTERS])
+        hint = ("; input arrays go to --input NAME=FILE.npy" if suffix in (".npy", ".npz") else "")
+        raise InputError(f"{os.fspath(path)} is not a model file: expected {known} (reading it as .rlx "
+                         f"failed: {e.what})", where=f"model {os.fspath(path)}",
+                         fix=f"pass a {known} model file as MODEL{hint}") from e
 
 
 def load_command_model(path: str, bindings: Mapping[str, int],
