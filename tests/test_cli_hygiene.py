@@ -134,3 +134,45 @@ def test_run_reports_the_first_run_apart_from_the_steady_one(tmp_path: Path) -> 
     assert set(seconds) == {"compile", "first_run", "run"}
     r = invoke("run", str(model), "--random")
     assert "first run (warm-up, JIT)" in r.stdout and "then ran in" in r.stdout
+
+
+class _Tty:
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_lines_only_on_a_terminal_and_not_quiet() -> None:
+    from rlx_core.cliutil import Progress
+
+    tty = _Tty(True)
+    with Progress(stream=tty).step("compiling for cpu"):
+        pass
+    assert tty.text.startswith("compiling for cpu ...") and tty.text.endswith("\n")
+    with pytest.raises(RuntimeError), Progress(stream=tty).step("running"):
+        raise RuntimeError("boom")
+    assert tty.text.endswith("running ... failed\n")
+    for stream, quiet in ((_Tty(False), False), (_Tty(True), True)):
+        with Progress(quiet, stream=stream).step("loading"):
+            pass
+        assert stream.text == ""
+    assert "--quiet" in invoke("embed", "--help").stdout
+
+
+def test_export_help_with_a_model_is_the_targets_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("rlx_wasm")
+    monkeypatch.setenv("RLX_BACKENDS", "cpu,wasm")
+    reset_hub(Hub())
+    model = _tiny_model(tmp_path)
+    for args in ([str(model), "--target", "wasm", "--help"], ["--help", str(model), "-t", "wasm"]):
+        r = invoke("export", *args)
+        assert r.exit_code == 0, r.output
+        assert "--no-simd" in r.stdout  # the wasm exporter's own option, not the generic help

@@ -7,11 +7,12 @@ Kept apart from :mod:`rlx_core.cli` so that modules the CLI loads (the plugin ex
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -229,3 +230,45 @@ def signature_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def bind_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option("--bind", "-b", "binds", multiple=True, metavar="SYM=N",
                         help="Size of a symbolic dimension (repeatable), e.g. --bind batch=8.")
+
+
+class Progress:
+    """Says on stderr which long step a command is in ("compiling for cpu ... 2.31 s").
+
+    Only on a terminal and without ``--quiet``: piped or captured output (scripts, CI, tests) stays
+    exactly what the command prints on stdout. One line per step, written when it starts, so a slow
+    first run (JIT) shows what it is waiting for.
+    """
+
+    def __init__(self, quiet: bool = False, stream: Any = None) -> None:
+        import sys
+
+        self.stream = sys.stderr if stream is None else stream
+        isatty = getattr(self.stream, "isatty", None)
+        self.enabled = not quiet and callable(isatty) and bool(isatty())
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        import time
+
+        from .report import fmt_seconds
+
+        self.stream.write(f"{what} ...")
+        self.stream.flush()
+        t0 = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            self.stream.write(" failed\n")  # the error itself is reported by the command
+            self.stream.flush()
+            raise
+        self.stream.write(f" {fmt_seconds(time.perf_counter() - t0)}\n")
+        self.stream.flush()
+
+
+def quiet_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--quiet", "-q", is_flag=True,
+                        help="No progress lines on stderr (they are shown only on a terminal anyway).")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import numpy as np
 
+from ..cliutil import quiet_option
 from ..errors import InputError, RLXError
 
 if TYPE_CHECKING:
@@ -245,8 +246,9 @@ def _short(s: str, n: int = 60) -> str:
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sentences per batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+@quiet_option()
 def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, batch_size: int,
-                  as_json: bool) -> None:
+                  as_json: bool, quiet: bool) -> None:
     """Embed sentences with all-MiniLM-L6-v2 (384-d, unit norm).
 
     Prints a short preview and the norm of each embedding, and with two or more sentences their
@@ -260,18 +262,25 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
       rlx embed "hello world" --device cpu
     """
     from ..cli import console
-    from ..cliutil import echo_json
+    from ..cliutil import Progress, echo_json
 
     texts = list(sentences) + (_read_sentences(file) if file is not None else [])
     if not texts:
         raise click.UsageError("give at least one sentence, or --file PATH with one sentence per line")
+    progress = Progress(quiet)
     t0 = time.perf_counter()
-    model = MiniLM.default()
+    with progress.step(f"loading {MODEL_NAME}"):
+        model = MiniLM.default()
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    vecs = model.embed(texts, device=device, batch_size=batch_size)
+    with progress.step(f"compiling for {device or 'the default device'}"):
+        exe = model.executable(device)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    # The first batch of a fresh process also compiles the JIT kernels: the slow step to explain.
+    with progress.step(f"embedding {len(texts)} sentence(s)"):
+        vecs = model.embed(texts, device=device, batch_size=batch_size)
     embed_s = time.perf_counter() - t0
-    exe = model.executable(device)
     dev = ",".join(exe.session.device_names)  # one name, or each of a multi-device session's
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     sim = vecs.astype(np.float64) @ vecs.astype(np.float64).T if len(texts) > 1 else None
@@ -279,7 +288,7 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
         data: dict[str, Any] = {
             "model": MODEL_NAME, "device": dev, "dim": int(vecs.shape[1]), "sentences": texts,
             "embeddings": vecs.astype(np.float64).tolist(), "norms": norms.tolist(),
-            "seconds": {"load": load_s, "embed": embed_s},
+            "seconds": {"load": load_s, "compile": compile_s, "embed": embed_s},
         }
         if sim is not None:
             data["similarity"] = sim.tolist()
@@ -291,7 +300,8 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
 
     con = console()
     con.print(f"[bold]{MODEL_NAME}[/] on {dev}: {len(texts)} sentence(s) -> {vecs.shape[1]}-d, "
-              f"embedded in {embed_s * 1e3:.1f} ms (model load {load_s * 1e3:.0f} ms)")
+              f"embedded in {embed_s * 1e3:.1f} ms (model load {load_s * 1e3:.0f} ms, compile "
+              f"{compile_s * 1e3:.0f} ms)")
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("#", justify="right")
     table.add_column("sentence")
