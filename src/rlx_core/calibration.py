@@ -84,7 +84,10 @@ def apply_calibration(device: Any) -> Any:
             mem_bandwidth=_rate(data.get("mem_bandwidth"), "mem_bandwidth"),
             launch_overhead=_rate(data.get("launch_overhead"), "launch_overhead", zero_ok=True),
             host_link_bandwidth=None if link is None else _rate(link, "host_link_bandwidth"),
-            source=f"calibrated {data.get('date', '?')}")
+            source=f"calibrated {data.get('date', '?')}",
+            # Measured figures replace the plugin's guesses, so its caveat goes; one stored with
+            # --force over a refusal says so and keeps auto-placement off the device.
+            unreliable=str(data.get("unreliable") or ""))
     except (ValueError, TypeError, RLXError) as e:
         return _ignored(device, p, str(e.what if isinstance(e, RLXError) else e))
     return dataclasses.replace(device, caps=caps)

@@ -1000,11 +1000,16 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("backend")
 @click.option("--quick", is_flag=True, help="Shorter, smaller benchmarks (a few seconds; less precise).")
+@click.option("--force", is_flag=True,
+              help="Store the figures even when a benchmark ran more than 4x slower than the plugin "
+                   "estimates (the device then stays out of automatic placement).")
 @json_option()
-def calibrate(backend: str, quick: bool, as_json: bool) -> None:
+def calibrate(backend: str, quick: bool, force: bool, as_json: bool) -> None:
     """Measure a backend's performance numbers and cache them.
 
-    Launch overhead, memory bandwidth and GEMM throughput per float dtype.
+    Launch overhead, memory bandwidth and GEMM throughput per float dtype. Each benchmark runs in
+    several rounds and keeps the best; one far slower than the plugin's own estimate (a busy
+    machine) is not stored without --force. The file records how each figure was measured.
 
     The cost model (device ranking, multi-device placement) then uses these numbers instead of the
     plugin's defaults. Results are stored per machine under the RLX cache directory.
@@ -1020,7 +1025,7 @@ def calibrate(backend: str, quick: bool, as_json: bool) -> None:
         raise click.BadParameter(f"{backend!r}: give a backend name (calibration measures its first "
                                  "available device)", param_hint="BACKEND")
     if as_json:
-        echo_json(run_calibration(backend, quick=quick))
+        echo_json(run_calibration(backend, quick=quick, force=force))
         return
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
@@ -1033,7 +1038,7 @@ def calibrate(backend: str, quick: bool, as_json: bool) -> None:
         def on_progress(label: str, fraction: float) -> None:
             progress.update(task, description=label, completed=max(0.0, min(1.0, fraction)))
 
-        results = run_calibration(backend, quick=quick, progress=on_progress)
+        results = run_calibration(backend, quick=quick, force=force, progress=on_progress)
         progress.update(task, description="done", completed=1.0)
     _print_calibration(results)
 
@@ -1057,6 +1062,10 @@ def _print_calibration(r: Mapping[str, Any]) -> None:
         t.add_row(f"peak {dt}", Text(f"skipped: {why}", style="yellow"))
     out = console()
     out.print(t)
+    for w in r.get("warnings", []):
+        out.print(Text(f"warning: {w}", style="yellow"))
+    if r.get("unreliable"):
+        out.print(Text(f"flagged unreliable: {r['unreliable']}", style="yellow"))
     out.print(Text(f"cached in {r.get('path')}", style="green"))
 
 

@@ -20,8 +20,8 @@ from .errors import BackendNotFoundError, DispatchError, PluginError
 from .ir.graph import Graph
 from .runtime import Session
 
-__all__ = ["DeviceEstimate", "estimate", "fastest_device", "kernel_cost", "rank_devices", "roofline",
-           "transfer_cost"]
+__all__ = ["DeviceEstimate", "choose_device", "estimate", "fastest_device", "kernel_cost", "rank_devices",
+           "roofline", "transfer_cost"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class DeviceEstimate:
     kernels: float = 0.0
     transfers: float = 0.0
     error: str = ""
+    #: The device's figures are known to be off (``DeviceCaps.unreliable``): why, or "".
+    unreliable: str = ""
 
 
 def estimate(graph: Graph, device: str, *, hub: Any = None) -> DeviceEstimate:
@@ -40,7 +42,8 @@ def estimate(graph: Graph, device: str, *, hub: Any = None) -> DeviceEstimate:
         report = sess.plan(graph)
     except (DispatchError, BackendNotFoundError, PluginError) as e:
         return DeviceEstimate(device, None, error=e.what.splitlines()[0])
-    return DeviceEstimate(device, report.total_seconds, report.kernel_seconds, report.transfer_seconds)
+    return DeviceEstimate(device, report.total_seconds, report.kernel_seconds, report.transfer_seconds,
+                          unreliable=sess.device.caps.unreliable)
 
 
 def rank_devices(graph: Graph, candidates: Sequence[str] | None = None, *, hub: Any = None
@@ -52,10 +55,21 @@ def rank_devices(graph: Graph, candidates: Sequence[str] | None = None, *, hub: 
 
 
 def fastest_device(graph: Graph, candidates: Sequence[str] | None = None, *, hub: Any = None) -> str:
-    """The available device with the lowest estimated total time, transfers included."""
-    ranked = rank_devices(graph, candidates, hub=hub)
-    if not ranked or ranked[0].seconds is None:
+    """The available device with the lowest estimated total time, transfers included.
+
+    A device whose figures are flagged unreliable (a software Vulkan device on plugin guesses, a
+    calibration stored with --force) is chosen only when no other device can run the graph: an
+    estimate known to be off must not send the first run to a device 10x slower than the next.
+    """
+    return choose_device(rank_devices(graph, candidates, hub=hub), graph.name)
+
+
+def choose_device(ranked: Sequence[DeviceEstimate], graph_name: str = "graph") -> str:
+    """The pick among ``rank_devices``' estimates (see :func:`fastest_device`)."""
+    runnable = [e for e in ranked if e.seconds is not None]
+    if not runnable:
         why = "; ".join(f"{e.device}: {e.error}" for e in ranked) or "no backends installed"
-        raise BackendNotFoundError(f"no installed backend can run graph {graph.name!r} ({why})",
+        raise BackendNotFoundError(f"no installed backend can run graph {graph_name!r} ({why})",
                                    fix="run `rlx doctor`; install rlx-cpu for the default backend")
-    return ranked[0].device
+    trusted = [e for e in runnable if not e.unreliable]
+    return (trusted or runnable)[0].device

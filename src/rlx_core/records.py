@@ -55,6 +55,10 @@ class DeviceCaps:
     #: Host<->device bandwidth in bytes/s; ``None`` when buffers live in host memory.
     host_link_bandwidth: float | None = None
     source: str = "plugin defaults"
+    #: Why these figures may be far from what the device really does (a software device, a guessed
+    #: class), or "" when they can be trusted. Automatic device choice never picks a device for a
+    #: first run on such figures; measuring them (``rlx calibrate``) clears it.
+    unreliable: str = ""
 
     def __post_init__(self) -> None:
         _need(bool(self.peak_flops) and all(v > 0 for v in self.peak_flops.values()),

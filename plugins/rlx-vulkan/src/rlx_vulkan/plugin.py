@@ -9,6 +9,7 @@ core's decompositions/rewrites or fails to compile.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rlx_core import API_VERSION
@@ -45,6 +46,23 @@ _CAPS = DeviceCaps(peak_flops={"f32": 5e10, "default": 5e10}, mem_bandwidth=1e10
                    host_link_bandwidth=1e10, source="plugin estimate (software Vulkan class)")
 
 
+def _cpu_caps(device_name: str) -> DeviceCaps:
+    """Figures for a Vulkan device of type CPU (Mesa lavapipe/llvmpipe, SwiftShader).
+
+    Its shaders run on the host's cores through LLVM, far below any GPU: measured on lavapipe (2
+    cores, untiled matmul) about 1.6 GFLOP/s per core for matmul and 0.15-0.2 GB/s per core through
+    the generic elementwise kernels, ~30 us per dispatch. Rough, so flagged unreliable: auto-placement
+    keeps a first run off it until `rlx calibrate vulkan` has measured this machine.
+    """
+    cores = os.cpu_count() or 1
+    return DeviceCaps(peak_flops={"f32": 1.5e9 * cores, "default": 1.5e9 * cores},
+                      mem_bandwidth=5e8 * cores, launch_overhead=3e-5, host_link_bandwidth=2e9,
+                      source=f"plugin estimate (software Vulkan device {device_name}, shaders on the CPU)",
+                      unreliable=f"{device_name} is a software Vulkan device (type CPU): shaders run on "
+                                 "the host CPU and the figures are rough guesses; run `rlx calibrate vulkan` "
+                                 "to measure them")
+
+
 @hookimpl
 def rlx_backend_info() -> BackendInfo:
     return BackendInfo(name="vulkan", version=__version__, api_version=API_VERSION,
@@ -71,7 +89,8 @@ def _probe() -> list[DeviceInfo]:
         return [DeviceInfo(backend="vulkan", name="vulkan:0", available=False, caps=_CAPS, host_memory=False,
                            reason="glslangValidator not found (apt-get install glslang-tools, or "
                                   "pip install rlx-vulkan[glslang])")]
-    return [DeviceInfo(backend="vulkan", name="vulkan:0", available=True, caps=_CAPS, host_memory=False,
+    caps = _cpu_caps(ctx.device_name) if ctx.device_type == ctx.vk.VK_PHYSICAL_DEVICE_TYPE_CPU else _CAPS
+    return [DeviceInfo(backend="vulkan", name="vulkan:0", available=True, caps=caps, host_memory=False,
                        details={"device": ctx.device_name, "api": ctx.api, "glslang": vk.glslang() or ""})]
 
 
