@@ -176,3 +176,18 @@ def test_export_help_with_a_model_is_the_targets_own(tmp_path: Path, monkeypatch
         r = invoke("export", *args)
         assert r.exit_code == 0, r.output
         assert "--no-simd" in r.stdout  # the wasm exporter's own option, not the generic help
+
+
+def test_cli_md_command_table_is_generated_and_current() -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("commands_doc", root / "scripts" / "commands_doc.py")
+    assert spec is not None and spec.loader is not None
+    doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc)
+    text = (root / "docs" / "CLI.md").read_text()
+    assert text == doc.render(text), "docs/CLI.md is out of date: run python scripts/commands_doc.py --write"
+    table = text[text.index(doc.BEGIN):text.index(doc.END)]
+    for name, _ in doc.commands():
+        assert f"[`rlx {name}`](#" in table, f"docs/CLI.md has no section for `rlx {name}`"
