@@ -182,3 +182,42 @@ def test_vulkan_on_a_cpu_device_declares_software_figures_flagged() -> None:
     caps = _cpu_caps("llvmpipe (LLVM 15)")
     assert "software Vulkan device" in caps.unreliable and "rlx calibrate vulkan" in caps.unreliable
     assert caps.peak_flops["f32"] < _CAPS.peak_flops["f32"] / 4 and not _CAPS.unreliable
+
+
+# -- the cost-model check (rlx_core.costmodel_check): its verdicts on scripted timings --------------
+
+def scripted_timer(*tries: tuple[float, float | None]) -> tuple[Callable[..., Timing], list[int]]:
+    """A timer whose successive tries return (best seconds, other processes' load)."""
+    calls = [0]
+
+    def timer(fn: Callable[[], Any]) -> Timing:
+        best, load = tries[min(calls[0], len(tries) - 1)]
+        calls[0] += 1
+        return Timing(best, (best, best, best), load)
+
+    return timer, calls
+
+
+@pytest.mark.parametrize(("tries", "expected", "n_tries"), [
+    ([(1.0, 0.0)], "pass", 1),
+    ([(0.2, 0.9)], "fail", 1),               # 5x faster than estimated: load cannot explain that
+    ([(9.0, 0.0), (1.5, 0.0)], "pass", 2),   # a burst of noise, gone on the retry
+    ([(9.0, 0.0)], "fail", 3),               # slow on an idle machine, every try
+    ([(9.0, 0.6)], "busy", 3),               # slow while another process held the CPUs: inconclusive
+])
+def test_the_3x_check_fails_only_on_what_noise_cannot_explain(tries: list[tuple[float, float | None]],
+                                                               expected: str, n_tries: int) -> None:
+    from rlx_core.costmodel_check import check
+
+    timer, calls = scripted_timer(*tries)
+    r = check("dev:0", "g", estimate=1.0, run=lambda: None, timer=timer, retries=2)
+    assert (r.verdict, calls[0]) == (expected, n_tries)
+    if expected == "fail":
+        assert "the estimate" in r.note and "3x allows" in r.note
+
+
+def test_the_3x_check_skips_what_cannot_run() -> None:
+    from rlx_core.costmodel_check import check, main
+
+    assert check("x:0", "g", estimate=None, run=None, timer=lambda fn: Timing(1.0, (1.0,))).verdict == "skip"
+    assert main(["cortexm", "--batch", "4"]) == 0  # cannot run the demo: skipped, not failed

@@ -1074,20 +1074,11 @@ def _print_calibration(r: Mapping[str, Any]) -> None:
 
 
 def _demo_graph(batch: int) -> Graph:
-    import numpy as np
+    # One definition: rlx_core.costmodel_check checks the cost model on these same graphs.
+    from .costmodel_check import demo_graph
 
-    from .ir.builder import GraphBuilder
-
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("rlx_demo_mlp")
-    x = g.input("x", "f32", (batch, 784))
-    w1 = g.param("w1", (rng.standard_normal((784, 128)) * math.sqrt(2 / 784)).astype(np.float32))
-    b1 = g.param("b1", (rng.standard_normal(128) * 0.01).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((128, 10)) * math.sqrt(2 / 128)).astype(np.float32))
-    b2 = g.param("b2", (rng.standard_normal(10) * 0.01).astype(np.float32))
-    h = g.relu(x @ w1 + b1)
-    g.output(g.softmax(h @ w2 + b2, axis=-1), "probs")
-    return g.build()
+    graph: Graph = demo_graph(batch)
+    return graph
 
 
 DEMO_TOLERANCE = 1e-4
