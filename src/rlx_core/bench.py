@@ -306,6 +306,7 @@ def worker(runtime: str, model: str, batch: int, seq: int, min_reps: int, min_ti
                 return m(*args)
     times = measure(fn, min_reps, min_time)
     out["p50_s"] = statistics.median(times)
+    out["p10_s"] = sorted(times)[int(0.1 * (len(times) - 1))]
     out["p90_s"] = sorted(times)[int(0.9 * (len(times) - 1))]
     out["reps"] = len(times)
     out["peak_rss_mb"] = _peak_rss_mb()
@@ -351,20 +352,28 @@ def run_one(runtime: str, model: str, batch: int, seq: int, quick: bool) -> dict
 @click.option("--peers", default="ort,torch", show_default=True, help="Comma list of ort, torch.")
 @click.option("--quick", is_flag=True, help="Fewer repetitions (for smoke tests).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write results as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Also write a chart of latency by batch per runtime (p50, p10-p90 bars): FILE.svg "
+                   "(built in) or FILE.png (needs rlx-core[plot]).")
 def bench_command(task: str, model: str, batches: tuple[int, ...], seq: int, device: str, peers: str,
-                  quick: bool, json_path: str | None) -> None:
+                  quick: bool, json_path: str | None, plot_path: str | None = None) -> None:
     """Measure RLX against ONNX Runtime and PyTorch eager on one workload, in one run.
 
     \b
     Examples:
       rlx bench infer minilm --batch 1 --batch 8 --batch 32 --seq 128
       rlx bench infer resnet18 --batch 1 --batch 8 --peers ort,torch --json out.json
+      rlx bench infer mlp --batch 1 --batch 8 --batch 128 --plot mlp.svg
     """
     from rich.console import Console
     from rich.table import Table
 
     if device != "cpu":
         raise click.UsageError("only --device cpu is benchmarked by this command so far")
+    if plot_path:  # a bad chart name fails now, not after minutes of measuring
+        from .benchplot import check_plot_path
+
+        check_plot_path(plot_path)
     con = Console()
     runtimes = ["rlx"] + [p for p in peers.split(",") if p]
     for p in runtimes:
@@ -407,6 +416,12 @@ def bench_command(task: str, model: str, batches: tuple[int, ...], seq: int, dev
             "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {platform.processor()}",
             "cpus": os.cpu_count(), "threads": _threads(), "gemm_roofline_flops": roof, "seq": seq,
             "results": rows, "cached_compile": cached}, indent=2))
+    if plot_path:
+        from .benchplot import latency_series, write_plot
+
+        title = (f"{model}{f' (seq {seq})' if model == 'minilm' else ''}, {platform.machine()} "
+                 f"x{os.cpu_count()}, threads={_threads()}")
+        con.print(f"chart: {write_plot(plot_path, latency_series(rows), title=title)}")
 
 
 def main() -> None:

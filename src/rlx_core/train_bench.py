@@ -43,6 +43,7 @@ from typing import Any
 import click
 import numpy as np
 
+from .benchplot import plot_command
 from .errors import IRError
 from .optim import ResidentTrainer
 
@@ -664,11 +665,12 @@ def _infer_command() -> click.Command:
 @click.group("bench", context_settings={"help_option_names": ["-h", "--help"]})
 def bench_group() -> None:
     """Benchmark RLX against its peers: inference (ONNX Runtime, PyTorch), MLP training (NumPy,
-    PyTorch)."""
+    PyTorch); `plot` charts saved inference results."""
 
 
 bench_group.add_command(_infer_command())
 bench_group.add_command(train_mlp_command)
+bench_group.add_command(plot_command)
 
 
 __all__ = ["DATASETS", "PEERS", "NumpyMLP", "ResidentTrainer", "RlxMLP", "TorchMLP", "bench_group",
