@@ -4,6 +4,8 @@
 #   scripts/dev.sh test   install everything incl. test plugins, run ruff, the import contract, mypy and the tests
 #   scripts/dev.sh certify  run the conformance suite on every plugin that can execute here and
 #                           write certificates to CERT_DIR (default docs/certificates)
+#   scripts/dev.sh microbench [PYTEST ARGS]  per-kernel microbenchmarks (bench/micro, pytest-benchmark),
+#                           saved under .benchmarks/ for --benchmark-compare (docs/BENCHMARKS.md)
 #   scripts/dev.sh setup  only create/refresh the environment
 # Environment: PYTHON (default python3), VENV (default .venv).
 set -euo pipefail
@@ -64,6 +66,14 @@ certify() {
 
 case "$job" in
   setup) ;;
+  microbench)
+    # Every installed plugin that can run here against NumPy and ONNX Runtime, one group per kernel;
+    # a plugin whose tools are missing (lavapipe, QEMU, Icarus: `scripts/dev.sh test` installs them)
+    # is skipped with the reason. Extra arguments go to pytest: -k matmul, --benchmark-compare, ...
+    "${PIP[@]}" pytest pytest-benchmark onnx onnxruntime
+    "$PY" -m pytest bench/micro --benchmark-only --benchmark-autosave -rs \
+      --benchmark-columns=min,median,iqr,max,rounds "${@:2}"
+    ;;
   certify) certify "${CERT_DIR:-docs/certificates}" || die "a plugin failed certification" ;;
   demo)
     log "installing the text front end (tokenizers) and the all-MiniLM-L6-v2 weights"
@@ -127,5 +137,5 @@ case "$job" in
     [ "$rc" -eq 0 ] || die "tests failed (pytest exit code $rc)"
     log "all tests passed and every CI plugin is certified"
     ;;
-  *) die "unknown job '$job' (use demo, test or setup)" ;;
+  *) die "unknown job '$job' (use demo, test, microbench or setup)" ;;
 esac
