@@ -148,7 +148,8 @@ def test_force_stores_it_flagged_and_placement_then_avoids_the_device(no_file: N
     method = data["method"]
     assert method["forced"] and method["rounds"] == 3 and set(method["benchmarks"]) == set(LABELS)
     gemm = method["benchmarks"]["gemm f32"]
-    assert gemm["contended"] and gemm["slowdown"] == pytest.approx(9.0)
+    assert gemm["contended"] and gemm["slowdown"] == pytest.approx(9.0) and gemm["tries"] == 3
+    assert method["benchmarks"]["gemm f64"]["tries"] == 1
     dev = DeviceInfo(backend="fake", name="fake:0", available=True, caps=CAPS)
     caps = apply_calibration(dev).caps
     assert caps.source.startswith("calibrated") and "--force" in caps.unreliable

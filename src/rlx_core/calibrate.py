@@ -65,11 +65,12 @@ def calibrate(backend_name: str, *, quick: bool = False, force: bool = False,
     """Measure and cache; returns the measurements. ``progress(label, fraction)`` is called per step.
 
     Each benchmark is timed in several rounds (the best call of each) and the best round is kept:
-    noise only ever slows a run. Every benchmark is compared with the plugin's own estimate for the
-    same graph; one more than ``REFUSE_FACTOR`` times slower (a busy machine, a throttled core) is
-    refused with a :class:`CalibrationError` unless ``force`` (then stored, flagged unreliable, so
-    auto-placement still avoids the device). ``timer(label, fn)`` and ``estimator(graph)`` replace
-    the clock and the plugin's estimate (tests)."""
+    noise only ever slows a run. A try that looks contended (rounds disagree, other processes use
+    the CPUs) is repeated, up to three tries. Every benchmark is compared with the plugin's own
+    estimate for the same graph; one more than ``REFUSE_FACTOR`` times slower (a busy machine, a
+    throttled core) is refused with a :class:`CalibrationError` unless ``force`` (then stored,
+    flagged unreliable, so auto-placement still avoids the device). ``timer(label, fn)`` and
+    ``estimator(graph)`` replace the clock and the plugin's estimate (tests)."""
     # No fusion: the launch-overhead chain must stay 256 kernels, not become one fused kernel.
     sess = session_factory(backend_name) if session_factory else Session(backend_name, use_cache=False,
                                                                          fusion=False)
@@ -85,10 +86,15 @@ def calibrate(backend_name: str, *, quick: bool = False, force: bool = False,
     report = progress or (lambda label, frac: None)
 
     def measure(label: str, graph: Graph, fn: Callable[[], Any]) -> float:
-        t = clock(label, fn)
+        # A contended try is timed again (twice at most) and the fastest try kept: a burst of
+        # load passes, and only what a quiet moment shows is stored.
+        t, tries = clock(label, fn), 1
+        while t.contended and tries < 3:
+            again, tries = clock(label, fn), tries + 1
+            t = again if again.best < t.best else t
         est = estimate(graph)
-        benchmarks[label] = {**t.to_json(), "estimate": est, "slowdown": None if not est else t.best / est,
-                             "how": t.describe()}
+        benchmarks[label] = {**t.to_json(), "tries": tries, "estimate": est,
+                             "slowdown": None if not est else t.best / est, "how": t.describe()}
         return t.best
 
     try:
