@@ -17,6 +17,7 @@ from _plugintools import plugin_source
 from click.testing import CliRunner, Result
 from conftest import PluginFactory
 
+import rlx_core
 from rlx_core import cli as cli_module
 from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import cli
@@ -188,10 +189,10 @@ def test_doctor_json(runner: CliRunner) -> None:
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["exit_code"] == 0
-    assert rep["core"]["api_version"] == "1.0" and rep["core"]["numpy"] == np.__version__
+    assert rep["core"]["api_version"] == rlx_core.API_VERSION and rep["core"]["numpy"] == np.__version__
     assert rep["core"]["env"]["RLX_BACKENDS"] == "cpu"
     (cpu,) = [b for b in rep["backends"] if b["name"] == "cpu"]
-    assert cpu["status"] == "PASS" and cpu["api_version"] == "1.0"
+    assert cpu["status"] == "PASS" and cpu["api_version"] == rlx_core.API_VERSION
     assert cpu["distributions"][0]["name"] == "rlx-cpu"
     dev = cpu["devices"][0]
     assert dev["name"] == "cpu:0" and dev["available"] is True and dev["caps_source"]
@@ -466,8 +467,8 @@ def test_calibrate_quick_writes_the_cache_file(runner: CliRunner, tmp_path: Path
     assert len(files) == 1
     data = json.loads(files[0].read_text())
     assert data["backend"] == "cpu" and data["mem_bandwidth"] > 0 and data["peak_flops"]["f32"] > 0
-    assert "launch overhead" in r.stdout and "memory bandwidth" in r.stdout and str(files[0]) in r.stdout
     assert data["method"]["rounds"] == 3 and data["method"]["benchmarks"]["gemm f32"]["best"] > 0
+    assert "launch overhead" in r.stdout and "memory bandwidth" in r.stdout and str(files[0]) in r.stdout
     info = json.loads(invoke(runner, "cache", "info", "--json").stdout)
     assert [c["backend"] for c in info["calibration"]] == ["cpu"]
     r = invoke(runner, "cache", "clear", "--calibration")

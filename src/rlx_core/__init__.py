@@ -10,7 +10,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 #: The plugin API version. A plugin whose major differs is refused with a clear message.
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 _LAZY = {
     "DType": "rlx_core.dtypes",

@@ -23,6 +23,7 @@ from .errors import IRError
 from .ir.graph import Graph, Node
 from .ir.schema import REGISTRY, AttrSpec, OpSchema, register_op
 from .ir.types import Attrs, TensorType
+from .records import FusionRule, Region
 
 FUSED = "fused_elementwise"
 
@@ -172,26 +173,26 @@ def fuse_group(graph: Graph, group: Sequence[Node]) -> Node:
                 Attrs({"program": encode(ops, names[sink.outputs[0]])}))
 
 
+def find_elementwise(graph: Graph) -> list[Region]:
+    """The elementwise rule: one region per maximal fusible chain, replaced by one fused node."""
+    return [Region(tuple(n.name for n in grp), (fuse_group(graph, grp),))
+            for grp in elementwise_groups(graph)]
+
+
+#: Chains of elementwise ops, after legalization (so decomposed HIR ops fuse too).
+ELEMENTWISE = FusionRule("elementwise", find_elementwise, stage="legal", provider="rlx_core",
+                         doc="chains of elementwise ops with one shape become one fused_elementwise node")
+
+
 def fuse(graph: Graph, accept: Callable[[Graph, Node], bool] | None = None) -> tuple[Graph, list[list[str]]]:
     """Return the graph with fusible groups replaced, and the fused groups (node names).
 
     ``accept(graph, fused_node)`` decides per group (e.g. "the backend runs it natively");
-    ``None`` accepts every group.
+    ``None`` accepts every group. The session applies the same rule through
+    :mod:`rlx_core.regions`, with the backend's claims deciding.
     """
-    groups = elementwise_groups(graph)
-    if not groups:
-        return graph, []
-    replace: dict[str, Node] = {}
-    drop: set[str] = set()
-    done: list[list[str]] = []
-    for grp in groups:
-        node = fuse_group(graph, grp)
-        if accept is not None and not accept(graph, node):
-            continue
-        replace[grp[-1].name] = node
-        drop.update(n.name for n in grp[:-1])
-        done.append([n.name for n in grp])
-    if not done:
-        return graph, []
-    nodes = tuple(replace.get(n.name, n) for n in graph.nodes if n.name not in drop)
-    return Graph(graph.name, graph.inputs, graph.params, nodes, graph.outputs, dict(graph.weights)), done
+    from . import regions
+
+    new, taken = regions.apply(graph, [ELEMENTWISE], "legal",
+                               lambda n, ins, outs: accept is None or accept(graph, n))
+    return new, regions.groups(taken, graph)

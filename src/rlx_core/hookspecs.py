@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the records and IR types, for type checkers only: importing
         DeviceCaps,
         DeviceInfo,
         ExporterInfo,
+        FusionRule,
         KernelClaim,
         NodeVariant,
         Rewrite,
@@ -124,6 +125,23 @@ def rlx_rewrites() -> Sequence[Rewrite]:
     """Return :class:`~rlx_core.records.Rewrite` records: legal changes of a node (``rewritten``).
 
     Example: compute an f16 node in f32 between two casts when the device has no f16 kernel.
+    """
+
+
+@hookspec
+def rlx_fusion_rules() -> Sequence[FusionRule]:
+    """Return :class:`~rlx_core.records.FusionRule` records: patterns that propose regions to fuse.
+
+    A rule's ``find(graph)`` returns :class:`~rlx_core.records.Region` s (nodes, and the fewer
+    nodes replacing them); a region is applied only where this backend claims its replacement
+    natively (ONNX Runtime's GetCapability, answered by your kernel claims), so a rule never makes
+    a graph illegal. Your rules are tried before the core's (elementwise chains, attention).
+
+    Example::
+
+        @hookimpl
+        def rlx_fusion_rules():
+            return [FusionRule("acme.gemm_bias", find=find_gemm_bias, stage="graph")]
     """
 
 

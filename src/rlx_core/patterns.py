@@ -23,6 +23,7 @@ import numpy as np
 
 from .ir.graph import Graph, Node
 from .ir.types import Attrs, attr_ints
+from .records import FusionRule, Region
 
 Accept = Callable[[Graph, Node], bool]
 
@@ -34,9 +35,9 @@ def _scalar_param(g: Graph, name: str) -> float | None:
     return float(a.reshape(())) if a.size == 1 else None
 
 
-def fuse_attention(g: Graph, accept: Accept | None = None) -> tuple[Graph, list[list[str]]]:
-    """``(graph, groups)``: the rewritten graph and, per new attention node, the node names it
-    replaced (for the dispatch report)."""
+def find_attention(g: Graph) -> list[Region]:
+    """One region per attention chain: the chain's nodes, replaced by an ``attention`` node (and
+    the keys' transpose it needs); the backend must claim the attention node natively."""
     prod = g.producers
     cons = g.consumers
     outs = set(g.outputs)
@@ -44,9 +45,8 @@ def fuse_attention(g: Graph, accept: Accept | None = None) -> tuple[Graph, list[
     def only_into(v: str, n: Node) -> bool:
         return v not in outs and [c.name for c in cons.get(v, ())] == [n.name]
 
-    replace: dict[str, list[Node]] = {}  # name of the final matmul -> new nodes
-    dropped: set[str] = set()
-    groups: list[list[str]] = []
+    regions: list[Region] = []
+    taken: set[str] = set()
     for sm in g.nodes:
         if sm.op != "softmax" or sm.attrs.get("axis") not in (-1, g.types[sm.inputs[0]].rank - 1):
             continue
@@ -119,30 +119,29 @@ def fuse_attention(g: Graph, accept: Accept | None = None) -> tuple[Graph, list[
         att = Node(f"{base}/attention", "attention", ins, pv.outputs,
                    Attrs({"mask": "none" if bias is None else "bias", "scale": float(scale), "window": None}))
         new.append(att)
-        if accept is not None:
-            try:
-                trial = _rebuild(g, {pv.name: new}, {c.name for c in chain if c is not pv})
-            except Exception:
-                continue
-            if not accept(trial, trial.node(att.name)):
-                continue
-        replace[pv.name] = new
-        dropped.update(c.name for c in chain if c is not pv)
-        order = {nd.name: i for i, nd in enumerate(g.nodes)}
-        groups.append(sorted((c.name for c in chain), key=order.__getitem__))
-    if not replace:
-        return g, []
-    return _rebuild(g, replace, dropped), groups
+        members = tuple(c.name for c in chain)
+        if taken.intersection(members):
+            continue
+        taken.update(members)
+        regions.append(Region(members, tuple(new), claim=(att.name,)))
+    return regions
 
 
-def _rebuild(g: Graph, replace: dict[str, list[Node]], dropped: set[str]) -> Graph:
-    nodes: list[Node] = []
-    for n in g.nodes:
-        if n.name in replace:
-            nodes.extend(replace[n.name])
-        elif n.name not in dropped:
-            nodes.append(n)
-    return Graph(g.name, g.inputs, g.params, tuple(nodes), g.outputs, g.weights)
+#: Attention written out as primitives, before legalization.
+ATTENTION = FusionRule("attention", find_attention, stage="graph", provider="rlx_core",
+                       doc="softmax(q k^T * scale [+ bias]) v becomes one attention node")
 
 
-__all__ = ["fuse_attention"]
+def fuse_attention(g: Graph, accept: Accept | None = None) -> tuple[Graph, list[list[str]]]:
+    """``(graph, groups)``: the rewritten graph and, per new attention node, the node names it
+    replaced (for the dispatch report). ``accept(graph, attention_node)`` decides per chain."""
+    from . import regions
+
+    def claims(n: Node, ins: object, outs: object) -> bool:
+        return accept is None or accept(g, n)
+
+    new, taken = regions.apply(g, [ATTENTION], "graph", claims)
+    return new, regions.groups(taken, g)
+
+
+__all__ = ["ATTENTION", "find_attention", "fuse_attention"]

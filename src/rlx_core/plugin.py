@@ -18,7 +18,8 @@ What is here, by role:
 * hooks and records: ``hookimpl``; ``BackendInfo``, ``DeviceInfo``, ``DeviceCaps``, ``KernelClaim``,
   ``NodeVariant``, ``Decomposition``, ``Rewrite``, ``CompiledProgram`` (what ``rlx_compile`` returns),
   ``BufferBinding`` (the optional capability of a compiled program that resident training needs),
-  ``ExporterInfo`` (an ``rlx export`` target, hook ``rlx_exporters``);
+  ``ExporterInfo`` (an ``rlx export`` target, hook ``rlx_exporters``); ``FusionRule`` and ``Region``
+  (patterns proposing regions a backend claims, hook ``rlx_fusion_rules``; since 1.1);
 * IR: ``Graph``, ``Node``, ``Value``, ``GraphBuilder``, ``Tensor``, ``TensorType``, ``Dim``,
   ``Attrs``, ``DType``, ``OpSchema``, ``AttrSpec``, ``REQUIRED`` (an attribute's default when it has
   none), ``REGISTRY``, ``register_op``, ``get_op``, ``HIR_OPS`` (the core's HIR ops),
@@ -79,6 +80,8 @@ _LAZY: dict[str, str] = {
     "CompiledProgram": "rlx_core.records",
     "BufferBinding": "rlx_core.records",
     "ExporterInfo": "rlx_core.records",
+    "FusionRule": "rlx_core.records",
+    "Region": "rlx_core.records",
     # IR
     "DType": "rlx_core.dtypes",
     "Graph": "rlx_core.ir.graph",
@@ -222,7 +225,7 @@ __all__ = [
     "single_op_program", "program_of", "render_check", "check_ops", "renders", "dtypes_in", "all_of",
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
-    "BufferBinding", "CapabilityError",
+    "BufferBinding", "CapabilityError", "FusionRule", "Region",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -313,8 +316,10 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         DeviceCaps,
         DeviceInfo,
         ExporterInfo,
+        FusionRule,
         KernelClaim,
         NodeVariant,
+        Region,
         Rewrite,
     )
     from rlx_core.runtime import Executable, Session

@@ -197,6 +197,58 @@ class Rewrite:
     provider: str = ""
 
 
+@dataclass(frozen=True)
+class Region:
+    """Nodes of a graph (``members``, by name) and the fewer ``nodes`` that may replace them.
+
+    The replacement must produce every member output that is read outside the region (under the
+    same value names) and reads only values defined before the region's last member. ``claim``
+    names the replacement nodes the backend must run natively for the region to be taken
+    (``None``: all of them); the others (a transpose the new node needs) are dispatched as usual.
+    """
+
+    members: tuple[str, ...]
+    nodes: tuple[Any, ...]
+    claim: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", tuple(self.members))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        _need(len(self.members) >= 1 and len(set(self.members)) == len(self.members),
+              f"region members {self.members!r} are empty or repeated", "name each replaced node once")
+        _need(len(self.nodes) >= 1, f"region over {self.members!r} has no replacement nodes",
+              "give the nodes that replace the region")
+        if self.claim is not None:
+            object.__setattr__(self, "claim", tuple(self.claim))
+            names = {getattr(n, "name", None) for n in self.nodes}
+            _need(set(self.claim) <= names, f"region claim {self.claim!r} names nodes it does not add",
+                  "claim only replacement nodes")
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    """A pattern that proposes :class:`Region` s (hook ``rlx_fusion_rules``; see :mod:`rlx_core.regions`).
+
+    ``find(graph)`` returns candidate regions in preference order; the backend takes those whose
+    replacement it claims natively. ``stage`` is ``"graph"`` (the graph as built) or ``"legal"``
+    (after legalization, when decomposed HIR ops are primitives too).
+    """
+
+    name: str
+    find: Callable[[Any], Any]
+    stage: str = "legal"
+    doc: str = ""
+    provider: str = ""
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.name, str) and bool(self.name), "a fusion rule needs a name",
+              "name it after the pattern, prefixed by the vendor ('acme.gemm_bias')")
+        _need(self.stage in ("graph", "legal"), f"fusion rule {self.name!r}: stage {self.stage!r} is unknown",
+              "use stage='graph' or stage='legal'")
+        _need(callable(self.find), f"fusion rule {self.name!r}: find is not callable",
+              "pass find=function(graph) -> list[Region]")
+
+
 @runtime_checkable
 class CompiledProgram(Protocol):
     """What ``rlx_compile`` returns: runs the whole program on host NumPy arrays."""

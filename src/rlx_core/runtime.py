@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,16 +16,15 @@ from ._hub import Backend, Hub, parse_device, split_devices
 from ._hub import hub as get_hub
 from .costmodel import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
-from .errors import BackendNotFoundError, CapabilityError, InputError, PluginError
+from .errors import BackendNotFoundError, CapabilityError, DispatchError, InputError, PluginError
 from .execution import DEFAULT_MAX_SPECIALIZATIONS, bind_inputs
 from .execution import SpecCache as _SpecCache
 from .execution import report_entry as _entry
-from .fusion import fuse
 from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
 from .lir import Program, Transfer, lower
 from .placement import MultiDeviceExecutable, place
-from .records import BufferBinding, KernelClaim, NodeVariant
+from .records import BufferBinding, FusionRule, KernelClaim, NodeVariant
 from .report import DispatchReport, TransferEntry
 
 
@@ -91,6 +91,15 @@ class Session:
                 rewrites=rewrites + self.hub.core_rewrites())
         return self._dispatchers[device.name]
 
+    def fusion_rules(self, backend: Backend) -> list[FusionRule]:
+        """The backend's own fusion rules first (more specific), then the core's."""
+        from .fusion import ELEMENTWISE
+        from .patterns import ATTENTION
+
+        own = [r if r.provider else replace(r, provider=backend.name)
+               for r in backend.list_of("rlx_fusion_rules", FusionRule)]
+        return [*own, ATTENTION, ELEMENTWISE]
+
     # -- planning --------------------------------------------------------------------------------
     def legalize(self, graph: Graph) -> tuple[Legalized, bool]:
         """Fold constants, fuse, then legalize for the session's (first) device, through the on-disk
@@ -105,16 +114,18 @@ class Session:
             if hit is not None:
                 return hit, True
         disp = self.dispatcher(backend, device)
-        att_groups: list[list[str]] = []
-        if self.fusion:
-            from .patterns import fuse_attention
+        early: list[list[str]] = []
+        rules = self.fusion_rules(backend) if self.fusion else []
+        if rules:
+            from . import regions
 
-            graph, att_groups = fuse_attention(
-                graph, accept=lambda g, n: _native_plan(disp, g, n) is not None)
+            before = graph
+            graph, taken = regions.apply(graph, rules, "graph", _claims(disp))
+            early = regions.groups(taken, before)
         legal = legalize(graph, disp)
-        if self.fusion:
-            legal = _fuse_legalized(legal, disp)
-            legal.extra["fused"] = [*att_groups, *legal.extra.get("fused", [])]
+        if rules:
+            legal = _fuse_legalized(legal, disp, rules)
+            legal.extra["fused"] = [*early, *legal.extra.get("fused", [])]
         if self.cache is not None:
             self.cache.store(graph, backend, device, legal, variant)
         return legal, False
@@ -241,26 +252,45 @@ def _native_plan(disp: Dispatcher, graph: Graph, node: Any) -> Plan | None:
     return p if isinstance(p, Plan) and p.kind == "native" else None
 
 
-def _fuse_legalized(legal: Legalized, disp: Dispatcher) -> Legalized:
-    """Fuse elementwise chains of the *legalized* graph (so decomposed HIR ops fuse too) wherever
-    the backend runs the fused variant natively; kernels are re-attributed to original nodes."""
-    from .dispatch import Assignment
-    from .fusion import FUSED
+def _claims(disp: Dispatcher) -> Any:
+    """The backend's answer to "do you take this region": it runs the node natively."""
 
-    fused_graph, groups = fuse(legal.graph, accept=lambda g, n: _native_plan(disp, g, n) is not None)
-    legal.extra["fused"] = groups
-    if not groups:
+    def claims(node: Any, ins: Any, outs: Any) -> bool:
+        p = disp.plan(NodeVariant(node.op, tuple(ins), tuple(outs), node.attrs))
+        return isinstance(p, Plan) and p.kind == "native"
+
+    return claims
+
+
+def _fuse_legalized(legal: Legalized, disp: Dispatcher, rules: list[FusionRule]) -> Legalized:
+    """Apply the ``legal``-stage rules to the *legalized* graph (so decomposed HIR ops fuse too)
+    where the backend claims the regions; kernels are re-attributed to the original nodes."""
+    from . import regions
+    from .dispatch import Assignment
+
+    fused_graph, taken = regions.apply(legal.graph, rules, "legal", _claims(disp))
+    legal.extra["fused"] = regions.groups(taken, legal.graph)
+    if not taken:
         legal.extra["kernels"] = _kernels_by_origin(legal)
         return legal
-    members = {grp[-1]: grp for grp in groups}
+    pos = {n.name: i for i, n in enumerate(legal.graph.nodes)}
+    made: dict[str, list[str]] = {}  # new node name -> the replaced nodes
+    for t in taken:
+        for n in t.region.nodes:
+            made[n.name] = sorted(t.region.members, key=pos.__getitem__)
     assignments: dict[str, Assignment] = {}
     for node in fused_graph.nodes:
-        if node.op == FUSED and node.name in members:
+        if node.name in made:
+            members = made[node.name]
             plan = _native_plan(disp, fused_graph, node)
-            assert plan is not None and plan.claim is not None
-            origins = list(dict.fromkeys(legal.assignments[m].origin for m in members[node.name]))
-            a = legal.assignments[node.name]
-            assignments[node.name] = Assignment(plan.claim, a.origin, a.path)
+            claim = plan.claim if plan is not None else None
+            if claim is None:
+                raise DispatchError(f"fusion made node {node.name!r} ({node.op}) that the backend no longer "
+                                    "resolves to one kernel", where=f"graph {legal.graph.name!r}",
+                                    fix="report this; RLX_FUSION=0 compiles without fusion")
+            origins = list(dict.fromkeys(legal.assignments[m].origin for m in members))
+            a = legal.assignments[members[-1]]
+            assignments[node.name] = Assignment(claim, a.origin, a.path)
             legal.extra.setdefault("fused_origins", {})[node.name] = origins
         else:
             assignments[node.name] = legal.assignments[node.name]
