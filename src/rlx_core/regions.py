@@ -79,6 +79,10 @@ def _types(region: Region, known: Mapping[str, TensorType]) -> dict[str, TensorT
     for n in region.nodes:
         if n.op not in REGISTRY:
             return None
+        if all(o in known for o in n.outputs) and all(i in known or i in types for i in n.inputs):
+            # A value keeps its type (checked after the rebuild): no inference needed to ask.
+            types.update((o, known[o]) for o in n.outputs)
+            continue
         try:
             ins = [types[i] if i in types else known[i] for i in n.inputs]
             outs = infer_node(REGISTRY.get(n.op), n, ins)
@@ -135,7 +139,15 @@ def apply(graph: Graph, rules: Sequence[FusionRule], stage: str, claims: Claims)
             taken.append(Taken(rule.name, region))
     if not taken:
         return graph, []
-    return rebuild(graph, [t.region for t in taken]), taken
+    new = rebuild(graph, [t.region for t in taken])
+    for t in taken:
+        for n in t.region.nodes:
+            for o in n.outputs:
+                if o in graph.types and new.types[o] != graph.types[o]:
+                    raise PluginError(f"region replacing {t.region.members} changes the type of {o!r} from "
+                                      f"{graph.types[o]} to {new.types[o]}", where=f"fusion rule {t.rule!r}",
+                                      fix="a replacement must produce each value with its original type")
+    return new, taken
 
 
 def rebuild(graph: Graph, regions: Sequence[Region]) -> Graph:
