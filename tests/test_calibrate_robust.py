@@ -155,6 +155,21 @@ def test_force_stores_it_flagged_and_placement_then_avoids_the_device(no_file: N
     assert caps.source.startswith("calibrated") and "--force" in caps.unreliable
 
 
+def test_a_busy_calibration_of_a_self_distrusting_plugin_stays_flagged(no_file: None) -> None:
+    def timer(label: str, fn: Callable[[], Any]) -> Timing:
+        return Timing(1e-3, (1e-3,) * 3, 0.9)
+
+    rough = DeviceCaps(peak_flops={"f32": 1e9}, mem_bandwidth=1e9, launch_overhead=1e-5, unreliable="guess")
+
+    def session(b: str) -> FakeSession:
+        sess = FakeSession()
+        sess.device.caps = rough
+        return sess
+
+    r = calibrate("fake", quick=True, session_factory=session, timer=timer)
+    assert "machine was busy" in r["unreliable"] and not r["method"]["plugin_estimate_trusted"]
+
+
 def test_a_clean_calibration_is_stored_and_clears_the_plugins_caveat(no_file: None) -> None:
     r = fake_calibrate({})
     assert r["path"] and not r.get("unreliable") and r["warnings"] == []
@@ -163,6 +178,38 @@ def test_a_clean_calibration_is_stored_and_clears_the_plugins_caveat(no_file: No
     dev = DeviceInfo(backend="fake", name="fake:0", available=True, caps=rough)
     caps = apply_calibration(dev).caps
     assert caps.unreliable == "" and caps.peak_flops["f32"] == pytest.approx(2 * 256**3 / 1e-3)
+
+
+def test_a_device_with_its_own_memory_is_calibrated_from_kernel_chains(no_file: None) -> None:
+    # one kernel: 1 ms, nearly all of it the host link; a chain of 4: 1.3 ms -> 0.1 ms a kernel
+    class Discrete(FakeSession):
+        def __init__(self) -> None:
+            self.device = SimpleNamespace(name="fake:0", caps=CAPS, host_memory=False)
+
+    def timer(label: str, fn: Callable[[], Any]) -> Timing:
+        best = 1.3e-3 if "chain of 4" in label else 1e-3
+        return Timing(best, (best,) * 3, 0.0)
+
+    r = calibrate("fake", quick=True, session_factory=lambda b: Discrete(), timer=timer,
+                  estimator=lambda g: 1e-3)
+    assert r["mem_bandwidth"] == pytest.approx(12 * (1 << 22) / 1e-4)
+    assert r["peak_flops"]["f32"] == pytest.approx(2 * 256**3 / 1e-4)
+    assert "gemm f32 (chain of 4)" in r["method"]["benchmarks"]
+
+
+def test_kernels_hidden_by_the_host_link_keep_the_plugins_figures(no_file: None) -> None:
+    class Discrete(FakeSession):
+        def __init__(self) -> None:
+            self.device = SimpleNamespace(name="fake:0", caps=CAPS, host_memory=False)
+
+    def timer(label: str, fn: Callable[[], Any]) -> Timing:  # 4 kernels add 5%: the link's noise
+        best = 1.05e-3 if "chain of 4" in label else 1e-3
+        return Timing(best, (best,) * 3, 0.0)
+
+    r = calibrate("fake", quick=True, session_factory=lambda b: Discrete(), timer=timer,
+                  estimator=lambda g: 1e-3)
+    assert r["mem_bandwidth"] == CAPS.mem_bandwidth and r["peak_flops"]["f32"] == CAPS.peak_flops["f32"]
+    assert any("host link takes nearly all of the time" in w for w in r["warnings"])
 
 
 # -- choosing a device ------------------------------------------------------------------------------
