@@ -113,3 +113,20 @@ def test_attention_kernel_loads_from_disk_cache_in_a_second_process(tmp_path: ob
         assert r.returncode == 0, r.stderr
         stats.append(tuple(int(v) for v in r.stdout.split()))
     assert stats[0] == (0, 1) and stats[1] == (1, 0), stats
+
+
+@pytest.mark.parametrize("seq", [6, 128])
+def test_attention_value_head_size_differs(seq: int) -> None:
+    """v may have another head size than q/k (ONNX Attention, FlexAttention): the Numba kernel
+    once wrote only q's head size of each output row (wrong numbers, no error)."""
+    b, h, d, dv = 2, 2, 6, 32
+    g = GraphBuilder("attn_dv")
+    q = g.input("q", "f32", (b, h, seq, d))
+    k = g.input("k", "f32", (b, h, seq, d))
+    v = g.input("v", "f32", (b, h, seq, dv))
+    g.output(g.attention(q, k, v), "y")
+    feed = {"q": RNG.standard_normal((b, h, seq, d)).astype(np.float32),
+            "k": RNG.standard_normal((b, h, seq, d)).astype(np.float32),
+            "v": RNG.standard_normal((b, h, seq, dv)).astype(np.float32)}
+    got, want, _ = _run(g.build(), feed)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)

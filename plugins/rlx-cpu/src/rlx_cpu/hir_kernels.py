@@ -193,8 +193,10 @@ def k_attention(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: At
     elif mask == "padding":
         pm = ins[3]
         keep_src = pm
+    # The Numba kernel writes q's head size per output row, so v with another head size (as
+    # ONNX FlexAttention/Attention allow) takes the NumPy path.
     if (dt in (np.float32, np.float64) and mask in ("none", "causal", "padding", "bias")
-            and all(x.flags.c_contiguous for x in (q, k, v, o))):
+            and v.shape[-1] == d and all(x.flags.c_contiguous for x in (q, k, v, o))):
         return _attention_numba(q, k, v, o, mask, ins[3] if mask in ("padding", "bias") else None,
                                 scale, neg)
     qs = np.empty_like(q)
