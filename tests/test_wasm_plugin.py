@@ -297,3 +297,33 @@ def test_export_minilm_under_node(minilm: object, tmp_path: Path) -> None:
     cos = float(got @ want / np.linalg.norm(got) / np.linalg.norm(want))
     print(f"\nMiniLM exported, Node.js vs rlx-cpu cosine: {cos}")
     assert cos >= 0.9999
+
+
+def test_compiled_modules_cached_authenticated_and_rebuilt_when_tampered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wasmtime trusts serialized machine code completely: rlx-wasm keeps it only as the device
+    kit's authenticated cache entries, and an edited entry is rebuilt, never deserialized."""
+    from rlx_wasm import runtime
+
+    from rlx_core.plugin import read_entry
+
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "cache"))
+    b = GraphBuilder("cwasm")
+    x = b.input("x", "f32", (7,))
+    b.output(b.mul(b.add(x, x), x))
+    xv = np.arange(7, dtype=np.float32)
+
+    def run() -> np.ndarray:
+        runtime._MODULES.clear()
+        for c in runtime._COMPILERS.values():
+            c.forget()
+        (out,) = Session("wasm", use_cache=False).compile(b.build()).run({"x": xv}).values()
+        return np.asarray(out)
+
+    np.testing.assert_array_equal(run(), (xv + xv) * xv)
+    (entry,) = (tmp_path / "cache").rglob("*.cwasm")
+    good = read_entry(entry)
+    assert good
+    entry.write_bytes(entry.read_bytes()[:-4] + b"EVIL")
+    np.testing.assert_array_equal(run(), (xv + xv) * xv)  # rebuilt from the module, not loaded
+    assert read_entry(entry) == good
