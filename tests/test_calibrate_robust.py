@@ -22,7 +22,8 @@ from rlx_core.records import DeviceCaps, DeviceInfo
 from rlx_core.timing import LoadMeter, Timing, time_best
 
 CAPS = DeviceCaps(peak_flops={"f32": 1e10}, mem_bandwidth=1e10, launch_overhead=1e-6)
-LABELS = ("launch overhead", "memory bandwidth", "gemm f32", "gemm f64", "gemm f16")
+LABELS = ("launch overhead", "memory bandwidth", "memory bandwidth (chain of 4)", "gemm f32", "gemm f64",
+          "gemm f16")
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -115,9 +116,9 @@ class FakeSession:
 
 
 def fake_calibrate(slow: dict[str, float], **kw: Any) -> dict[str, Any]:
-    """Every benchmark takes 1 ms against a 1 ms estimate, except ``slow[label]`` times that."""
+    """Every benchmark takes 1 ms a kernel against a 1 ms estimate, except ``slow[label]`` times that."""
     def timer(label: str, fn: Callable[[], Any]) -> Timing:
-        best = 1e-3 * slow.get(label, 1.0)
+        best = 1e-3 * slow.get(label, 1.0) * (4 if "chain of 4" in label else 1)
         return Timing(best, (best, best, best), 0.6 if label in slow else 0.0)
 
     return calibrate("fake", quick=True, session_factory=lambda b: FakeSession(), timer=timer,
@@ -178,6 +179,7 @@ def test_a_clean_calibration_is_stored_and_clears_the_plugins_caveat(no_file: No
     dev = DeviceInfo(backend="fake", name="fake:0", available=True, caps=rough)
     caps = apply_calibration(dev).caps
     assert caps.unreliable == "" and caps.peak_flops["f32"] == pytest.approx(2 * 256**3 / 1e-3)
+    assert caps.mem_bandwidth == pytest.approx(12 * (1 << 22) / 1e-3)  # (4 ms - 1 ms) / 3 adds
 
 
 def test_a_device_with_its_own_memory_is_calibrated_from_kernel_chains(no_file: None) -> None:

@@ -117,11 +117,14 @@ def calibrate(backend_name: str, *, quick: bool = False, force: bool = False,
         # A device with its own memory also moves every input and output over the host link; timing
         # one kernel would price that link as the kernel's bandwidth or FLOP/s (on an H200, 300x
         # below HBM). There, a chain of k kernels is timed too: the difference is k-1 kernels alone.
+        # Bandwidth is taken that way everywhere: one run of one add also pays for its output's
+        # first-touch page faults (a 16-core host: 4.8 GB/s, which priced the demo MLP 3x too slow).
         chain = 1 if getattr(device, "host_memory", True) else 4
         kept: dict[str, str] = {}
         base = plugin_caps if plugin_caps is not None else device.caps  # figures kept where unmeasurable
 
-        def per_kernel(label: str, build: Callable[[int], Graph], feed: dict[str, Any]) -> float | None:
+        def per_kernel(label: str, build: Callable[[int], Graph], feed: dict[str, Any],
+                       chain: int = chain) -> float | None:
             """Seconds of one kernel, or None where the host link hides it."""
             graph = build(1)
             exe = sess.compile(graph)
@@ -155,7 +158,7 @@ def calibrate(backend_name: str, *, quick: bool = False, force: bool = False,
             return g.build()
 
         av, bv = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
-        t_bw = per_kernel(steps[1], bw_graph, {"a": av, "b": bv})
+        t_bw = per_kernel(steps[1], bw_graph, {"a": av, "b": bv}, chain=4)
         results["mem_bandwidth"] = base.mem_bandwidth if t_bw is None else 3 * 4 * n / t_bw
 
         # 3. GEMM throughput per float dtype.
