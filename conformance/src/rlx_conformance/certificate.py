@@ -23,6 +23,15 @@ class Result:
     path: str = ""
     op: str = ""
     dtype: str = ""
+    #: What served the check's node(s), from the dispatch report: a native kernel name
+    #: (``cpu.add``), ``decomposition core.softmax -> k1+k2`` or ``rewrite materialize_broadcast ->
+    #: k1+k2``; several joined by ``"; "``. Empty when nothing compiled (skipped) and in results
+    #: written before certificates recorded it.
+    kernels: str = ""
+
+
+#: Per-variant verdicts that count towards "certified for N of M variants".
+CERTIFIED_VERDICTS = ("certified",)
 
 
 @dataclass
@@ -57,28 +66,53 @@ class Certificate:
         return (c["failed"] == 0 and c["error"] == 0 and c["xpassed"] == 0 and c["passed"] > 0
                 and not self.stale_xfails)
 
+    def coverage(self) -> dict[str, int]:
+        """How much of the suite the verdict covers: variants by verdict, and checks run/passed.
+
+        ``not_claimed`` counts variants whose every check was skipped (the backend cannot compile
+        them): a backend certified for 3 of 501 variants must say so up front.
+        """
+        vs = [v["verdict"] for v in self.variants().values()]
+        return {"variants": len(vs), "certified": sum(v in CERTIFIED_VERDICTS for v in vs),
+                "partial": vs.count("partial"), "xfailed": vs.count("xfailed"),
+                "not_claimed": vs.count("not certified"), "failed": vs.count("failed"),
+                "checks": len(self.results), "checks_passed": sum(r.status == "passed" for r in self.results)}
+
     @property
     def verdict(self) -> str:
-        vs = self.variants().values()
-        ok = sum(v["verdict"] in ("certified", "xfailed") for v in vs)
-        partial = sum(v["verdict"] == "partial" for v in vs)
-        nc = sum(v["verdict"] == "not certified" for v in vs)
-        scope = f" for {ok} variants" + (f", {partial} partially" if partial else "") + \
-            (f"; {nc} variants not certified (skipped)" if nc else "")
+        """One line that states the coverage: ``certified for 20 of 511 variants; 491 not claimed
+        (skipped: not certified)``, or ``not certified: 2 of 502 variants failed``."""
+        c = self.coverage()
+        extra = (f", {c['partial']} partially" if c["partial"] else "") + \
+            (f", {c['xfailed']} expected failures" if c["xfailed"] else "")
+        unclaimed = f"; {c['not_claimed']} not claimed (skipped: not certified)" if c["not_claimed"] else ""
+        partial_run = f" (partial run: -k {self.keyword})" if self.keyword else ""
         if self.certified:
-            return "certified" + scope + (" (partial run: -k)" if self.keyword else "")
-        return "not certified"
+            return (f"certified for {c['certified']} of {c['variants']} variants"
+                    f"{extra}{unclaimed}{partial_run}")
+        why = []
+        if c["failed"]:
+            why.append(f"{c['failed']} of {c['variants']} variants failed")
+        if self.stale_xfails:
+            why.append(f"{len(self.stale_xfails)} stale xfail lines")
+        if not why and not c["checks_passed"]:
+            why.append(f"no check passed ({c['checks']} run)")
+        return "not certified" + (": " + ", ".join(why) if why else "") + partial_run
 
     def variants(self) -> dict[str, dict[str, Any]]:
         """Per op-variant (``add[f32]``, ``mlp[f32]``, contract item): status counts and verdict."""
         out: dict[str, dict[str, Any]] = {}
         for r in self.results:
-            v = out.setdefault(r.variant, {"kind": r.kind, **{s: 0 for s in STATUSES}, "paths": set()})
+            v = out.setdefault(r.variant, {"kind": r.kind, **{s: 0 for s in STATUSES}, "paths": set(),
+                                           "kernels": set()})
             v[r.status] += 1
             if r.path:
                 v["paths"].update(r.path.split(","))
+            if r.kernels:
+                v["kernels"].update(r.kernels.split("; "))
         for v in out.values():
             v["paths"] = sorted(v["paths"])
+            v["kernels"] = sorted(v["kernels"])
             if v["failed"] or v["error"] or v["xpassed"]:
                 v["verdict"] = "failed"
             elif v["passed"] and not v["skipped"]:
@@ -97,7 +131,8 @@ class Certificate:
                                                 "version": self.plugin_version, "api": self.api_version},
             "core_version": self.core_version, "suite_version": self.suite_version,
             "device": {"name": self.device, **self.device_details}, "date": self.date,
-            "verdict": self.verdict, "certified": self.certified, "counts": self.counts(),
+            "verdict": self.verdict, "certified": self.certified, "coverage": self.coverage(),
+            "counts": self.counts(),
             "keyword": self.keyword, "xfails_file": self.xfails_file, "stale_xfails": self.stale_xfails,
             "seconds": round(self.seconds, 2), "variants": self.variants(),
             # Passed checks are listed by id only; everything else with its message and path.
@@ -114,7 +149,7 @@ class Certificate:
         only where the same run would be made."""
         head = {k: v for k, v in asdict(self).items() if k != "results"}
         data = {"format": RESULTS_FORMAT, **head, "env": env or {},
-                "results": [[r.id, r.kind, r.variant, r.status, r.message, r.path, r.op, r.dtype]
+                "results": [[r.id, r.kind, r.variant, r.status, r.message, r.path, r.op, r.dtype, r.kernels]
                             for r in self.results]}
         Path(path).write_text(json.dumps(data, separators=(",", ":")) + "\n")
 
@@ -126,13 +161,19 @@ class Certificate:
             raise ValueError(f"{path}: not an rlx-conformance results file ({RESULTS_FORMAT})")
         env = data.pop("env")
         data.pop("format")
+        # Rows of 8 fields come from files written before results recorded their kernels.
         results = [Result(*row) for row in data.pop("results")]
         return cls(**data, results=results), env
 
     def to_markdown(self) -> str:
         c = self.counts()
+        cov = self.coverage()
         lines = [f"# Conformance certificate: `{self.backend}`", "",
                  f"**Verdict: {self.verdict}**", "",
+                 f"Coverage: {cov['certified']} of {cov['variants']} variants certified, "
+                 f"{cov['checks_passed']} of {cov['checks']} checks passed"
+                 + (f"; {cov['not_claimed']} variants are not claimed by this backend (every check skipped): "
+                    "they are **not certified**" if cov["not_claimed"] else "") + ".", "",
                  "| | |", "|---|---|",
                  f"| plugin | {self.plugin_distribution} {self.plugin_version} (API {self.api_version}) |",
                  f"| rlx-core | {self.core_version} |", f"| suite | {self.suite_version} |",
@@ -151,12 +192,13 @@ class Certificate:
                 lines.append(f"- `{r.id}` **{r.status}**: {_md(r.message)[:400]}")
             lines.append("")
         lines += ["## Per variant", "",
-                  "| variant | kind | verdict | passed | failed | skipped | xfailed | paths |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| variant | kind | verdict | passed | failed | skipped | xfailed | paths | served by |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, v in sorted(self.variants().items(), key=lambda kv: (kv[1]["kind"], kv[0])):
+            served = _md(", ".join(v["kernels"]))
             lines.append(f"| `{name}` | {v['kind']} | {v['verdict']} | {v['passed']} | "
                          f"{v['failed'] + v['error'] + v['xpassed']} | {v['skipped']} | {v['xfailed']} | "
-                         f"{', '.join(v['paths'])} |")
+                         f"{', '.join(v['paths'])} | {served[:300] + ('...' if len(served) > 300 else '')} |")
         skipped = [r for r in self.results if r.status == "skipped"]
         if skipped:
             lines += ["", "## Not certified (skipped)", "",
@@ -175,6 +217,31 @@ class Certificate:
 
     def write_markdown(self, path: str | Path) -> None:
         Path(path).write_text(self.to_markdown())
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """A JSON certificate as :meth:`Certificate.to_json` writes it now, from any version of the file.
+
+    Certificates written before per-variant kernels and the coverage summary (such as a committed
+    certificate made on hardware that is not at hand to regenerate it) get ``kernels: []`` per
+    variant and a ``coverage`` computed from their variants; their verdict text is kept as written.
+    """
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    variants = data.get("variants")
+    if not isinstance(variants, dict) or "verdict" not in data:
+        raise ValueError(f"{path}: not an rlx-conformance certificate (no verdict/variants); "
+                         "write one with `rlx conformance BACKEND --json FILE`")
+    for v in variants.values():
+        v.setdefault("kernels", [])
+    if "coverage" not in data:
+        vs = [v["verdict"] for v in variants.values()]
+        counts = data.get("counts", {})
+        data["coverage"] = {
+            "variants": len(vs), "certified": sum(v in CERTIFIED_VERDICTS for v in vs),
+            "partial": vs.count("partial"), "xfailed": vs.count("xfailed"),
+            "not_claimed": vs.count("not certified"), "failed": vs.count("failed"),
+            "checks": sum(counts.values()), "checks_passed": counts.get("passed", 0)}
+    return data
 
 
 def _md(s: str) -> str:

@@ -7,10 +7,11 @@ function taking the :class:`Context`. Checks never pass by default: a check that
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,8 @@ class Outcome:
     status: str  # passed | failed | error | skipped | xfailed | xpassed
     message: str = ""
     path: str = ""
+    #: What served the check's node(s): see :attr:`rlx_conformance.certificate.Result.kernels`.
+    kernels: str = ""
 
 
 @dataclass
@@ -75,6 +78,26 @@ class Check:
 # op checks
 
 
+def served_by(exe: Any, op: str | None = None) -> str:
+    """What ran the nodes (of ``op``, or all) of a compiled program, from its dispatch report:
+    ``cpu.add`` (native), ``decomposition core.softmax -> k1+k2`` or ``rewrite <rule> -> k1+k2``.
+    Distinct descriptions in report order, joined by ``"; "``."""
+    report = getattr(exe, "report", None)
+    if report is None:
+        return ""
+    seen: dict[str, None] = {}
+    for e in report.entries:
+        if op is not None and e.op != op:
+            continue
+        ks = "+".join(dict.fromkeys(e.kernels))
+        if e.path == "native":
+            seen[ks] = None
+        else:
+            how = {"common_ir": "decomposition", "rewritten": "rewrite"}.get(e.path, e.path)
+            seen[f"{how} {e.via} -> {ks}"] = None
+    return "; ".join(seen)
+
+
 class _Compiled:
     """Hands a pre-compiled executable to :func:`~rlx_conformance.cases.run_case` (no second compile)."""
 
@@ -94,7 +117,7 @@ def _op_check(case: Any) -> Callable[[Context], Outcome]:
             first = e.illegal[0].tried[0] if e.illegal and e.illegal[0].tried else e.what
             return Outcome("skipped", f"not supported by this backend: {first}")
         res = run_case(case, _Compiled(exe))
-        return Outcome(res.status, res.message, res.path)
+        return Outcome(res.status, res.message, res.path, served_by(exe, case.op))
     return run
 
 
@@ -120,6 +143,7 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
             exe = ctx.session.compile(graph)
         except DispatchError as e:
             return Outcome("skipped", f"not supported by this backend: {e.what.splitlines()[0]}")
+        kernels = served_by(exe, case.op)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             want = evaluate(single, {k: np.array(v, copy=True) for k, v in case.feed().items()})
@@ -132,8 +156,8 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
             if msg:
                 which = "second" if out == y2.name else "first"
                 return Outcome("failed", f"{which} of two identical {case.op} nodes is wrong (a kernel "
-                                         f"overwrote an input it does not own?): {msg}")
-        return Outcome("passed")
+                                         f"overwrote an input it does not own?): {msg}", kernels=kernels)
+        return Outcome("passed", kernels=kernels)
     return run
 
 
@@ -162,11 +186,11 @@ def graph_checks() -> list[Check]:
     for gc in graphs.graph_cases(dtypes=("f32", "f16")):
         def run(ctx: Context, gc: Any = gc) -> Outcome:
             try:
-                ctx.session.compile(gc.graph)
+                exe = ctx.session.compile(gc.graph)
             except DispatchError as e:
                 return Outcome("skipped", f"not supported by this backend: {e.what.splitlines()[0]}")
             res = graphs.check_graph(gc, ctx.session)
-            return Outcome(res.status, res.message, res.path)
+            return Outcome(res.status, res.message, res.path, served_by(exe))
         variant = gc.id.split("::", 1)[-1]
         out.append(Check(gc.id, "graph", variant, run, dtype=str(getattr(gc, "dtype", ""))))
     return out
@@ -267,10 +291,76 @@ def c_records(ctx: Context) -> Outcome:
     return Outcome("passed", f"{len(claims)} kernel claims on {ctx.device.name}")
 
 
+#: Compiles tried per claimed kernel before it counts as not exercised: bounded because a
+#: compile can be costly (firmware, RTL); enough for a claim that takes one dtype of many
+#: (cpu.div_int) or one case kind of a dtype (a depthwise conv).
+_NATIVE_TRIES = 32
+
+
+def _round_robin(schema: OpSchema, dtypes: list[DType]) -> Iterator[Any]:
+    """The i-th case of every dtype before the (i+1)-th of any, so neither a dtype served by another
+    kernel nor a case kind a claim rejects uses up the budget; cases generated only when reached."""
+    made: dict[DType, list[Any]] = {}
+    for i in itertools.count():
+        left = False
+        for dt in dtypes:
+            if dt not in made:
+                made[dt] = [c for c in cases_for(schema, dt) if c.kind != "out_of_range"]
+            if i < len(made[dt]):
+                left = True
+                yield made[dt][i]
+        if not left:
+            return
+
+
+def _claim_programs(ctx: Context, done: set[str]) -> tuple[list[tuple[str, Any, dict[str, Any]]], list[str]]:
+    """Per claimed kernel not in ``done``: one compiled op case whose report names it, with its feed.
+
+    Returns those programs and the kernels no case exercised (claimed, but every case tried was
+    rejected by the claim or served by another kernel or path)."""
+    programs: list[tuple[str, Any, dict[str, Any]]] = []
+    missed: list[str] = []
+    claims = sorted((c for cs in ctx.backend.claims(ctx.device).values() for c in cs), key=lambda c: c.name)
+    for claim in claims:
+        if claim.name in done or claim.op not in REGISTRY:
+            continue
+        schema = REGISTRY.get(claim.op)
+        # f32 first (the dtype most claims serve natively); out_of_range cases stop before any kernel.
+        dtypes = [dt for dt in sorted(schema.dtypes, key=lambda d: d != DType.F32)
+                  if claim.dtypes is None or dt in claim.dtypes or not schema.inputs]
+        found = False
+        for case in itertools.islice(_round_robin(schema, dtypes), _NATIVE_TRIES):
+            try:
+                exe = ctx.session.compile(build_case_graph(case))
+            except RLXError:
+                continue  # the op checks report a case that does not compile
+            if exe.report is not None and any(claim.name in e.kernels for e in exe.report.entries):
+                programs.append((case.id, exe, case.feed()))
+                done.update(k for e in exe.report.entries for k in e.kernels)
+                found = True
+                break
+        if not found:
+            missed.append(claim.name)
+    return programs, missed
+
+
 def c_native_ran(ctx: Context) -> Outcome:
-    checked = 0
+    """Every kernel the dispatch report says ran natively was called by the compiled program.
+
+    Checked on two small models when the backend compiles them, and on one op case per claimed
+    kernel, so a backend that claims a single op (no matmul, no softmax) is checked too."""
+    programs: list[tuple[str, Any, dict[str, Any]]] = []
     for graph, feed in (_mlp(), _branchy()):
-        exe = _compile_or_skip(ctx, graph)
+        try:
+            programs.append((graph.name, ctx.session.compile(graph), feed))
+        except DispatchError:
+            continue  # a model needs ops this backend lacks; its claimed ops are checked one by one
+    done = {k for _, exe, _ in programs if exe.report is not None
+            for e in exe.report.entries for k in e.kernels}
+    more, missed = _claim_programs(ctx, done)
+    checked = 0
+    ran: set[str] = set()
+    for label, exe, feed in programs + more:
         out, counts = exe.profile(feed)
         if counts is None:
             raise _Skip("the compiled program has no profile(); kernel calls cannot be counted")
@@ -278,9 +368,15 @@ def c_native_ran(ctx: Context) -> Outcome:
             for k in e.kernels:
                 checked += 1
                 if counts.get(k, 0) < 1:
-                    return Outcome("failed", f"report says node {e.node!r} ran {k} ({e.path}) but the "
-                                             f"program never called it (calls: {dict(counts)})")
-    return Outcome("passed", f"{checked} kernel uses verified by call counts")
+                    return Outcome("failed", f"{label}: report says node {e.node!r} ran {k} ({e.path}) but "
+                                             f"the program never called it (calls: {dict(counts)})")
+                ran.add(k)
+    if not checked:
+        raise _Skip("no conformance case compiled to a claimed kernel, so kernel calls could not be "
+                    f"counted (claims tried: {', '.join(missed) or 'none'})")
+    note = f"; not exercised by any case: {', '.join(missed)}" if missed else ""
+    return Outcome("passed", f"{checked} kernel uses in {len(programs) + len(more)} programs verified by "
+                             f"call counts ({len(ran)} distinct kernels){note}")
 
 
 _PROBE = "rlx_conformance.unclaimable"

@@ -79,51 +79,78 @@ def keyword_filter(expr: str | None) -> Callable[[str], bool]:
     return fn
 
 
+def open_context(backend: str, hub: Hub | None = None) -> Context:
+    """Load ``backend`` (``"cpu"`` or ``"cpu:0"``) and open the session the checks run in. Loading
+    first also registers the ops the plugin provides (``rlx_ops``), so :func:`collect` has their
+    checks. Raises :class:`~rlx_core.plugin.RLXError` (naming the installed backends and the fix)
+    for a backend or device that does not exist."""
+    h = hub or Hub()
+    name, idx = parse_device(backend)
+    b = h.load(name)
+    device = b.device(idx)
+    return Context(b, device, h, Session(device.name, hub=h, use_cache=False))
+
+
+def load_manifest(ctx: Context, xfails: str | Path | None = None) -> tuple[Path | None, dict[str, str]]:
+    """The expected-failure manifest: ``xfails`` or the plugin's own, and its entries."""
+    xf_path = Path(xfails) if xfails else find_xfails(ctx.backend)
+    return xf_path, (parse_xfails(xf_path.read_text(), str(xf_path)) if xf_path else {})
+
+
+def run_check(check: Check, ctx: Context, manifest: dict[str, str]) -> Result:
+    """Run one check and apply the manifest: the one place a check becomes a result, for
+    :func:`run_suite` and the pytest route alike."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            out = check.run(ctx)
+        except Exception as e:  # a crash inside a check is an error of the backend, reported
+            tb = traceback.extract_tb(e.__traceback__)
+            loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+            out = Outcome("error", f"{type(e).__name__}: {e}{loc}")
+    if check.id in manifest:
+        reason = manifest[check.id]
+        if out.status in ("failed", "error"):
+            out = Outcome("xfailed", f"{reason} ({out.message})", out.path, out.kernels)
+        elif out.status == "passed":
+            out = Outcome("xpassed", f"listed in {XFAILS_FILE} ({reason}) but passes: remove the line",
+                          out.path, out.kernels)
+    return Result(check.id, check.kind, check.variant, out.status, out.message, out.path, check.op,
+                  check.dtype, out.kernels)
+
+
+def make_certificate(ctx: Context, results: list[Result], *, keyword: str | None = None,
+                     xfails_file: Path | None = None, stale_xfails: list[str] | None = None,
+                     seconds: float = 0.0) -> Certificate:
+    from . import SUITE_VERSION, __version__
+
+    b, device = ctx.backend, ctx.device
+    return Certificate(
+        backend=b.name, plugin_distribution=b.entry.distribution, plugin_version=b.info.version,
+        core_version=__import__("rlx_core").__version__, api_version=b.info.api_version,
+        suite_version=f"{SUITE_VERSION} (rlx-conformance {__version__})", device=device.name,
+        device_details=dict(device.details), date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        results=results, keyword=keyword, xfails_file=_shown(xfails_file) if xfails_file else None,
+        stale_xfails=stale_xfails or [], seconds=seconds)
+
+
 def run_suite(backend: str, *, hub: Hub | None = None, keyword: str | None = None,
               xfails: str | Path | None = None, checks: list[Check] | None = None,
               progress: Callable[[int, int, Check, Outcome], None] | None = None) -> Certificate:
     """Certify ``backend`` (``"cpu"`` or ``"cpu:0"``). Returns the certificate; never raises for a
     failing check (only for a backend that cannot be loaded at all)."""
-    from . import SUITE_VERSION, __version__
-
-    h = hub or Hub()
-    name, idx = parse_device(backend)
-    b = h.load(name)
-    device = b.device(idx)
-    session = Session(device.name, hub=h, use_cache=False)
-    ctx = Context(b, device, h, session)
-    xf_path = Path(xfails) if xfails else find_xfails(b)
-    manifest = parse_xfails(xf_path.read_text(), str(xf_path)) if xf_path else {}
+    ctx = open_context(backend, hub)
+    xf_path, manifest = load_manifest(ctx, xfails)
     selected = keyword_filter(keyword)
     all_checks = checks if checks is not None else collect()
     todo = [c for c in all_checks if selected(c.id)]
     results: list[Result] = []
     t0 = time.perf_counter()
     for i, check in enumerate(todo):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                out = check.run(ctx)
-            except Exception as e:  # a crash inside a check is an error of the backend, reported
-                tb = traceback.extract_tb(e.__traceback__)
-                loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-                out = Outcome("error", f"{type(e).__name__}: {e}{loc}")
-        if check.id in manifest:
-            reason = manifest[check.id]
-            if out.status in ("failed", "error"):
-                out = Outcome("xfailed", f"{reason} ({out.message})", out.path)
-            elif out.status == "passed":
-                out = Outcome("xpassed", f"listed in {XFAILS_FILE} ({reason}) but passes: remove the line",
-                              out.path)
-        results.append(Result(check.id, check.kind, check.variant, out.status, out.message, out.path,
-                              check.op, check.dtype))
+        r = run_check(check, ctx, manifest)
+        results.append(r)
         if progress is not None:
-            progress(i + 1, len(todo), check, out)
+            progress(i + 1, len(todo), check, Outcome(r.status, r.message, r.path, r.kernels))
     unused = sorted(set(manifest) - {c.id for c in todo}) if keyword is None else []
-    return Certificate(
-        backend=b.name, plugin_distribution=b.entry.distribution, plugin_version=b.info.version,
-        core_version=__import__("rlx_core").__version__, api_version=b.info.api_version,
-        suite_version=f"{SUITE_VERSION} (rlx-conformance {__version__})", device=device.name,
-        device_details=dict(device.details), date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        results=results, keyword=keyword, xfails_file=_shown(xf_path) if xf_path else None,
-        stale_xfails=unused, seconds=time.perf_counter() - t0)
+    return make_certificate(ctx, results, keyword=keyword, xfails_file=xf_path, stale_xfails=unused,
+                            seconds=time.perf_counter() - t0)

@@ -2,57 +2,48 @@
 
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
-
 import pytest
 
-from rlx_conformance.certificate import Result
-from rlx_conformance.checks import Check, Context, collect
+from rlx_conformance.checks import Check, collect
 from rlx_conformance.pytest_plugin import state
-from rlx_conformance.runner import find_xfails, parse_xfails
+from rlx_conformance.runner import keyword_filter, run_check
+
+BAD = ("failed", "error", "xpassed")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "check" in metafunc.fixturenames:
-        checks = collect()
-        metafunc.parametrize("check", checks, ids=[c.id for c in checks])
+    if "checks" not in metafunc.fixturenames:
+        return
+    checks = collect()  # the backend is loaded (pytest_configure): its own ops are included
+    state(metafunc.config).check_ids = {c.id for c in checks}
+    if metafunc.config.getoption("--rlx-each-check"):
+        groups, ids = [[c] for c in checks], [c.id for c in checks]
+    else:
+        by: dict[str, list[Check]] = {}
+        for c in checks:
+            by.setdefault(f"{c.kind}::{c.variant}", []).append(c)
+        groups, ids = list(by.values()), list(by)
+    metafunc.parametrize("checks", groups, ids=ids)
 
 
-@pytest.fixture(scope="session")
-def ctx(request: pytest.FixtureRequest) -> Context:
-    from rlx_core.plugin import Hub, Session, parse_device
-
-    config = request.config
-    st = state(config)
-    if st.ctx is None:
-        name, idx = parse_device(config.getoption("--rlx-backend"))
-        hub = Hub()
-        b = hub.load(name)
-        d = b.device(idx)
-        st.ctx = Context(b, d, hub, Session(d.name, hub=hub, use_cache=False))
-        xf = config.getoption("--rlx-xfails")
-        path = Path(xf) if xf else find_xfails(b)
-        st.manifest = parse_xfails(path.read_text(), str(path)) if path else {}
-    return st.ctx
-
-
-def test_conformance(check: Check, ctx: Context, request: pytest.FixtureRequest) -> None:
+def test_conformance(checks: list[Check], request: pytest.FixtureRequest) -> None:
     st = state(request.config)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = check.run(ctx)
-    status, msg = out.status, out.message
-    if check.id in st.manifest:
-        if status in ("failed", "error"):
-            status, msg = "xfailed", f"{st.manifest[check.id]} ({msg})"
-        elif status == "passed":
-            status, msg = "xpassed", "listed in conformance-xfails.txt but passes: remove the line"
-    st.results.append(Result(check.id, check.kind, check.variant, status, msg, out.path, check.op,
-                             check.dtype))
-    if status == "skipped":
-        pytest.skip(f"not certified: {msg}")
-    if status == "xfailed":
-        pytest.xfail(msg)
-    if status != "passed":
-        pytest.fail(f"{status}: {msg}", pytrace=False)
+    keyword = request.config.getoption("keyword")
+    if keyword and len(checks) > 1:
+        # Selected through one of its check ids: run those (a -k on pytest names keeps them all).
+        chosen = [c for c in checks if keyword_filter(keyword)(c.id)]
+        checks = chosen or checks
+    results = [run_check(c, st.ctx, st.manifest) for c in checks]
+    st.results.extend(results)
+    bad = [r for r in results if r.status in BAD]
+    if bad:
+        lines = [f"{r.id}: {r.status}: {r.message[:300]}" for r in bad[:20]]
+        more = f"\n... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        pytest.fail(f"{len(bad)} of {len(results)} checks {'/'.join(sorted({r.status for r in bad}))}:\n"
+                    + "\n".join(lines) + more, pytrace=False)
+    if any(r.status == "passed" for r in results):
+        return
+    if all(r.status == "skipped" for r in results):
+        pytest.skip(f"not certified: {results[0].message}")
+    xf = [r for r in results if r.status == "xfailed"]
+    pytest.xfail(xf[0].message if xf else results[0].message)
