@@ -343,3 +343,32 @@ def test_fastest_device_after_calibration(monkeypatch: pytest.MonkeyPatch) -> No
     g.output(a @ b)
     big = g.build()
     assert fastest_device(big, ["cpu", "cuda"]) == "cuda", rank_devices(big, ["cpu", "cuda"])
+
+
+
+def test_cubins_cached_authenticated_and_rebuilt_when_tampered() -> None:
+    """Kernels come from the device kit's NVRTC compiler: each cubin is an authenticated entry of
+    RLX's private cache, and a planted or edited one is rebuilt, never loaded."""
+    import cupy as cp
+    from rlx_cuda import nvrtc
+
+    from rlx_core.plugin import read_entry
+
+    b = GraphBuilder("cubin")
+    x = b.input("x", "f32", (1000,))
+    b.output(b.tanh(b.add(b.exp(x), x)))
+    xv = RNG.standard_normal(1000).astype(np.float32)
+    (got,) = Session("cuda", use_cache=False).compile(b.build()).run({"x": xv}).values()
+    np.testing.assert_allclose(got, np.tanh(np.exp(xv) + xv), rtol=1e-5, atol=1e-6)
+
+    comp = nvrtc.compiler(cp.cuda.Device().compute_capability)
+    d = comp.cache_dir()
+    assert d is not None and any(d.glob("*.cubin")), f"the graph's kernels are not cached in {d}"
+    src = 'extern "C" __global__ void rlx_probe(float* x) { x[threadIdx.x] += 1.0f; }'
+    blob = comp.compile(src)
+    path = d / f"{comp.key(src)}.cubin"
+    assert read_entry(path) == blob
+    path.write_bytes(path.read_bytes()[:-8] + b"PLANTED!")
+    assert read_entry(path) is None  # refused (and removed), never loaded
+    comp.forget()
+    assert comp.compile(src) == blob and read_entry(path) == blob  # rebuilt from source

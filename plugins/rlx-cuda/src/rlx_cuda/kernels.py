@@ -62,19 +62,23 @@ _LOCK = threading.Lock()
 
 
 def raw_kernel(name: str, source: str) -> Any:
-    """Compiled once per device and process; CuPy also caches the cubin on disk (CUPY_CACHE_DIR)."""
-    key = (cp.cuda.runtime.getDevice(), name)
+    """Compiled at bind time (a compile error fails compilation, not a run) through the device
+    kit's NVRTC compiler, whose cubins are cached and authenticated (:mod:`rlx_cuda.nvrtc`), then
+    loaded once per device and process."""
+    from . import nvrtc
+
+    dev = cp.cuda.runtime.getDevice()
+    key = (dev, name)
     with _LOCK:
         k = _KERNELS.get(key)
-        if k is None:
-            k = cp.RawKernel(source, name)
-            # Compile now, at bind time: a compile error fails compilation, not a run.
-            if hasattr(k, "compile"):
-                k.compile()
-            else:  # CuPy < 10 compiles on first attribute access
-                _ = k.attributes
-            _KERNELS[key] = k
-        return k
+    if k is None:
+        cubin = nvrtc.compiler(cp.cuda.Device(dev).compute_capability).compile(source)
+        module = cp.cuda.function.Module()
+        module.load(cubin)
+        # The Function keeps its Module (and so the loaded code) alive.
+        with _LOCK:
+            k = _KERNELS.setdefault(key, module.get_function(name))
+    return k
 
 
 def elementwise(program: str, b: Bound) -> Run:
