@@ -217,14 +217,25 @@ def test_default_destination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert res.exit_code == 0, res.output
     assert (tmp_path / "rlx-acme" / "pyproject.toml").is_file()
     assert "pip install -e ./rlx-acme" in res.output
+    # A plugins/ folder (someone's project, maybe) is never written into unless asked: --into.
     repo = tmp_path / "repo"
     (repo / "plugins").mkdir(parents=True)
     monkeypatch.chdir(repo)
     res = CliRunner().invoke(cli, ["new-backend", "acme"])
     assert res.exit_code == 0, res.output
+    assert (repo / "rlx-acme" / "pyproject.toml").is_file() and not any((repo / "plugins").iterdir())
+    res = CliRunner().invoke(cli, ["new-backend", "acme", "--into", "plugins"])
+    assert res.exit_code == 0, res.output
     assert (repo / "plugins" / "rlx-acme" / "src" / "rlx_acme" / "plugin.py").is_file()
     assert "pip install -e ./plugins/rlx-acme" in res.output
-    assert scaffold.default_destination("x", cwd=repo) == repo / "plugins" / "rlx-x"
+    assert scaffold.default_destination("x", cwd=repo) == repo / "rlx-x"
+    assert scaffold.default_destination("x", cwd=repo, into="plugins") == repo / "plugins" / "rlx-x"
+    res = CliRunner().invoke(cli, ["new-backend", "acme", "--into", "nowhere"])
+    assert res.exit_code == 1 and "no such folder" in res.stderr
+    res = CliRunner().invoke(cli, ["new-backend", "acme", "--into", "plugins", "--dir", "x"])
+    assert res.exit_code == 1 and "not both" in res.stderr
+    res = CliRunner().invoke(cli, ["new-backend", "acme", "--into", "plugins"])  # exists, not empty
+    assert res.exit_code == 1 and "DestinationExistsError" in res.stderr
 
 
 def test_registered_as_a_lazy_command() -> None:

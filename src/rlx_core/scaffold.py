@@ -114,12 +114,14 @@ def validate_name(name: str, *, force: bool = False) -> str:
     return name
 
 
-def default_destination(name: str, cwd: Path | None = None) -> Path:
-    """``plugins/rlx-NAME`` at an RLX repository root (``cwd`` has ``plugins/``), else ``rlx-NAME``."""
+def default_destination(name: str, cwd: Path | None = None, *, into: Path | str | None = None) -> Path:
+    """``INTO/rlx-NAME`` (default ``INTO``: the current folder).
+
+    Never guessed from what the folder contains: a ``plugins/`` folder may be someone else's
+    project, so writing into it takes ``--into plugins``.
+    """
     here = Path.cwd() if cwd is None else Path(cwd)
-    if (here / "plugins").is_dir():
-        return here / "plugins" / f"rlx-{name}"
-    return here / f"rlx-{name}"
+    return (here / Path(into).expanduser() if into is not None else here) / f"rlx-{name}"
 
 
 def _minor_range(version: str) -> str:
@@ -196,15 +198,23 @@ class Created:
     overwritten: tuple[Path, ...]
 
 
-def create(name: str, dest: Path | str | None = None, *, force: bool = False) -> Created:
-    """Write the plugin package of backend ``name`` into ``dest`` (default: :func:`default_destination`).
+def create(name: str, dest: Path | str | None = None, *, force: bool = False,
+           into: Path | str | None = None) -> Created:
+    """Write the plugin package of backend ``name`` into ``dest`` (default: :func:`default_destination`,
+    ``into`` the folder that gets ``rlx-NAME``; give one of ``dest`` and ``into``).
 
     Refuses an invalid name, a name an installed plugin already provides (unless ``force``) and a
     ``dest`` that exists and is not empty (unless ``force``: the generated files are then written
     over, other files in the folder are left alone).
     """
+    if dest is not None and into is not None:
+        raise ScaffoldError("give either the folder to create (--dir) or the folder to create rlx-NAME "
+                            "in (--into), not both", fix="drop one of --dir and --into")
     validate_name(name, force=force)
-    root = Path(dest) if dest is not None else default_destination(name)
+    if into is not None and not Path(into).expanduser().is_dir():
+        raise ScaffoldError(f"--into {into}: no such folder", where=str(into),
+                            fix="create it first, or give an existing folder (rlx-NAME is made inside it)")
+    root = Path(dest) if dest is not None else default_destination(name, into=into)
     root = root.expanduser().absolute()
     if root.exists() and not root.is_dir():
         raise DestinationExistsError(f"{root} exists and is not a folder",
@@ -264,12 +274,13 @@ def _name_callback(ctx: click.Context, param: click.Parameter, value: str) -> st
                                                 "max_content_width": 100})
 @click.argument("name", callback=_name_callback)
 @click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
-              help="Folder to create (default: plugins/rlx-NAME at an RLX repository root, i.e. when "
-                   "./plugins exists, else ./rlx-NAME).")
+              help="Exactly the folder to create (default: ./rlx-NAME).")
+@click.option("--into", "into", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Create rlx-NAME inside the existing folder DIR (e.g. --into plugins in an RLX checkout).")
 @click.option("--force", is_flag=True,
               help="Allow a NAME an installed backend already uses, and write into an existing folder "
                    "(generated files are overwritten, others kept).")
-def new_backend(name: str, dest: Path | None, force: bool) -> None:
+def new_backend(name: str, dest: Path | None, into: Path | None, force: bool) -> None:
     """Create a new backend plugin package NAME, certifiable as generated.
 
     The package (distribution rlx-NAME, module rlx_NAME, entry point NAME in the group
@@ -281,8 +292,9 @@ def new_backend(name: str, dest: Path | None, force: bool) -> None:
     Examples:
       rlx new-backend acme
       rlx new-backend acme --dir ~/src/rlx-acme
+      rlx new-backend acme --into plugins
     """
-    created = create(name, dest, force=force)
+    created = create(name, dest, force=force, into=into)
     click.echo(f"Created backend plugin {name!r} in {_display(created.root)}:")
     for line in tree_lines(created):
         click.echo("  " + line)
