@@ -82,6 +82,18 @@ def test_load_meter_reads_proc_or_says_it_cannot() -> None:
     assert v is None or 0.0 <= v <= 1.0
 
 
+def test_cpu_quota_throttling_counts_as_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlx_core.timing as timing
+
+    throttled, clock = iter([0, 400_000]), iter([10.0, 11.0])  # 0.4 s throttled in 1 s
+    monkeypatch.setattr(timing, "_proc_stat", lambda: None)
+    monkeypatch.setattr(timing, "_throttled_usec", lambda: next(throttled))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    m = timing.LoadMeter()
+    m.start()
+    assert m.stop() == pytest.approx(0.4)
+
+
 # -- judging against the plugin's estimate --------------------------------------------------------
 
 def bench(best: float, estimate: float | None, contended: bool = False) -> dict[str, Any]:

@@ -43,29 +43,51 @@ def _self_jiffies() -> int | None:
     return int(rest[11]) + int(rest[12])  # utime + stime, this process's threads included
 
 
+def _throttled_usec() -> int | None:
+    """Microseconds this cgroup was throttled by its CPU quota (cgroup v2), None where unknown."""
+    try:
+        with open("/sys/fs/cgroup/cpu.stat", encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "throttled_usec":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 class LoadMeter:
-    """Share of the machine's CPU time other processes used between start() and stop() (Linux)."""
+    """Share of the machine's CPU time other processes used between start() and stop() (Linux),
+    steal time of a VM included; a container's CPU-quota throttling counts as such a share too."""
 
     def __init__(self) -> None:
         self._start: tuple[tuple[int, int], int] | None = None
+        self._throttle: tuple[int, float] | None = None
 
     def start(self) -> None:
         m, s = _proc_stat(), _self_jiffies()
         self._start = (m, s) if m is not None and s is not None else None
+        t = _throttled_usec()
+        self._throttle = None if t is None else (t, time.monotonic())
 
     def stop(self) -> float | None:
         """None where it cannot be told (no /proc, too short a window to count)."""
+        throttled = None
+        t = _throttled_usec()
+        if self._throttle is not None and t is not None:
+            wall = time.monotonic() - self._throttle[1]
+            throttled = min(1.0, (t - self._throttle[0]) / 1e6 / wall) if wall > 0 else None
         if self._start is None:
-            return None
+            return throttled
         m, s = _proc_stat(), _self_jiffies()
         if m is None or s is None:
-            return None
+            return throttled
         (busy0, total0), self0 = self._start
         total = m[1] - total0
         if total <= 0:
-            return None
-        other = (m[0] - busy0) - (s - self0)
-        return max(0.0, min(1.0, other / total))
+            return throttled
+        other = max(0.0, min(1.0, ((m[0] - busy0) - (s - self0)) / total))
+        return other if throttled is None else max(other, throttled)
 
 
 @dataclass(frozen=True)
