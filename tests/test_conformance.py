@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import PluginFactory
 from rlx_conformance import run_suite
+from rlx_conformance.certificate import Certificate, read_json
 from rlx_conformance.checks import CONTRACT, collect, op_checks
 from rlx_conformance.reuse import certified_or_run
 from rlx_conformance.runner import keyword_filter, parse_xfails
@@ -97,10 +99,125 @@ def test_cli_and_pytest_entry_points(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((tmp_path / "c.json").read_text())["certified"]
     assert "# Conformance certificate: `whole`" in (tmp_path / "c.md").read_text()
+    # One pytest test per variant: add[f32]'s checks all run in one test; -k also matches check ids.
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rlx_conformance", "--rlx-backend", "whole",
-                        "-q", "-k", "contract", "--rlx-json", str(tmp_path / "p.json")],
+                        "-q", "-k", "contract or op::add[f32]", "--rlx-json", str(tmp_path / "p.json")],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    n_contract = len(CONTRACT)
-    assert f"{n_contract} passed" in r.stdout
-    assert json.loads((tmp_path / "p.json").read_text())["counts"]["passed"] == n_contract
+    n_contract, n_add = len(CONTRACT), sum("op::add[f32]" in c.id for c in collect())
+    assert f"{n_contract + 1} passed" in r.stdout
+    assert f"rlx conformance: certified for {n_contract + 1} of {n_contract + 1} variants" in r.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["counts"]["passed"] == n_contract + n_add
+
+
+def test_pytest_route_one_test_per_check_on_request(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rlx_conformance", "--rlx-backend", "whole",
+                        "-q", "-p", "no:cacheprovider", "-k", "op::add[f32]", "--rlx-each-check"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    n_checks = sum("op::add[f32]" in c.id for c in collect())
+    assert r.returncode == 0 and f"{n_checks} passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_pytest_route_unknown_backend_is_one_usage_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rlx_conformance", "--rlx-backend", "nosuch",
+                        "-q", "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60)
+    assert r.returncode == pytest.ExitCode.USAGE_ERROR, r.stdout[-2000:] + r.stderr[-2000:]
+    err = r.stderr
+    assert err.count("ERROR:") == 1 and "--rlx-backend nosuch" in err and "no backend named 'nosuch'" in err
+    assert "installed: " in err and "whole" in err and "fix:" in err
+    assert "error" not in r.stdout.lower()  # no test ran, so none errored
+
+
+def test_certificate_states_coverage_and_the_kernel_per_variant() -> None:
+    cert = run_suite("whole", keyword="op::add[f16] or op::add[f32] or op::softmax[f32] or op::sin[f32]")
+    cov = cert.coverage()
+    assert (cov["variants"], cov["certified"], cov["not_claimed"]) == (4, 3, 1)
+    assert cert.verdict.startswith("certified for 3 of 4 variants; 1 not claimed")
+    v = cert.variants()
+    assert "whole.add" in v["add[f32]"]["kernels"]  # equal shapes: the native kernel
+    assert any(k.startswith("rewrite materialize_broadcast -> ") for k in v["add[f32]"]["kernels"])
+    assert all(k.startswith("rewrite compute_f16_in_f32 -> ") for k in v["add[f16]"]["kernels"])
+    assert all(k.startswith("decomposition core.softmax -> whole.") for k in v["softmax[f32]"]["kernels"])
+    assert v["sin[f32]"]["kernels"] == []  # nothing compiled: nothing served it
+    md = cert.to_markdown().splitlines()
+    assert md[2] == f"**Verdict: {cert.verdict}**"
+    assert md[4].startswith("Coverage: 3 of 4 variants certified, ") and "**not certified**" in md[4]
+    assert any(line.startswith("| `add[f32]` | op | certified |") and "whole.add" in line for line in md)
+    data = cert.to_json()
+    assert data["coverage"] == cov and data["variants"]["add[f32]"]["kernels"] == v["add[f32]"]["kernels"]
+
+
+def test_certificates_written_before_kernels_and_coverage_still_read(tmp_path: Path) -> None:
+    # docs/certificates/cuda.json was made on a GPU machine in the earlier format: never regenerated.
+    old = read_json(Path(__file__).parents[1] / "docs" / "certificates" / "cuda.json")
+    assert old["certified"] is True and old["coverage"]["variants"] == len(old["variants"])
+    assert old["coverage"]["checks_passed"] == old["counts"]["passed"]
+    assert all(v["kernels"] == [] for v in old["variants"].values())
+    # A results file of 8-field rows (before kernels were recorded) reads back too.
+    cert = run_suite("whole", keyword="op::add[f32]-basic and not twice")
+    cert.write_results(tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    data["results"] = [row[:8] for row in data["results"]]
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    back, _ = Certificate.read_results(tmp_path / "r.json")
+    assert [(r.id, r.status, r.kernels) for r in back.results] == [(r.id, r.status, "") for r in cert.results]
+    with pytest.raises(ValueError, match="not an rlx-conformance certificate"):
+        (tmp_path / "x.json").write_text("{}")
+        read_json(tmp_path / "x.json")
+
+
+#: A backend that claims one op (neg f32), no matmul: its kernels are still checked for running.
+ONE_OP = """
+from collections import Counter
+import numpy as np
+from rlx_core import API_VERSION
+from rlx_core.plugin import BackendInfo, DeviceCaps, DeviceInfo, KernelClaim, hookimpl
+
+@hookimpl
+def rlx_backend_info():
+    return BackendInfo(name="{name}", version="1.0", api_version=API_VERSION, description="test: neg only")
+
+@hookimpl
+def rlx_probe_devices():
+    caps = DeviceCaps(peak_flops={{"default": 1e8}}, mem_bandwidth=1e8, launch_overhead=1e-4)
+    return [DeviceInfo(backend="{name}", name="{name}:0", available=True, caps=caps)]
+
+@hookimpl
+def rlx_kernels(device):
+    return [KernelClaim(op="neg", name="{name}.neg", dtypes={{"f32"}})]
+
+class Prog:
+    def __init__(self, program):
+        self.program = program
+
+    def run(self, inputs):
+        return self.profile(inputs)[0]
+
+    def profile(self, inputs):
+        env = {{k: np.asarray(v) for k, v in inputs.items()}}
+        counts = Counter()
+        for s in self.program.kernels:
+            env[s.outputs[0]] = np.negative(env[s.inputs[0]])
+            counts[s.kernel] += {counted}
+        return {{v: env[v].copy() for _, v in self.program.outputs}}, counts
+
+@hookimpl
+def rlx_compile(program, device):
+    return Prog(program)
+"""
+
+
+def test_native_kernels_ran_checks_any_claimed_op(make_plugin: PluginFactory) -> None:
+    make_plugin("rlx-negonly", "negonly", ONE_OP.format(name="negonly", counted=1))
+    make_plugin("rlx-negghost", "negghost", ONE_OP.format(name="negghost", counted=0))
+    kw = "contract::native_kernels_ran or op::neg[f32]-basic"
+    cert = run_suite("negonly", keyword=kw)
+    (native,) = [r for r in cert.results if r.id == "contract::native_kernels_ran"]
+    assert native.status == "passed" and "(1 distinct kernels)" in native.message, native
+    assert cert.variants()["neg[f32]"]["kernels"] == ["negonly.neg"]
+    # Correct numbers, but the kernel the report names never ran: caught without any matmul claim.
+    cert = run_suite("negghost", keyword=kw)
+    (native,) = [r for r in cert.results if r.id == "contract::native_kernels_ran"]
+    assert native.status == "failed" and "ran negghost.neg" in native.message, native
+    assert "never called it" in native.message and not cert.certified
