@@ -40,10 +40,11 @@ def conformance(backend: str, json_path: Path | None, md_path: Path | None, resu
     from rich.table import Table
 
     from .checks import collect
-    from .runner import keyword_filter, run_suite
+    from .runner import keyword_filter, open_context, run_suite
 
     out = Console()
     if list_only:
+        open_context(backend)  # the plugin's own ops (rlx_ops) have checks too
         sel = keyword_filter(keyword)
         for c in collect():
             if sel(c.id):
