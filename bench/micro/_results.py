@@ -1,4 +1,5 @@
-"""State the microbenchmarks share with their conftest: which runtimes run, and each one's median."""
+"""State the microbenchmarks share with their conftest: which runtimes run, the thread count, and each
+runtime's timings."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ from typing import Any
 KNOWN_BACKENDS = ("cpu", "wasm", "vulkan", "metal", "cortexm", "fpga", "cuda")
 PEERS = ("numpy", "onnxruntime")
 
-#: (group, runtime) -> median seconds, filled by the tests, printed as ratios at the end.
-MEDIANS: dict[tuple[str, str], float] = {}
+#: (group, runtime) -> (min, median) seconds, filled by the tests, printed as ratios at the end.
+TIMES: dict[tuple[str, str], tuple[float, float]] = {}
+
+
+def threads() -> int:
+    """Threads every engine gets: RLX_BENCH_THREADS (as for `rlx bench`), else the CPU count."""
+    import os
+
+    from rlx_core.settings import BENCH_THREADS
+
+    n: int = BENCH_THREADS.get() or os.cpu_count() or 1
+    return n
 
 
 def runtimes() -> list[str]:
@@ -26,10 +37,11 @@ def runtimes() -> list[str]:
 def record(group: str, runtime: str, benchmark: Any) -> None:
     stats = getattr(benchmark, "stats", None)  # None under --benchmark-disable
     if stats is not None and getattr(stats, "stats", None) is not None:
-        MEDIANS[(group, runtime)] = stats.stats.median
+        TIMES[(group, runtime)] = (stats.stats.min, stats.stats.median)
 
 
 def ratios(group: str) -> dict[str, float]:
-    """Each runtime's median in ``group`` over NumPy's (empty when NumPy did not run)."""
-    base = MEDIANS.get((group, "numpy"))
-    return {rt: m / base for (g, rt), m in MEDIANS.items() if g == group and base}
+    """Each runtime's fastest call in ``group`` over NumPy's (empty when NumPy did not run). The
+    minimum, not the median: on a shared machine it is the estimate other processes disturb least."""
+    base = TIMES.get((group, "numpy"))
+    return {rt: t[0] / base[0] for (g, rt), t in TIMES.items() if g == group and base}

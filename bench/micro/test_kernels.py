@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _kernels import KERNELS, Kernel, _params
-from _results import record, runtimes
+from _results import record, runtimes, threads
 
 #: Built once per kernel: (graph, feed, reference, params).
 _BUILT: dict[str, tuple[Any, dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]] = {}
@@ -86,7 +86,10 @@ def _ort_runner(kernel: Kernel, feed: dict[str, np.ndarray], params: dict[str, n
         import onnxruntime as ort
     except ImportError:
         pytest.skip("onnxruntime is not installed (pip install onnxruntime)")
-    sess = ort.InferenceSession(kernel.onnx_model(params).SerializeToString(),
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads()
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(kernel.onnx_model(params).SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
     return lambda: sess.run(None, feed)
 
@@ -97,7 +100,7 @@ def test_kernel(benchmark: Any, name: str, runtime: str) -> None:
     kernel = KERNELS[name]
     graph, feed, ref, params = _built(kernel)
     benchmark.group = name
-    benchmark.extra_info.update(runtime=runtime, shape=kernel.shape)
+    benchmark.extra_info.update(runtime=runtime, shape=kernel.shape, threads=threads())
     if runtime == "numpy":
         fn: Callable[[], Any] = kernel.numpy_peer(feed, params)
         get = lambda r: r  # noqa: E731

@@ -261,7 +261,8 @@ ONNX_DEVICE = declare(
     "The RLX device the ONNX backend (onnx.backend API) runs every model on (e.g. cpu, cuda:1).",
     default_text="mapped from the ONNX device (CPU -> cpu, CUDA:1 -> cuda:1)")
 BENCH_THREADS = declare(
-    "RLX_BENCH_THREADS", "int", None, "Threads `rlx bench` gives every engine it compares.", min=1,
+    "RLX_BENCH_THREADS", "int", None,
+    "Threads `rlx bench` and the bench/micro microbenchmarks give every engine they compare.", min=1,
     default_text="the CPU count")
 REQUIRE_SIGNATURE = declare(
     "RLX_REQUIRE_SIGNATURE", "path", None,
