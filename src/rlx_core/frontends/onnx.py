@@ -2,7 +2,8 @@
 
 Covers the operators PyTorch's exporters (the ``torch.export``-based one and the legacy TorchScript
 one) emit for MLPs, CNNs (ResNet family) and transformer encoders (BERT family), default-domain
-opsets 11 to 23 (tested: 13 to 21). :data:`SUPPORTED_OPS` lists them.
+opsets 1 to 28, each operator from the version its handler translates exactly (most from the
+one in effect at opset 11, many older; see :func:`op_version_problem`). :data:`SUPPORTED_OPS` lists them.
 
 Every ONNX value becomes one of three things while the nodes are translated in order:
 
@@ -46,8 +47,11 @@ from ..ir.builder import GraphBuilder, Tensor
 from ..ir.graph import Graph
 from ..ir.types import Dim
 
-#: Default-domain opsets this importer accepts (the translation is tested for 13 to 21).
-MIN_OPSET, MAX_OPSET = 11, 23
+#: Default-domain opsets this importer accepts. Within them each operator is also checked per
+#: version (:func:`op_version_problem`): a version older or newer than its handler translates exactly
+#: is refused by name. MAX_OPSET is onnx 1.23's latest; every translated operator's changes up to it
+#: were reviewed (see _OP_REVIEWED).
+MIN_OPSET, MAX_OPSET = 1, 28
 
 _INSTALL_FIX = "install the ONNX package: pip install onnx"
 
@@ -481,6 +485,80 @@ def _default_opset(proto: Any, source: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Operator versions: which versions of each translated operator the handlers implement exactly
+
+#: The oldest version (an ONNX ``since_version``) of each operator whose handler is exact for it,
+#: for operators translated from before the version in effect at opset 11 (the default floor). Older
+#: versions differ: legacy ``broadcast``/``axis`` attributes on binary ops (before 7),
+#: ``consumed_inputs`` (before 6), ``is_test`` (Dropout/BatchNormalization before 7), Cast's string
+#: ``to`` (before 6), Reshape's shape attribute (before 5), Concat's optional axis (before 4), Pad's
+#: ``paddings`` (before 2), Tile's ``tiles``/``axis`` inputs (before 6), Split's split input (before 2).
+_OP_SINCE: dict[str, int] = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "Greater", "Less", "Gemm",
+                     "Dropout", "BatchNormalization", "Upsample"), 7),
+    **dict.fromkeys(("Abs", "Neg", "Sqrt", "Exp", "Log", "Tanh", "Sigmoid", "Reciprocal", "Floor", "Ceil",
+                     "Relu", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Clip", "Cast", "Tile", "Max",
+                     "Min", "Sum", "Mean"), 6),
+    "Reshape": 5, "Concat": 4, "Pad": 2, "Split": 2,
+    **dict.fromkeys(("Identity", "Constant", "Shape", "Size", "MatMul", "Transpose", "Flatten", "Squeeze",
+                     "Unsqueeze", "Gather", "Slice", "Softmax", "LogSoftmax", "ArgMax", "ArgMin",
+                     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare",
+                     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "MaxPool", "AveragePool",
+                     "GlobalAveragePool", "GlobalMaxPool", "Conv", "Softplus", "Softsign"), 1),
+}
+
+#: The newest version of each operator reviewed against its handler, where it is newer than the
+#: version in effect at opset 23 (the default ceiling). Up to opset 28 these changes only add
+#: dtypes RLX does not have (float8e8m0, int2/uint2, float6; refused by dtype), Cast/CastLike's
+#: ``round_mode`` (float8e8m0 targets only), Range's ``stash_type`` (float16/bfloat16: the handler
+#: computes in float32 as the default asks and refuses any other) and ReduceLogSum(Exp) dropping
+#: integer dtypes. A newer version of an operator not listed here is refused until reviewed.
+_OP_REVIEWED: dict[str, int] = {
+    **dict.fromkeys(("Constant", "ConstantOfShape", "Flatten", "Identity", "If", "Pad", "Reshape", "Shape",
+                     "Size", "Squeeze", "Transpose", "Unsqueeze", "CastLike"), 25),
+    "Cast": 28, "Range": 27, "ReduceLogSum": 28, "ReduceLogSumExp": 28,
+}
+
+_SINCE_CACHE: dict[tuple[str, int], int | None] = {}
+
+
+def _since(op: str, opset: int) -> int | None:
+    """The version of default-domain ``op`` in effect at ``opset`` (None: no such operator then)."""
+    key = (op, opset)
+    if key not in _SINCE_CACHE:
+        import onnx.defs
+
+        try:
+            _SINCE_CACHE[key] = int(onnx.defs.get_schema(op, max_inclusive_version=opset,
+                                                         domain="").since_version)
+        except Exception:
+            _SINCE_CACHE[key] = None
+    return _SINCE_CACHE[key]
+
+
+def op_version_problem(op: str, opset: int) -> str | None:
+    """Why default-domain ``op`` at ``opset`` is outside the versions its handler translates exactly
+    (None when it is inside, or when ``op`` is unknown to onnx's schemas)."""
+    v = _since(op, opset)
+    if v is None:
+        return None
+    lo = _OP_SINCE.get(op, _since(op, 11) or 0)
+    hi = max(_OP_REVIEWED.get(op, 0), _since(op, 23) or v)
+    if v < lo:
+        return (f"{op}-{v} (the version in effect at opset {opset}) is older than the RLX importer "
+                f"translates ({op}-{lo} and newer: the older version's attributes mean something else)")
+    if v > hi:
+        return (f"{op}-{v} (the version in effect at opset {opset}) is newer than the RLX importer's "
+                f"translation of {op} was checked against ({op}-{hi})")
+    return None
+
+
+_VERSION_FIX = ("convert the model to a version the importer reads: "
+                "onnx.version_converter.convert_version(model, 17), or re-export with "
+                "torch.onnx.export(..., opset_version=17)")
+
+
+# ---------------------------------------------------------------------------------------------
 # The public entry point
 
 
@@ -824,7 +902,12 @@ class _Importer:
                 folded = self._fold(node, ins)
                 if folded is not None:
                     return folded
-        fn = _CUSTOM.get(("", op)) or _HANDLERS.get(op)
+        fn = _CUSTOM.get(("", op))
+        if fn is None:
+            fn = _HANDLERS.get(op)
+            problem = None if fn is None else op_version_problem(op, self.opset)
+            if problem is not None:
+                raise self.unsupported(problem, fix=_VERSION_FIX)
         if fn is None and self.fold_refused is not None:
             raise self.unsupported(
                 f"ONNX operator {op!r} can only be imported by folding it to a constant, and "
@@ -1217,10 +1300,12 @@ class _Importer:
             cat = np.concatenate(parts, axis=int(attrs["axis"]))
             return [_finish(cat, dts.pop() if len(dts) == 1 else dt)]
         if op == "Slice":
-            if self.opset < 10:
-                raise _NotSymbolic("old slice")
-            starts, ends = numeric(ins[1], "starts"), numeric(ins[2], "ends")
-            axes = numeric(ins[3] if len(ins) > 3 else None, "axes") or list(range(len(starts or [])))
+            if self.opset < 10:  # Slice-1: attributes
+                starts, ends = list(attrs["starts"]), list(attrs["ends"])
+                axes = list(attrs.get("axes") or range(len(starts)))
+            else:
+                starts, ends = numeric(ins[1], "starts"), numeric(ins[2], "ends")
+                axes = numeric(ins[3] if len(ins) > 3 else None, "axes") or list(range(len(starts or [])))
             steps = numeric(ins[4] if len(ins) > 4 else None, "steps") or [1] * len(axes)
             idx: list[Any] = [slice(None)] * a.ndim
             for s, e, ax, st in zip(starts or [], ends or [], axes, steps):
@@ -1354,6 +1439,10 @@ def _dropout(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         return [ins[0]]
     x = imp.t(ins[0])
     outs: list[Any] = [x]
+    if len(node.output) > 1 and node.output[1] and imp.opset < 10:
+        raise imp.unsupported("Dropout's mask output before opset 10 (then typed like the input, "
+                              "with no defined inference-mode value) is not translated",
+                              fix="do not use the mask output, or convert the model to opset 10 or newer")
     if len(node.output) > 1 and node.output[1]:
         outs.append(imp.g.op("expand", imp.g.const(True, DType.BOOL), shape=x.shape))
     return outs
@@ -1700,6 +1789,10 @@ def _batch_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     if int(attrs.get("training_mode", 0)):
         raise imp.unsupported("BatchNormalization with training_mode=1 is not supported",
                               fix="export the model in eval mode (model.eval())")
+    if not int(attrs.get("spatial", 1)):  # BatchNormalization-7: per-element statistics
+        raise imp.unsupported("BatchNormalization spatial=0 (statistics per element, opset 7-8) is not "
+                              "translated", fix="export with spatial=1 (per-channel statistics), the "
+                                                "only form from opset 9 on")
     x = imp.t(ins[0])
     params = [imp.t(v, x.dtype) for v in ins[1:5]]
     return [imp.g.op("batch_norm", x, *params, eps=float(attrs.get("epsilon", 1e-5)))]
@@ -2029,12 +2122,17 @@ def _clamp(v: Any) -> int:
 def _slice(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     g = imp.g
     x = imp.t(ins[0])
-    if imp.opset < 10:  # pragma: no cover - below MIN_OPSET
-        raise imp.unsupported("Slice before opset 10", fix="re-export with a newer opset")
-    starts = imp.dims(ins[1], "Slice starts")
-    ends = imp.dims(ins[2], "Slice ends")
-    axes = imp.ints(ins[3] if len(ins) > 3 else None, "Slice axes") or list(range(len(starts)))
-    steps = imp.ints(ins[4] if len(ins) > 4 else None, "Slice steps") or [1] * len(axes)
+    starts: list[SymLike]
+    ends: list[SymLike]
+    if imp.opset < 10:  # Slice-1: starts, ends and axes are attributes, and there are no steps
+        starts, ends = [int(v) for v in attrs["starts"]], [int(v) for v in attrs["ends"]]
+        axes = [int(v) for v in attrs["axes"]] if "axes" in attrs else list(range(len(starts)))
+        steps = [1] * len(axes)
+    else:
+        starts = imp.dims(ins[1], "Slice starts")
+        ends = imp.dims(ins[2], "Slice ends")
+        axes = imp.ints(ins[3] if len(ins) > 3 else None, "Slice axes") or list(range(len(starts)))
+        steps = imp.ints(ins[4] if len(ins) > 4 else None, "Slice steps") or [1] * len(axes)
     st_l, sp_l, ax_l, step_l = [], [], [], []
     y = x
     for s, e, ax, step in zip(starts, ends, axes, steps):
@@ -2215,12 +2313,17 @@ def _pad(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     mode = str(attrs.get("mode", "constant"))
     if mode != "constant":
         raise imp.unsupported(f"Pad mode={mode!r} is not supported", fix="use constant padding")
+    value_t: Tensor | None = None  # a pad value computed at run time
     if imp.opset >= 11:
         pads = imp.ints(ins[1], "Pad pads")
-        value = imp.scalar(ins[2] if len(ins) > 2 else None, "the Pad value") or 0.0
+        v_in = ins[2] if len(ins) > 2 else None
+        if isinstance(v_in, Tensor):
+            value, value_t = 0.0, v_in
+        else:
+            value = imp.scalar(v_in, "the Pad value") or 0.0
         axes = imp.ints(ins[3] if len(ins) > 3 else None, "Pad axes")
-    else:  # pragma: no cover - below MIN_OPSET
-        pads, value, axes = list(attrs["pads"]), float(attrs.get("value", 0.0)), None
+    else:  # Pad-2: pads and value are attributes
+        pads, value, axes = [int(p) for p in attrs["pads"]], float(attrs.get("value", 0.0)), None
     assert pads is not None
     r = x.rank
     if axes is not None:
@@ -2234,7 +2337,18 @@ def _pad(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
                               fix="crop with Slice instead")
     if not any(pads):
         return [x]
-    return [imp.g.op("pad", x, pads=tuple(pads), value=float(value))]
+    g = imp.g
+    y = g.op("pad", x, pads=tuple(pads), value=float(value))
+    if value_t is not None:
+        # The border takes the run-time value: select it where a padded all-true mask is false
+        # (exact for every value, inf and NaN included, unlike a masked sum).
+        vt = value_t if value_t.dtype == x.dtype else g.op("cast", value_t, to=x.dtype)
+        if vt.rank:
+            vt = g.op("reshape", vt, shape=())
+        inside = g.op("pad", g.op("expand", g.const(1.0, DType.F32), shape=x.shape), pads=tuple(pads),
+                      value=0.0)
+        y = g.op("where", g.op("greater", inside, g.const(0.5, DType.F32)), y, vt)
+    return [y]
 
 
 @_handler("If")
