@@ -1,0 +1,528 @@
+"""WGSL compute-shader sources. Elementwise bodies come from the shared renderer
+(:func:`rlx_core.plugin.render_program`, dialect :data:`WGSL`: the shared ``"wgsl"`` one with this
+backend's helpers); matmul, reductions, row kernels and movement are hand-written templates. Every
+shader sees the arena (binding 0, ``A: array<u32>``, read-write), the constants (binding 1,
+``W: array<u32>``) and its own launch parameters (binding 2, ``M: array<i32>``, bound with a dynamic
+offset per dispatch: WebGPU has no push constants, and a dynamic offset works in every
+implementation, browsers included).
+
+WGSL differs from GLSL where it matters here: no ``isnan``/``isinf`` built-ins and no promise that
+``x != x`` survives the compiler (implementations may assume finite floats), so NaN/Inf tests look
+at the bits; inf/nan values come from ``bitcast`` of a *variable* (a constant expression that is
+not finite is a shader-creation error); no ``precise``; integer division by zero is defined
+(``a / 0 == a``) but not as the reference, hence ``rlx_idiv``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import cache, lru_cache
+
+from rlx_core.plugin import DIALECTS, DType, IRError, render_program
+
+WG = 64
+TYPES = {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool"}
+ESIZE = {DType.F32: 4, DType.I32: 4, DType.BOOL: 1, DType.I64: 8}
+
+HEADER = """@group(0) @binding(0) var<storage, read_write> A: array<u32>;
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(2) var<storage, read> M: array<i32>;
+fn rd(b: i32, a: u32) -> u32 { if (b == 0) { return A[a >> 2u]; } return W[a >> 2u]; }
+fn ldf(b: i32, a: u32) -> f32 { return bitcast<f32>(rd(b, a)); }
+fn ldi(b: i32, a: u32) -> i32 { return bitcast<i32>(rd(b, a)); }
+fn ldb(b: i32, a: u32) -> bool { return ((rd(b, a) >> ((a & 3u) * 8u)) & 0xffu) != 0u; }
+fn rlx_inf() -> f32 { var u = 0x7f800000u; return bitcast<f32>(u); }
+fn rlx_nan() -> f32 { var u = 0x7fc00000u; return bitcast<f32>(u); }
+fn rlx_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn rlx_isinf(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u; }
+fn rlx_idiv(a: i32, b: i32) -> i32 {
+  if (b == 0) { return 0; }
+  let q = u32(abs(a)) / u32(abs(b));
+  return select(-1, 1, (a > 0) == (b > 0) || a == 0) * i32(q);
+}
+fn rlx_tanh(x: f32) -> f32 { if (abs(x) > 15.0) { return sign(x); } return tanh(x); }
+fn rlx_exp(x: f32) -> f32 {
+  if (rlx_isnan(x)) { return x; }
+  if (x > 88.8) { return rlx_inf(); }
+  if (x < -104.0) { return 0.0; }
+  return exp(x);
+}
+fn rlx_log(x: f32) -> f32 {
+  if (rlx_isnan(x)) { return x; }
+  if (x < 0.0) { return rlx_nan(); }
+  if (x == 0.0) { return -rlx_inf(); }
+  if (rlx_isinf(x)) { return x; }
+  return log(x);
+}
+fn rlx_sqrt(x: f32) -> f32 {
+  if (rlx_isnan(x) || x < 0.0) { return rlx_nan(); }
+  if (rlx_isinf(x)) { return x; }
+  return sqrt(x);
+}
+fn rlx_max(a: f32, b: f32) -> f32 {
+  if (rlx_isnan(a) || rlx_isnan(b)) { return rlx_nan(); } return select(b, a, a > b);
+}
+fn rlx_min(a: f32, b: f32) -> f32 {
+  if (rlx_isnan(a) || rlx_isnan(b)) { return rlx_nan(); } return select(b, a, a < b);
+}
+fn rlx_sign(x: f32) -> f32 { if (rlx_isnan(x)) { return x; } return f32(x > 0.0) - f32(x < 0.0); }
+"""
+
+ENTRY = ("@compute @workgroup_size(%(wx)d, %(wy)d)\n"
+         "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) ng: vec3<u32>,\n"
+         "        @builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {\n")
+
+
+def header() -> str:
+    return HEADER
+
+
+def entry(wx: int = WG, wy: int = 1) -> str:
+    return ENTRY % {"wx": wx, "wy": wy}
+
+
+def load(dt: DType, b: str, a: str) -> str:
+    return {DType.F32: "ldf", DType.I32: "ldi", DType.BOOL: "ldb"}[dt] + f"({b}, {a})"
+
+
+_WGSL = DIALECTS["wgsl"]
+#: WGSL built-ins replaced by this module's helpers (:data:`HEADER`): IEEE overflow, underflow and
+#: special values as the reference computes them (the built-ins leave them to the implementation).
+HELPERS = {"exp": "rlx_exp", "log": "rlx_log", "tanh": "rlx_tanh", "sqrt": "rlx_sqrt"}
+#: ops left to the core's decompositions: sin/cos need an exact argument reduction (Payne-Hanek)
+#: and pow an accurate log2, which WGSL without f64/i64 does not give us yet
+REFUSED = frozenset({"sin", "cos", "pow"})
+
+
+def _math(op: str, dt: DType) -> str:
+    if op in REFUSED:
+        raise IRError(f"{op} has no exact WGSL rule here", fix="run it on another backend")
+    return HELPERS.get(op) or {"round": "round"}.get(op, _WGSL.math(op, dt))
+
+
+def _literal(v: float, dt: DType) -> str:
+    s = _WGSL.literal(v, dt)
+    return {"inf": "rlx_inf()", "-inf": "(-rlx_inf())", "nan": "rlx_nan()"}.get(s, s)
+
+
+def _rule(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict) -> str | None:
+    if op in REFUSED:
+        raise IRError(f"{op} has no exact WGSL rule here", fix="run it on another backend")
+    if op == "cast" and out is DType.BOOL and in_types[0] is DType.BOOL:
+        return args[0]  # WGSL cannot compare a bool with 0
+    f32 = bool(in_types) and in_types[0] is DType.F32
+    if op in ("maximum", "minimum") and f32:
+        return f"{'rlx_max' if op == 'maximum' else 'rlx_min'}({args[0]}, {args[1]})"
+    if op == "sign" and f32:
+        return f"rlx_sign({args[0]})"
+    # an unordered comparison: lavapipe compiles WGSL's != on floats as an ordered one (NaN != x false)
+    if op == "not_equal" and f32:
+        return f"(!({args[0]} == {args[1]}))"
+    if op == "cast" and out is DType.BOOL and f32:
+        return f"(!({args[0]} == 0.0))"
+    if op == "cast" and in_types[0] is DType.F32 and out is DType.I32:
+        # WGSL's i32(f32) saturates; NaN has no defined result: the reference's C cast gives MIN
+        return f"select(i32({args[0]}), -2147483647 - 1, rlx_isnan({args[0]}))"
+    return None
+
+
+#: The shared WGSL dialect with this backend's helpers.
+WGSL = dataclasses.replace(_WGSL, math=_math, literal=_literal, idiv="rlx_idiv({a}, {b})", rule=_rule)
+
+
+@lru_cache(maxsize=4096)
+def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
+    """Meta: n, rank, out_off, 0, shape[rank], then per input: buf, off, strides[rank]."""
+    nin = len(in_dtypes)
+    for dt in (*in_dtypes, out_dtype):
+        if dt not in TYPES:
+            raise IRError(f"no WGSL storage for {dt}", fix="cast to f32/i32/bool first")
+    lines, res, rdt = render_program(program, [f"x{k}" for k in range(nin)], in_dtypes, WGSL)
+    if rdt is not out_dtype:
+        raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
+    ot = TYPES[out_dtype]
+    src = [header(), f"fn value_at(i: u32) -> {ot} {{", "  let rank = M[1];"]
+    src += [f"  var e{k}: i32 = 0; let p{k} = 4 + rank + {k} * (rank + 2);" for k in range(nin)]
+    src += ["  var rem = i;", "  for (var d = rank - 1; d >= 0; d--) {",
+            "    let s = u32(M[4 + d]); let c = i32(rem % s); rem = rem / s;"]
+    src += [f"    e{k} += c * M[p{k} + 2 + d];" for k in range(nin)]
+    src += ["  }"]
+    for k, dt in enumerate(in_dtypes):
+        addr = f"u32(M[p{k} + 1]) + u32(e{k}) * {ESIZE[dt]}u"
+        src.append(f"  let x{k}: {TYPES[dt]} = {load(dt, f'M[p{k}]', addr)};")
+    src += ["  " + ln for ln in lines] + [f"  return {res};", "}", entry()]
+    src += ["  let n = u32(M[0]); let o = u32(M[2]) >> 2u; let stp = ng.x * 64u;"]
+    if out_dtype is DType.BOOL:
+        src += ["  for (var t = gid.x; t < (n + 3u) / 4u; t += stp) {",
+                "    var w = 0u;",
+                "    for (var k = 0u; k < 4u; k++) { let i = 4u * t + k;",
+                "      if (i < n) { if (value_at(i)) { w |= 1u << (8u * k); } } }",
+                "    A[o + t] = w;", "  }", "}"]
+    else:
+        src += ["  for (var i = gid.x; i < n; i += stp) {",
+                "    A[o + i] = bitcast<u32>(value_at(i));", "  }", "}"]
+    return "\n".join(src) + "\n"
+
+
+@cache
+def copy32() -> str:
+    """Strided 4-byte copy. Meta: n, rank, in_buf, in_off, out_off, in_base_elems, shape[rank],
+    istride[rank], ostride[rank] (strides in elements, may be negative)."""
+    return header() + entry() + """  let n = u32(M[0]); let rank = M[1];
+  let ib = M[2]; let io = u32(M[3]) >> 2u; let oo = u32(M[4]) >> 2u;
+  for (var i = gid.x; i < n; i += ng.x * 64u) {
+    var rem = i; var ie = M[5]; var oe = 0;
+    for (var d = rank - 1; d >= 0; d--) {
+      let s = u32(M[6 + d]); let c = i32(rem % s); rem = rem / s;
+      ie += c * M[6 + rank + d]; oe += c * M[6 + 2 * rank + d];
+    }
+    A[oo + u32(oe)] = rd(ib, (io + u32(ie)) * 4u);
+  }
+}
+"""
+
+
+@cache
+def fill32() -> str:
+    """Meta: n, out_off, bits."""
+    return header() + entry() + """  let n = u32(M[0]); let o = u32(M[1]) >> 2u; let v = bitcast<u32>(M[2]);
+  for (var i = gid.x; i < n; i += ng.x * 64u) { A[o + i] = v; }
+}
+"""
+
+
+#: Every matmul shader's prologue: sizes, operand bases/offsets and the batch-broadcast offsets
+#: (ae, be) of this workgroup's batch index.
+_MATMUL_META = """  let Mr = M[0]; let N = M[1]; let K = M[2];
+  let ab = M[3]; let bb = M[5]; let ao = u32(M[4]); let bo = u32(M[6]); let co = u32(M[7]);
+  let br = M[8]; let bi = wid.z; var rem = bi; var ae = 0; var be = 0;
+  for (var d = br - 1; d >= 0; d--) {
+    let s = u32(M[9 + d]); let c = i32(rem % s); rem = rem / s;
+    ae += c * M[9 + br + d]; be += c * M[9 + 2 * br + d];
+  }
+"""
+
+
+def _conv(dt: DType) -> tuple[str, str, str]:
+    """(WGSL type, load helper, store expression of ``acc``) for f32/i32."""
+    t = TYPES[dt]
+    return t, ("ldf" if dt is DType.F32 else "ldi"), "bitcast<u32>(acc)"
+
+
+@cache
+def matmul(dt: DType) -> str:
+    """Tiled (16x16 workgroup memory) batched matmul, for GPUs. Meta: M, N, K, a_buf, a_off, b_buf,
+    b_off, c_off, brank, bshape[brank], astride[brank], bstride[brank] (batch strides in elements)."""
+    t, ld, st = _conv(dt)
+    return header() + f"""var<workgroup> As: array<array<{t}, 16>, 16>;
+var<workgroup> Bs: array<array<{t}, 16>, 16>;
+""" + entry(16, 16) + _MATMUL_META + f"""  let row = i32(wid.y) * 16 + i32(lid.y);
+  let col = i32(wid.x) * 16 + i32(lid.x);
+  let ly = lid.y; let lx = lid.x;
+  var acc: {t} = {t}(0);
+  for (var k0 = 0; k0 < K; k0 += 16) {{
+    let ka = k0 + i32(lx); let kb = k0 + i32(ly);
+    var av: {t} = {t}(0); var bv: {t} = {t}(0);
+    if (row < Mr && ka < K) {{ av = {ld}(ab, ao + u32(ae + row * K + ka) * 4u); }}
+    if (kb < K && col < N) {{ bv = {ld}(bb, bo + u32(be + kb * N + col) * 4u); }}
+    As[ly][lx] = av; Bs[ly][lx] = bv;
+    workgroupBarrier();
+    for (var k = 0u; k < 16u; k++) {{ acc += As[ly][k] * Bs[k][lx]; }}
+    workgroupBarrier();
+  }}
+  if (row < Mr && col < N) {{ A[(co >> 2u) + bi * u32(Mr * N) + u32(row * N + col)] = {st}; }}
+}}
+"""
+
+
+@cache
+def matmul_simple(dt: DType, bufs: str = "AA") -> str:
+    """Matmul without workgroup memory (one invocation per output column of four rows, 64 along N):
+    what CPU implementations (lavapipe) run fastest, since barriers are costly there. ``bufs``: the
+    storage arrays of A and B (``A`` arena, ``W`` constants), baked into the shader. Meta as
+    :func:`matmul`."""
+    t, _ld, _st = _conv(dt)
+    ba, bb_ = bufs[0], bufs[1]
+    return header() + entry() + _MATMUL_META + f"""  let r0 = min(i32(wid.y) * 4, max(Mr - 4, 0));
+  let col = i32(gid.x);
+  if (col >= N) {{ return; }}
+  let pa = (ao >> 2u) + u32(ae + r0 * K); let pb = (bo >> 2u) + u32(be + col);
+  var a0: {t} = {t}(0); var a1: {t} = {t}(0); var a2: {t} = {t}(0); var a3: {t} = {t}(0);
+  let m1 = select(0, K, Mr > 1); let m2 = select(0, 2 * K, Mr > 2); let m3 = select(0, 3 * K, Mr > 3);
+  for (var k = 0; k < K; k++) {{
+    let bv = bitcast<{t}>({bb_}[pb + u32(k * N)]); let p = pa + u32(k);
+    a0 += bitcast<{t}>({ba}[p]) * bv; a1 += bitcast<{t}>({ba}[p + u32(m1)]) * bv;
+    a2 += bitcast<{t}>({ba}[p + u32(m2)]) * bv; a3 += bitcast<{t}>({ba}[p + u32(m3)]) * bv;
+  }}
+  let oc = (co >> 2u) + bi * u32(Mr * N) + u32(col);
+  // the last block is shifted to stay in bounds: it recomputes some rows (same values)
+  A[oc + u32(r0 * N)] = bitcast<u32>(a0);
+  if (r0 + 1 < Mr) {{ A[oc + u32((r0 + 1) * N)] = bitcast<u32>(a1); }}
+  if (r0 + 2 < Mr) {{ A[oc + u32((r0 + 2) * N)] = bitcast<u32>(a2); }}
+  if (r0 + 3 < Mr) {{ A[oc + u32((r0 + 3) * N)] = bitcast<u32>(a3); }}
+}}
+"""
+
+
+@cache
+def linear() -> str:
+    """y[r, n] = sum_k x[r, k] * w[n, k] + b[n]. Meta: R, N, K, x_buf, x_off, w_buf, w_off, b_buf,
+    b_off, out_off, wt (1: w is stored transposed, (K, N): the program pre-transposes constant
+    weights so that neighbouring invocations read neighbouring words). Rows loop over the grid's y
+    (at most 65535 workgroups a dimension)."""
+    return header() + entry() + """  let R = M[0]; let N = M[1]; let K = M[2];
+  let xb = M[3]; let xo = u32(M[4]) >> 2u; let wb = M[5]; let wo = u32(M[6]) >> 2u;
+  let bb = M[7]; let bo = u32(M[8]); let oo = u32(M[9]) >> 2u; let wt = M[10];
+  let col = i32(gid.x);
+  if (col >= N) { return; }
+  let bias = ldf(bb, bo + u32(col) * 4u);
+  for (var row = i32(wid.y); row < R; row += i32(ng.y)) {
+    let px = xo + u32(row * K);
+    var acc = 0.0;
+    if (wt == 1 && xb == 0 && wb == 1) {
+      let pw = wo + u32(col);
+      for (var k = 0; k < K; k++) { acc += bitcast<f32>(A[px + u32(k)]) * bitcast<f32>(W[pw + u32(k * N)]); }
+    } else if (wt == 1) {
+      for (var k = 0; k < K; k++) {
+        acc += ldf(xb, (px + u32(k)) * 4u) * ldf(wb, (wo + u32(k * N + col)) * 4u);
+      }
+    } else {
+      for (var k = 0; k < K; k++) {
+        acc += ldf(xb, (px + u32(k)) * 4u) * ldf(wb, (wo + u32(col * K + k)) * 4u);
+      }
+    }
+    A[oo + u32(row * N + col)] = bitcast<u32>(acc + bias);
+  }
+}
+"""
+
+
+@cache
+def reduce(op: str, dt: DType) -> str:
+    """One invocation per output element. Meta: nout, nkept, nred, in_buf, in_off, out_off, R,
+    kept (size, stride)*, red (size, stride)*."""
+    t, ld, _st = _conv(dt)
+    init = {"reduce_sum": f"{t}(0)", "reduce_mean": "0.0", "reduce_prod": f"{t}(1)"}.get(op, "v0")
+    if op in ("reduce_sum", "reduce_mean") and dt is DType.F32:
+        # compensated (Kahan) sum; an infinity or NaN just propagates
+        body = ("if (rlx_isinf(acc) || rlx_isinf(v) || rlx_isnan(v)) { acc += v; } else { let y = v - comp; "
+                "let s = acc + y; comp = (s - acc) - y; acc = s; }")
+    elif op in ("reduce_sum", "reduce_mean"):
+        body = "acc += v;"
+    elif op == "reduce_prod":
+        body = "acc *= v;"
+    else:
+        cmp = ">" if op == "reduce_max" else "<"
+        body = (f"if (v {cmp} acc || rlx_isnan(v)) {{ acc = v; }}" if dt is DType.F32
+                else f"if (v {cmp} acc) {{ acc = v; }}")
+    fin = "acc = acc / f32(R);" if op == "reduce_mean" else ""
+    return header() + entry() + f"""  let n = u32(M[0]); let nk = M[1]; let nr = M[2]; let ib = M[3];
+  let io = u32(M[4]); let oo = u32(M[5]) >> 2u; let R = M[6];
+  for (var i = gid.x; i < n; i += ng.x * 64u) {{
+    var rem = i; var e = 0;
+    for (var d = nk - 1; d >= 0; d--) {{
+      let s = u32(M[7 + 2 * d]); let c = i32(rem % s); rem = rem / s; e += c * M[8 + 2 * d];
+    }}
+    let rb = 7 + 2 * nk;
+    var v0: {t} = {t}(0);
+    if (R > 0) {{ v0 = {ld}(ib, io + u32(e) * 4u); }}
+    var acc: {t} = {init}; var comp = 0.0;
+    for (var r = 0; r < R; r++) {{
+      var rr = u32(r); var f = e;
+      for (var d = nr - 1; d >= 0; d--) {{
+        let s = u32(M[rb + 2 * d]); let c = i32(rr % s); rr = rr / s; f += c * M[rb + 2 * d + 1];
+      }}
+      let v = {ld}(ib, io + u32(f) * 4u);
+      {body}
+    }}
+    {fin}
+    A[oo + i] = bitcast<u32>(acc);
+  }}
+}}
+"""
+
+
+@cache
+def rows(op: str) -> str:
+    """One invocation per row of ``cols`` contiguous f32. Meta: rows, cols, x_buf, x_off, out_off,
+    eps bits, g_buf, g_off, b_buf, b_off."""
+    x = "ldf(xb, xo + (r * u32(C) + u32(j)) * 4u)"
+    out = "A[oo + r * u32(C) + u32(j)]"
+    if op == "layer_norm":
+        body = f"""
+    var mean = 0.0; var comp = 0.0;
+    for (var j = 0; j < C; j++) {{ let v = {x};
+      if (rlx_isinf(mean) || rlx_isinf(v) || rlx_isnan(v)) {{ mean += v; continue; }}
+      let y = v - comp; let s = mean + y; comp = (s - mean) - y; mean = s; }}
+    mean = mean / f32(C);
+    var vr = 0.0; comp = 0.0;
+    for (var j = 0; j < C; j++) {{ let d = {x} - mean; let dd = d * d;
+      if (rlx_isinf(vr) || rlx_isinf(dd) || rlx_isnan(d)) {{ vr += dd; continue; }}
+      let y = dd - comp; let s = vr + y; comp = (s - vr) - y; vr = s; }}
+    vr = vr / f32(C);
+    let inv = 1.0 / sqrt(vr + eps);
+    for (var j = 0; j < C; j++) {{
+      {out} = bitcast<u32>(({x} - mean) * inv * ldf(gb, go + u32(j) * 4u) + ldf(bb, bo + u32(j) * 4u)); }}"""
+    else:
+        final = "({x} - mx) - rlx_log(s)" if op == "log_softmax" else "rlx_exp({x} - mx) / s"
+        body = f"""
+    var mx = -rlx_inf();
+    for (var j = 0; j < C; j++) {{ let v = {x}; if (v > mx || rlx_isnan(v)) {{ mx = v; }} }}
+    if (rlx_isinf(mx) && mx < 0.0) {{ mx = 0.0; }}
+    var s = 0.0;
+    for (var j = 0; j < C; j++) {{ s += rlx_exp({x} - mx); }}
+    for (var j = 0; j < C; j++) {{ {out} = bitcast<u32>({final.format(x=x)}); }}"""
+    return header() + entry() + f"""  let n = u32(M[0]); let C = M[1]; let xb = M[2]; let xo = u32(M[3]);
+  let oo = u32(M[4]) >> 2u; let eps = bitcast<f32>(M[5]);
+  let gb = M[6]; let go = u32(M[7]); let bb = M[8]; let bo = u32(M[9]);
+  for (var r = gid.x; r < n; r += ng.x * 64u) {{{body}
+  }}
+}}
+"""
+
+
+@cache
+def gather(idx_esize: int) -> str:
+    """Meta: n, nidx, inner, D, x_buf, x_off, i_buf, i_off, out_off (4-byte elements).
+
+    Indices follow ONNX ([-D, D-1], negatives once from the end). One outside (only possible when
+    computed on the device: the host checks inputs and constants) gives 0 and reads nothing: an
+    unchecked index would read other tensors of the arena. An i64 index counts only if its high
+    word is the sign extension of its low word (2**32 + 1 must not become 1)."""
+    hi = "ldi(ib, a + 4u)" if idx_esize == 8 else "lo >> 31u"
+    return header() + entry() + f"""  let n = u32(M[0]); let ni = u32(M[1]); let inner = u32(M[2]);
+  let D = M[3]; let xb = M[4]; let xo = u32(M[5]) >> 2u; let ib = M[6];
+  let io = u32(M[7]); let oo = u32(M[8]) >> 2u;
+  for (var i = gid.x; i < n; i += ng.x * 64u) {{
+    let k = i % inner; let j = (i / inner) % ni; let o = i / (inner * ni);
+    let a = io + j * {idx_esize}u; let lo = ldi(ib, a); let hi = {hi};
+    var idx = lo; if (idx < 0) {{ idx += D; }}
+    let ok = hi == (lo >> 31u) && idx >= 0 && idx < D;
+    let src = xo + (o * u32(D) + u32(select(0, idx, ok))) * inner + k;
+    var v = 0u;
+    if (ok) {{ v = rd(xb, src * 4u); }}
+    A[oo + i] = v;
+  }}
+}}
+"""
+
+
+@cache
+def copy8() -> str:
+    """Strided byte copy into a contiguous output, one invocation per output word. Meta as copy32
+    (strides in bytes; the output strides are unused: it is contiguous)."""
+    return header() + entry() + """  let n = u32(M[0]); let rank = M[1];
+  let ib = M[2]; let io = u32(M[3]); let oo = u32(M[4]) >> 2u;
+  for (var t = gid.x; t < (n + 3u) / 4u; t += ng.x * 64u) {
+    var w = 0u;
+    for (var k = 0u; k < 4u; k++) {
+      let i = 4u * t + k; if (i >= n) { break; }
+      var rem = i; var ie = M[5];
+      for (var d = rank - 1; d >= 0; d--) {
+        let s = u32(M[6 + d]); let c = i32(rem % s); rem = rem / s; ie += c * M[6 + rank + d];
+      }
+      let a = io + u32(ie);
+      w |= ((rd(ib, a) >> ((a & 3u) * 8u)) & 0xffu) << (8u * k);
+    }
+    A[oo + t] = w;
+  }
+}
+"""
+
+
+@cache
+def iota(dt: DType) -> str:
+    """Meta: n, inner, D, out_off."""
+    store = {DType.F32: "A[o + i] = bitcast<u32>(f32(v));", DType.I32: "A[o + i] = v;",
+             DType.I64: "A[o + 2u * i] = v; A[o + 2u * i + 1u] = 0u;"}[dt]
+    return header() + entry() + f"""  let n = u32(M[0]); let inner = u32(M[1]); let D = u32(M[2]);
+  let o = u32(M[3]) >> 2u;
+  for (var i = gid.x; i < n; i += ng.x * 64u) {{
+    let v = (i / inner) % D; {store}
+  }}
+}}
+"""
+
+
+@cache
+def scan(dt: DType) -> str:
+    """cumsum, one invocation per line (sequential, as the reference). Meta: nlines, D, inner, x_buf,
+    x_off, out_off, exclusive, reverse."""
+    t, ld, _st = _conv(dt)
+    return header() + entry() + f"""  let n = u32(M[0]); let D = M[1]; let inner = u32(M[2]);
+  let xb = M[3]; let xo = u32(M[4]); let oo = u32(M[5]) >> 2u;
+  let excl = M[6] != 0; let rev = M[7] != 0;
+  for (var l = gid.x; l < n; l += ng.x * 64u) {{
+    let base = (l / inner) * u32(D) * inner + l % inner;
+    var s: {t} = {t}(0);
+    for (var jj = 0; jj < D; jj++) {{
+      let e = base + u32(select(jj, D - 1 - jj, rev)) * inner;
+      let v = {ld}(xb, xo + e * 4u);
+      s += v;
+      A[oo + e] = bitcast<u32>(select(s, s - v, excl));
+    }}
+  }}
+}}
+"""
+
+
+@cache
+def argext(op: str, dt: DType) -> str:
+    """argmax/argmin along one axis (first extreme; the first NaN wins), i64 result. Meta: n, D,
+    inner, x_buf, x_off, out_off."""
+    t, ld, _st = _conv(dt)
+    cmp = ">" if op == "argmax" else "<"
+    nan = "if (rlx_isnan(v)) { bi = j; break; }" if dt is DType.F32 else ""
+    first_ok = "!rlx_isnan(best)" if dt is DType.F32 else "true"
+    return header() + entry() + f"""  let n = u32(M[0]); let D = M[1]; let inner = u32(M[2]);
+  let xb = M[3]; let xo = u32(M[4]); let oo = u32(M[5]) >> 2u;
+  for (var i = gid.x; i < n; i += ng.x * 64u) {{
+    let base = (i / inner) * u32(D) * inner + i % inner;
+    var best: {t} = {ld}(xb, xo + base * 4u); var bi = 0;
+    if ({first_ok}) {{
+      for (var j = 1; j < D; j++) {{
+        let v = {ld}(xb, xo + (base + u32(j) * inner) * 4u);
+        {nan}
+        if (v {cmp} best) {{ best = v; bi = j; }}
+      }}
+    }}
+    A[oo + 2u * i] = u32(bi); A[oo + 2u * i + 1u] = 0u;
+  }}
+}}
+"""
+
+
+@cache
+def conv2d(dt: DType) -> str:
+    """Direct 2-D cross-correlation (NCHW x OIHW, strides, pads, dilations, groups), one invocation per
+    output element. Meta: total, C, H, W, O, Cg, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, Og, x_buf,
+    x_off, w_buf, w_off, out_off."""
+    t, ld, _st = _conv(dt)
+    return header() + entry() + f"""  let n = u32(M[0]);
+  let C = M[1]; let H = M[2]; let Wd = M[3]; let O = M[4]; let Cg = M[5]; let KH = M[6]; let KW = M[7];
+  let OH = M[8]; let OW = M[9]; let sh = M[10]; let sw = M[11]; let pt = M[12]; let pl = M[13];
+  let dh = M[14]; let dw = M[15]; let Og = M[16];
+  let xb = M[17]; let xo = u32(M[18]); let wb = M[19]; let wo = u32(M[20]); let oo = u32(M[21]) >> 2u;
+  for (var i = gid.x; i < n; i += ng.x * 64u) {{
+    let ow = i32(i % u32(OW)); let oh = i32((i / u32(OW)) % u32(OH));
+    let o = i32((i / u32(OW * OH)) % u32(O)); let b = i32(i / u32(OW * OH * O));
+    let g = o / Og;
+    var acc: {t} = {t}(0);
+    for (var c = 0; c < Cg; c++) {{
+      let ci = g * Cg + c;
+      for (var kh = 0; kh < KH; kh++) {{
+        let ih = oh * sh - pt + kh * dh;
+        if (ih < 0 || ih >= H) {{ continue; }}
+        for (var kw = 0; kw < KW; kw++) {{
+          let iw = ow * sw - pl + kw * dw;
+          if (iw < 0 || iw >= Wd) {{ continue; }}
+          acc += {ld}(xb, xo + u32(((b * C + ci) * H + ih) * Wd + iw) * 4u)
+               * {ld}(wb, wo + u32(((o * Cg + c) * KH + kh) * KW + kw) * 4u);
+        }}
+      }}
+    }}
+    A[oo + i] = bitcast<u32>(acc);
+  }}
+}}
+"""
