@@ -152,7 +152,8 @@ def test_export_webgpu(device: object, tmp_path: Path) -> None:
     js = (tmp_path / "rlx_model.mjs").read_text()
     assert "export async function load" in js
     if shutil.which("node"):
-        r = subprocess.run(["node", "--check", str(tmp_path / "rlx_model.mjs")], capture_output=True, text=True)
+        r = subprocess.run(["node", "--check", str(tmp_path / "rlx_model.mjs")], capture_output=True,
+                           text=True)
         assert r.returncode == 0, r.stderr
     deno = shutil.which("deno")
     if not deno:
@@ -180,5 +181,6 @@ def test_export_escapes_model_names(device: object, tmp_path: Path) -> None:
     first = js.splitlines()[0]
     assert first.startswith("// ") and "*/" not in first
     if shutil.which("node"):
-        r = subprocess.run(["node", "--check", str(tmp_path / "rlx_model.mjs")], capture_output=True, text=True)
+        r = subprocess.run(["node", "--check", str(tmp_path / "rlx_model.mjs")], capture_output=True,
+                           text=True)
         assert r.returncode == 0, r.stderr
