@@ -44,10 +44,11 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.tx
 
 log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 "${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
-  -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga
+  -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga \
+  -e plugins/rlx-webgpu
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga)
+CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu)
 
 # certify DIR [--results]: certificates of every CI plugin in DIR; with --results also every check's
 # result (DIR/B.results.json), which the tests then reuse (RLX_CERT_DIR) instead of running the suite again.

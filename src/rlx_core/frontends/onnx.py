@@ -2372,6 +2372,8 @@ def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     return [imp.env[o.name] for o in branch.output]
 
 
+from . import onnx_nn as _onnx_nn  # noqa: E402,F401  (Resize, Attention, norms, losses register here)
+
 #: The ONNX operators (default domain) this importer translates.
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
 

@@ -1,0 +1,385 @@
+"""ONNX neural-net operators of real exports, translated into existing RLX IR ops (issue 17).
+
+Resize (opsets 10 to 19) and Upsample, Attention (23/24), RMSNormalization, RotaryEmbedding,
+NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss, GroupNormalization and InstanceNormalization.
+The handlers register in :mod:`rlx_core.frontends.onnx`'s table (that module imports this one), so
+the ONNX importer stays one entry point, and every backend runs them (no new IR op).
+
+Resize is separable: each resized axis is a fixed linear map from the input positions to the
+output positions, computed here at import time in float64 exactly as onnx's reference (and ONNX
+Runtime) computes its taps. Nearest is then one ``gather`` per axis (no arithmetic at all), linear
+and cubic are a few gathers weighted by constant coefficients, and wide antialias filters are one
+``matmul`` by the constant interpolation matrix. Integer inputs are resized by nearest only (the
+weighted modes would need ONNX's rounding and saturation, which are refused rather than guessed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType
+from ..ir.builder import Tensor
+from . import onnx as _onnx
+from .onnx import _Const, _handler, _Importer
+
+_FLOATS = (DType.F16, DType.BF16, DType.F32, DType.F64)
+
+# The versions each handler translates exactly (see onnx.op_version_problem): older Resize/Upsample
+# versions are read with their own defaults below; newer Attention versions add attributes that are
+# refused by name when present.
+_onnx._OP_SINCE.update({"Resize": 10, "Upsample": 7, "InstanceNormalization": 6,
+                        "NegativeLogLikelihoodLoss": 12, "SoftmaxCrossEntropyLoss": 12,
+                        "GroupNormalization": 18})
+_onnx._OP_REVIEWED.update({"Attention": 24, "Resize": 19, "NegativeLogLikelihoodLoss": 22,
+                           "InstanceNormalization": 22, "GroupNormalization": 21})
+
+#: Inputs (op type, input index) that are float but shape-like: the backend adapter may compile
+#: small constant feeds of them in (onnx_backend's freeze_inputs), as it does for integer ones.
+SHAPE_LIKE_FLOAT_INPUTS: frozenset[tuple[str, int]] = frozenset({("Resize", 1), ("Resize", 2),
+                                                                 ("Upsample", 1)})
+
+
+def _float_input(imp: _Importer, x: Tensor, op: str, what: str = "input") -> None:
+    if x.dtype not in _FLOATS:
+        raise imp.unsupported(f"{op} on a {x.dtype.value} {what} is not supported",
+                              fix="cast it to float32 in the model before this node")
+
+
+def _static(imp: _Importer, x: Tensor, axes: Sequence[int], op: str) -> list[int]:
+    out = []
+    for a in axes:
+        d = x.shape[a]
+        if not isinstance(d, int):
+            raise imp.symbolic(f"{op} over the symbolic axis {a} (size {d!r}) of {x.shape}", [d])
+        out.append(d)
+    return out
+
+
+def _bcast(col: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A 1-D per-position array shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+    return col.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Resize / Upsample
+
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+_CT_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+             "tf_crop_and_resize", "tf_half_pixel_for_nn")
+
+
+def _source_coords(ctm: str, in_len: int, out_len: int, scale: float, roi: tuple[float, float] | None,
+                   ort: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Output positions -> input coordinates, and where a tf_crop_and_resize coordinate falls outside
+    the input (extrapolated). ``ort=False``: onnx's reference (float64; align_corners and
+    pytorch_half_pixel use the real-valued output width ``scale * in_len``); ``ort=True``: ONNX
+    Runtime's float32 arithmetic on the integer output length, as the spec's formulas read."""
+    f: Any = np.float32 if ort else np.float64
+    y: Any = np.arange(out_len, dtype=f)
+    sc: Any = f(scale)
+    out_w = float(sc) * in_len  # the real-valued output length (not floored)
+    ref_len = out_len if ort else out_w  # what align_corners / pytorch_half_pixel divide by
+    half = f(0.5)
+    extra = None
+    x: Any
+    if ctm == "align_corners":
+        x = np.zeros(out_len, f) if ref_len == 1 else y * f(in_len - 1) / f(ref_len - 1)
+    elif ctm == "asymmetric":
+        x = y / sc
+    elif ctm == "tf_half_pixel_for_nn":
+        x = (y + half) / sc
+    elif ctm == "tf_crop_and_resize":
+        assert roi is not None
+        r0, r1 = f(roi[0]), f(roi[1])
+        if ref_len == 1:
+            x = np.full(out_len, (r1 - r0) * f(in_len - 1) / 2, f)
+        else:
+            x = y * (r1 - r0) * f(in_len - 1) / f(ref_len - 1)
+        x = x + r0 * f(in_len - 1)
+        extra = (x < 0) | (x > in_len - 1)
+    elif ctm == "pytorch_half_pixel":
+        x = np.full(out_len, f(0.0) if ort else f(-0.5), f) if ref_len == 1 else (y + half) / sc - half
+    elif ctm == "half_pixel":
+        x = (y + half) / sc - half
+    else:  # half_pixel_symmetric
+        adjustment = f(out_len) / f(out_w)
+        x = f(in_len) / f(2) * (f(1) - adjustment) + (y + half) / sc - half
+    return np.asarray(x, np.float64), extra
+
+
+def _taps(mode: str, x: np.ndarray, in_len: int, scale: float, *, nearest_mode: str, cubic_a: float,
+          exclude_outside: bool, antialias: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per output position, the input indices (clamped: edge padding) and their float64 weights."""
+    if mode == "nearest" and nearest_mode == "simple":
+        # Resize-10 / Upsample in ONNX Runtime: truncate when upsampling, ceil when downsampling.
+        i = np.ceil(x) if scale < 1 else np.trunc(x)
+        idx = np.clip(i, 0, in_len - 1).astype(np.int64)[:, None]
+        return idx, np.ones_like(idx, dtype=np.float64)
+    xi = np.floor(x)
+    ratio = np.where(x == xi, 1.0, x - xi)  # prefer the left neighbour: ratio in (0, 1]
+    s = min(scale, 1.0)
+    if mode == "nearest":
+        ones = np.ones_like(ratio)
+        if nearest_mode == "floor":
+            up = np.zeros_like(ratio, dtype=bool)
+        elif nearest_mode == "ceil":
+            up = ones.astype(bool)
+        else:
+            up = ratio > 0.5 if nearest_mode == "round_prefer_floor" else ratio >= 0.5
+        up = up | (ratio == 1.0)  # an integer coordinate: the second neighbour is the point itself
+        coeffs = np.stack([~up, up], axis=1).astype(np.float64)
+    elif mode == "linear":
+        if antialias:
+            start = int(np.floor(-1 / s) + 1)
+            args = (np.arange(start, 2 - start)[None, :] - ratio[:, None]) * s
+            coeffs = np.clip(1 - np.abs(args), 0, 1)
+            coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+        else:
+            coeffs = np.stack([1 - ratio, ratio], axis=1)
+    else:  # cubic
+        a = cubic_a
+        if antialias:
+            start = int(np.floor(-2 / s) + 1)
+            t = np.abs(s * (np.arange(start, 2 - start)[None, :] - ratio[:, None]))
+            coeffs = np.where(t <= 1, (a + 2) * t**3 - (a + 3) * t**2 + 1,
+                              np.where(t < 2, a * t**3 - 5 * a * t**2 + 8 * a * t - 4 * a, 0.0))
+            coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+        else:
+            r = ratio
+            coeffs = np.stack([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+                               ((a + 2) * r - (a + 3)) * r * r + 1,
+                               ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+                               ((a * (2 - r) - 5 * a) * (2 - r) + 8 * a) * (2 - r) - 4 * a], axis=1)
+    n = coeffs.shape[1]
+    # The n indices nearest x (ties to the smaller), as onnx's reference picks them.
+    pad = math.ceil(n / 2)
+    xp = x + pad
+    p = np.floor(xp).astype(np.int64)
+    frac = xp - p
+    if n % 2 == 0:
+        off = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
+    else:
+        base = -((n - 1) // 2)
+        off = np.where(frac <= 0.5, base, base + 1)
+    idx = (p + off)[:, None] + np.arange(n)[None, :] - pad
+    if exclude_outside:
+        coeffs = np.where((idx < 0) | (idx >= in_len), 0.0, coeffs)
+        tot = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(tot == 0, 1.0, tot)
+    return np.clip(idx, 0, in_len - 1), coeffs
+
+
+def _near_tie(c64: np.ndarray, c32: np.ndarray, nearest_mode: str) -> bool:
+    """A nearest-mode coordinate close to its rounding boundary whose value is not exact in both
+    float64 and float32: runtimes that compute it with other rounding may pick the other pixel."""
+    shift = 0.0 if nearest_mode in ("floor", "ceil") else 0.5
+    d = np.abs((c64 - shift) - np.round(c64 - shift))
+    near = d < 1e-4
+    return bool((near & ((d != 0) | (c64 != c32))).any())
+
+
+def _dense(idx: np.ndarray, coeffs: np.ndarray, in_len: int) -> np.ndarray:
+    """The (out, in) interpolation matrix of per-position taps."""
+    out_len, n = idx.shape
+    w = np.zeros((out_len, in_len), dtype=np.float64)
+    np.add.at(w, (np.repeat(np.arange(out_len), n), idx.reshape(-1)), coeffs.reshape(-1))
+    return w
+
+
+#: A weighted resize with more taps than this per output position is one matmul by the matrix.
+_MAX_GATHER_TAPS = 4
+
+
+def _resize_axis(imp: _Importer, x: Tensor, axis: int, idx: np.ndarray, coeffs: np.ndarray) -> Tensor:
+    g = imp.g
+    out_len, n = idx.shape
+    in_len = int(x.shape[axis])
+    one_hot = (np.count_nonzero(coeffs, axis=1) == 1) & np.isclose(coeffs.max(axis=1), 1.0, rtol=0, atol=0)
+    if bool(one_hot.all()):
+        pick = idx[np.arange(out_len), np.argmax(coeffs, axis=1)]
+        if np.array_equal(pick, np.arange(in_len)):
+            return x
+        return g.op("gather", x, imp.param(pick.astype(np.int64)), axis=axis)
+    if n > _MAX_GATHER_TAPS:
+        w = _dense(idx, coeffs, in_len)
+        r = x.rank
+        perm = [a for a in range(r) if a != axis] + [axis]
+        inv = [perm.index(a) for a in range(r)]
+        xt = x if axis == r - 1 else g.op("transpose", x, perm=tuple(perm))
+        y = g.op("matmul", xt, imp.param(np.ascontiguousarray(w.T).astype(x.dtype.np)))
+        return y if axis == r - 1 else g.op("transpose", y, perm=tuple(inv))
+    acc: Tensor | None = None
+    for t in range(n):
+        c = coeffs[:, t]
+        if not c.any():
+            continue
+        term = g.op("gather", x, imp.param(idx[:, t].astype(np.int64)), axis=axis)
+        term = term * imp.param(_bcast(c, axis, x.rank).astype(x.dtype.np))
+        acc = term if acc is None else acc + term
+    assert acc is not None
+    return acc
+
+
+def _resize(imp: _Importer, node: Any, x: Tensor, *, mode: str, ctm: str, nearest_mode: str,
+            scales: list[float] | None, sizes: list[int] | None, axes: list[int] | None,
+            roi: list[float] | None, cubic_a: float = -0.75, exclude_outside: bool = False,
+            extrapolation: float = 0.0, antialias: bool = False, policy: str = "stretch") -> Tensor:
+    op = node.op_type
+    r = x.rank
+    if mode not in ("nearest", "linear", "cubic"):
+        raise imp.unsupported(f"{op} mode={mode!r} is not supported",
+                              fix="use mode 'nearest', 'linear' or 'cubic' (the ONNX modes)")
+    if ctm not in _CT_MODES:
+        raise imp.unsupported(f"{op} coordinate_transformation_mode={ctm!r} is not supported",
+                              fix=f"use one of {', '.join(_CT_MODES)}")
+    if nearest_mode not in _NEAREST_MODES:
+        raise imp.unsupported(f"{op} nearest_mode={nearest_mode!r} is not supported",
+                              fix="use round_prefer_floor, round_prefer_ceil, floor or ceil")
+    if mode != "nearest":
+        _float_input(imp, x, f"{op} mode={mode!r}")
+    if antialias and mode == "nearest":
+        raise imp.unsupported(f"{op} antialias=1 with mode='nearest' is not defined by ONNX",
+                              fix="use antialias=0, or mode 'linear'/'cubic'")
+    ax = list(range(r)) if axes is None else [a % r for a in axes]
+    if len(set(ax)) != len(ax):
+        raise imp.unsupported(f"{op} axes {axes} repeat an axis", fix="list each axis once")
+    in_dims = _static(imp, x, ax, op)
+    k = len(ax)
+    if (scales is not None and len(scales) != k) or (sizes is not None and len(sizes) != k):
+        raise imp.unsupported(f"{op} has {len(scales if scales is not None else sizes or [])} scales/sizes "
+                              f"for {k} axes", fix="give one scale or size per resized axis")
+    if roi is not None and len(roi) not in (0, 2 * k):
+        raise imp.unsupported(f"{op} roi has {len(roi)} values for {k} axes",
+                              fix="give a start and an end per resized axis (2 * len(axes) values)")
+    if ctm == "tf_crop_and_resize" and not roi:
+        raise imp.unsupported(f"{op} coordinate_transformation_mode='tf_crop_and_resize' needs roi",
+                              fix="pass the region of interest as a constant roi input")
+    if sizes is not None:
+        sc = [s / d for s, d in zip(sizes, in_dims)]
+        outs = list(sizes)
+        if policy != "stretch":
+            if policy not in ("not_larger", "not_smaller"):
+                raise imp.unsupported(f"{op} keep_aspect_ratio_policy={policy!r} is not supported",
+                                      fix="use stretch, not_larger or not_smaller")
+            s0 = min(sc) if policy == "not_larger" else max(sc)
+            sc = [s0] * k
+            outs = [int(s0 * d + 0.5) for d in in_dims]
+    else:
+        assert scales is not None
+        sc = [float(s) for s in scales]
+        if any(not s > 0 for s in sc):
+            raise imp.unsupported(f"{op} scales {sc} are not all positive", fix="scales must be > 0")
+        outs = [int(s * d) for s, d in zip(sc, in_dims)]
+    y = x
+    for j, a in enumerate(ax):
+        pair = (float(roi[j]), float(roi[j + k])) if roi else None
+        if math.isclose(sc[j], 1.0) and outs[j] == in_dims[j] and (
+                pair is None or (math.isclose(pair[0], 0.0) and math.isclose(pair[1], 1.0))):
+            continue  # identity along this axis (as onnx's reference and ONNX Runtime skip it)
+        if outs[j] == 0:
+            raise imp.unsupported(f"{op} resizes axis {a} to length 0", fix="check the scales/sizes")
+        kw = dict(nearest_mode=nearest_mode, cubic_a=cubic_a, exclude_outside=exclude_outside,
+                  antialias=antialias)
+        src, extra = _source_coords(ctm, in_dims[j], outs[j], sc[j], pair)
+        idx, coeffs = _taps(mode, src, in_dims[j], sc[j], **kw)  # type: ignore[arg-type]
+        if nearest_mode != "simple":
+            # onnx's reference (float64) and ONNX Runtime (float32, integer output length) must agree,
+            # or the model's numbers depend on the runtime: refuse rather than pick one silently.
+            src_o, extra_o = _source_coords(ctm, in_dims[j], outs[j], sc[j], pair, ort=True)
+            idx_o, coeffs_o = _taps(mode, src_o, in_dims[j], sc[j], **kw)  # type: ignore[arg-type]
+            w, w_o = _dense(idx, coeffs, in_dims[j]), _dense(idx_o, coeffs_o, in_dims[j])
+            tol = 0.0 if mode == "nearest" else 1e-5
+            same_extra = (extra is None) == (extra_o is None) and (
+                extra is None or np.array_equal(extra, np.asarray(extra_o)))
+            if not same_extra or float(np.abs(w - w_o).max()) > tol or (
+                    mode == "nearest" and _near_tie(src, src_o, nearest_mode)):
+                raise imp.unsupported(
+                    f"{op} mode={mode!r} coordinate_transformation_mode={ctm!r} with scale {sc[j]:g} on "
+                    f"axis {a} ({in_dims[j]} -> {outs[j]}) is ambiguous: onnx's reference and ONNX Runtime "
+                    f"compute different {'source pixels' if mode == 'nearest' else 'weights'} for it "
+                    f"(a coordinate on a rounding boundary in float32, or a fractional output length)",
+                    fix="give the output size as the sizes input instead of scales, or a scale whose "
+                        "output length scale * input is a whole number")
+        y = _resize_axis(imp, y, a, idx, coeffs)
+        if extra is not None and extra.any():
+            keep = imp.param(_bcast(~extra, a, r))
+            y = imp.g.op("where", keep, y, imp.g.const(extrapolation, y.dtype))
+    return y
+
+
+def _const_floats(imp: _Importer, v: Any, what: str) -> list[float] | None:
+    """An optional float input that must be known at import time (None when absent or empty)."""
+    if v is None:
+        return None
+    if not isinstance(v, _Const):
+        raise imp.unsupported(f"{what} is computed at run time, so the output shape (or the "
+                              f"interpolation weights) would be data-dependent",
+                              fix="export with constant scales/sizes/roi (e.g. torch F.interpolate with "
+                                  "a fixed scale_factor or size)")
+    arr = v.array.reshape(-1)
+    return [float(a) for a in arr] if arr.size else None
+
+
+def _attr_str(attrs: dict, name: str, default: str) -> str:
+    v = attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@_handler("Resize")
+def _resize_h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    mode = _attr_str(attrs, "mode", "nearest")
+
+    def get(i: int) -> Any:
+        return ins[i] if len(ins) > i else None
+
+    if imp.opset < 11:  # Resize-10: (X, scales), asymmetric coordinates, ONNX Runtime's legacy nearest
+        scales = _const_floats(imp, get(1), "Resize scales")
+        if scales is None:
+            raise imp.unsupported("Resize-10 without scales", fix="pass the scales input")
+        return [_resize(imp, node, x, mode=mode, ctm="asymmetric", nearest_mode="simple", scales=scales,
+                        sizes=None, axes=None, roi=None)]
+    roi = _const_floats(imp, get(1), "Resize roi")
+    scales = _const_floats(imp, get(2), "Resize scales")
+    sizes_v = get(3)
+    sizes = imp.ints(sizes_v, "Resize sizes") if sizes_v is not None else None
+    if sizes is not None and len(sizes) == 0:
+        sizes = None
+    if (scales is None) == (sizes is None):
+        raise imp.unsupported("Resize needs exactly one of scales and sizes",
+                              fix="pass either non-empty scales or non-empty sizes")
+    ctm = _attr_str(attrs, "coordinate_transformation_mode", "half_pixel")
+    if ctm == "tf_half_pixel_for_nn" and imp.opset >= 13:
+        raise imp.unsupported("Resize coordinate_transformation_mode='tf_half_pixel_for_nn' was removed "
+                              "in Resize-13", fix="the model is malformed; check it with onnx.checker")
+    axes = [int(a) for a in attrs["axes"]] if "axes" in attrs else None
+    y = _resize(imp, node, x, mode=mode, ctm=ctm, nearest_mode=_attr_str(attrs, "nearest_mode",
+                                                                          "round_prefer_floor"),
+                scales=scales, sizes=sizes, axes=axes, roi=roi if ctm == "tf_crop_and_resize" else None,
+                cubic_a=float(attrs.get("cubic_coeff_a", -0.75)),
+                exclude_outside=bool(int(attrs.get("exclude_outside", 0))),
+                extrapolation=float(attrs.get("extrapolation_value", 0.0)),
+                antialias=bool(int(attrs.get("antialias", 0))),
+                policy=_attr_str(attrs, "keep_aspect_ratio_policy", "stretch"))
+    return [y]
+
+
+@_handler("Upsample")
+def _upsample(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    if "scales" in attrs:  # Upsample-7: an attribute
+        scales = [float(s) for s in attrs["scales"]]
+    else:
+        got = _const_floats(imp, ins[1] if len(ins) > 1 else None, "Upsample scales")
+        if got is None:
+            raise imp.unsupported("Upsample without scales", fix="pass the scales")
+        scales = got
+    if any(s < 1 for s in scales):
+        raise imp.unsupported(f"Upsample scales {scales} are below 1", fix="Upsample scales must be >= 1")
+    mode = _attr_str(attrs, "mode", "nearest")
+    return [_resize(imp, node, x, mode=mode, ctm="asymmetric", nearest_mode="simple", scales=scales,
+                    sizes=None, axes=None, roi=None)]

@@ -1,0 +1,215 @@
+"""ONNX neural-net operators (``rlx_core.frontends.onnx_nn``): Resize/Upsample, Attention,
+RMSNormalization, RotaryEmbedding, the two losses, Group/InstanceNormalization.
+
+Each case is a small onnx.helper model run on rlx-cpu and compared with ONNX Runtime and/or onnx's
+reference evaluator (ONNX Runtime's Resize is the one real models are checked against). Cases that
+cannot be translated exactly must raise UnsupportedOnnxError naming the op and the fix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from rlx_core._hub import Hub, reset_hub  # noqa: E402
+from rlx_core.frontends.onnx import UnsupportedOnnxError, load_onnx  # noqa: E402
+from rlx_core.runtime import Session  # noqa: E402
+
+F32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("RLX_BACKENDS", "cpu")
+    monkeypatch.delenv("RLX_DEBUG", raising=False)
+    reset_hub(Hub())
+    yield
+    monkeypatch.delenv("RLX_BACKENDS", raising=False)
+    reset_hub(Hub())
+
+
+def make_model(nodes: Sequence[Any], inputs: Sequence[tuple[str, int, Sequence[Any]]],
+               outputs: Sequence[tuple[str, int]], inits: dict[str, np.ndarray] | None = None,
+               opset: int = 19) -> Any:
+    graph = helper.make_graph(
+        list(nodes), "case",
+        [helper.make_tensor_value_info(n, dt, list(shape)) for n, dt, shape in inputs],
+        [helper.make_tensor_value_info(n, dt, None) for n, dt in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in (inits or {}).items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8 if opset <= 18 else 10
+    return m
+
+
+def rlx_run(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    graph = load_onnx(model)
+    outs = Session("cpu").compile(graph).run(feeds)
+    return [outs[n] for n in graph.outputs]
+
+
+def ort_run(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(s.run(None, feeds))
+
+
+def ref_run(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return list(ReferenceEvaluator(model).run(None, feeds))
+
+
+def close(got: np.ndarray, ref: np.ndarray, rel: float = 1e-5, what: str = "") -> None:
+    """max |got - ref| <= rel * max(1, max |ref|); exact for ints and bools."""
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    if ref.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, ref, err_msg=what)
+        return
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=f"{what}: NaN positions")
+    scale = max(float(np.nanmax(np.abs(ref))) if ref.size else 1.0, 1.0)
+    err = float(np.nanmax(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
+    assert err <= rel * scale, f"{what}: max abs diff {err:.3g} > {rel} * {scale:.3g}"
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resize
+
+
+def _resize_model(x_shape: Sequence[int], *, scales: Sequence[float] | None = None,
+                  sizes: Sequence[int] | None = None, roi: Sequence[float] | None = None,
+                  opset: int = 19, **attrs: Any) -> Any:
+    inits: dict[str, np.ndarray] = {}
+    names = ["x", "", "", ""]
+    if roi is not None:
+        inits["roi"], names[1] = np.asarray(roi, np.float32), "roi"
+    if scales is not None:
+        inits["scales"], names[2] = np.asarray(scales, np.float32), "scales"
+    if sizes is not None:
+        inits["sizes"], names[3] = np.asarray(sizes, np.int64), "sizes"
+    while names and names[-1] == "":
+        names.pop()
+    node = helper.make_node("Resize", names, ["y"], **attrs)
+    return make_model([node], [("x", F32, x_shape)], [("y", F32)], inits, opset=opset)
+
+
+_CTMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
+_SCALES = ((1.0, 1.0, 2.0, 2.0), (1.0, 1.0, 0.5, 0.6), (1.0, 1.0, 1.7, 0.8), (1.0, 1.0, 3.0, 1.0))
+
+
+def _check_resize(m: Any, x: np.ndarray, rel: float, what: str) -> bool:
+    """RLX equals ONNX Runtime (and onnx's reference), or refuses the case as ambiguous. True if run."""
+    try:
+        got = rlx_run(m, {"x": x})[0]
+    except UnsupportedOnnxError as e:
+        assert "ambiguous" in e.what and "sizes" in (e.fix or ""), f"{what}: {e}"
+        return False
+    close(got, ort_run(m, {"x": x})[0], rel, f"{what} vs onnxruntime")
+    close(got, ref_run(m, {"x": x})[0], rel, f"{what} vs the reference")
+    return True
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_resize_matches_onnxruntime(mode: str) -> None:
+    """Every coordinate mode x nearest mode x (up, down, mixed, integer) scale, and sizes, against ONNX
+    Runtime; nearest must be bit-exact (it only gathers). Where ONNX Runtime and the reference
+    disagree (float32 rounding ties, align_corners on a fractional output length) RLX refuses."""
+    x = rand(2, 3, 5, 7)
+    rel = 0.0 if mode == "nearest" else 1e-5
+    nearest = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil") if mode == "nearest" else (None,)
+    ran = 0
+    for ctm, nm, sc in itertools.product(_CTMS, nearest, _SCALES):
+        attrs: dict[str, Any] = {"mode": mode, "coordinate_transformation_mode": ctm}
+        if nm:
+            attrs["nearest_mode"] = nm
+        ok = _check_resize(_resize_model(x.shape, scales=sc, **attrs), x, rel, f"{attrs} scales {sc}")
+        ran += ok
+        if sc[2:] in ((2.0, 2.0), (3.0, 1.0)):
+            assert ok, f"{attrs} scales {sc}: a whole-number scale is never ambiguous"
+    assert ran >= len(_CTMS) * len(nearest) * 2
+    for sizes in ((2, 3, 9, 4), (2, 3, 1, 1), (2, 3, 16, 21)):
+        for ctm in _CTMS:
+            m = _resize_model(x.shape, sizes=sizes, mode=mode, coordinate_transformation_mode=ctm)
+            _check_resize(m, x, 1e-5, f"{mode} {ctm} sizes {sizes}")
+
+
+def test_resize_variants() -> None:
+    """axes, keep_aspect_ratio_policy, tf_crop_and_resize with extrapolation, exclude_outside,
+    cubic_coeff_a, antialias (wide filters: one matmul), and an integer image (nearest only)."""
+    x = rand(1, 2, 8, 6)
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"sizes": (5, 9)}, {"axes": [2, 3], "mode": "linear"}),
+        ({"sizes": (5, 9)}, {"axes": [3, 2], "mode": "nearest"}),
+        ({"sizes": (4, 4)}, {"axes": [2, 3], "mode": "nearest", "keep_aspect_ratio_policy": "not_larger"}),
+        ({"sizes": (4, 4)}, {"axes": [2, 3], "mode": "linear", "keep_aspect_ratio_policy": "not_smaller"}),
+        ({"sizes": (1, 2, 5, 5), "roi": (0, 0, 0.1, -0.2, 1, 1, 0.9, 1.3)},
+         {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+          "extrapolation_value": 7.0}),
+        ({"scales": (1, 1, 2, 2)}, {"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1}),
+        ({"sizes": (1, 2, 3, 2)}, {"mode": "linear", "antialias": 1}),
+        ({"sizes": (1, 2, 2, 5)}, {"mode": "cubic", "antialias": 1}),
+    ]
+    for inputs, attrs in cases:
+        m = _resize_model(x.shape, **inputs, **attrs)
+        assert _check_resize(m, x, 1e-5, f"{inputs} {attrs}"), f"{inputs} {attrs} was refused"
+    xi = (np.arange(48, dtype=np.uint8) * 5).reshape(1, 1, 6, 8)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")
+    m = make_model([node], [("x", TensorProto.UINT8, xi.shape)], [("y", TensorProto.UINT8)],
+                   {"scales": np.array([1, 1, 2, 0.5], np.float32)})
+    np.testing.assert_array_equal(rlx_run(m, {"x": xi})[0], ort_run(m, {"x": xi})[0])
+    m = _resize_model(xi.shape, scales=(1, 1, 2, 2), mode="linear")
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.UINT8
+    with pytest.raises(UnsupportedOnnxError, match="cast it to float32"):
+        load_onnx(m)
+
+
+@pytest.mark.parametrize("opset", [10, 11, 13])
+def test_resize_old_opsets_and_upsample(opset: int) -> None:
+    """Resize-10 (ONNX Runtime's legacy nearest: floor up, ceil down) and Resize-11/13 defaults, and
+    Upsample-7 (scales attribute) / Upsample-9 (scales input), nearest and linear."""
+    x = rand(1, 2, 4, 6)
+    scales = ((1, 1, 2, 3), (1, 1, 0.5, 0.5), (1, 1, 1.5, 2))
+    for mode, sc in itertools.product(("nearest", "linear"), scales):
+        if opset == 10:
+            node = helper.make_node("Resize", ["x", "scales"], ["y"], mode=mode)
+        else:
+            node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode=mode)
+        inits = {"scales": np.asarray(sc, np.float32), "roi": np.zeros(0, np.float32)}
+        if opset == 10:
+            del inits["roi"]
+        m = make_model([node], [("x", F32, x.shape)], [("y", F32)], inits, opset=opset)
+        ok = _check_resize(m, x, 1e-5, f"Resize-{opset} {mode} {sc}") if opset > 10 else None
+        if opset == 10:
+            close(rlx_run(m, {"x": x})[0], ort_run(m, {"x": x})[0], 1e-6, f"Resize-10 {mode} {sc}")
+        elif sc != (1, 1, 1.5, 2):
+            assert ok
+    for mode in ("nearest", "linear"):
+        up7 = make_model([helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=[1.0, 1.0, 2.0, 3.0])],
+                         [("x", F32, x.shape)], [("y", F32)], opset=7)
+        up9 = make_model([helper.make_node("Upsample", ["x", "s"], ["y"], mode=mode)],
+                         [("x", F32, x.shape)], [("y", F32)], {"s": np.array([1, 1, 2, 3], np.float32)},
+                         opset=9)
+        for m in (up7, up9):
+            close(rlx_run(m, {"x": x})[0], ort_run(m, {"x": x})[0], 1e-6, f"Upsample {mode}")
+
+
+def test_resize_refusals() -> None:
+    x_shape = (1, 1, 4, 4)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")
+    m = make_model([node], [("x", F32, x_shape), ("s", F32, (4,))], [("y", F32)])
+    with pytest.raises(UnsupportedOnnxError, match="computed at run time") as e:
+        load_onnx(m)
+    assert "Resize" in str(e.value) and "constant" in (e.value.fix or "")
+    m = _resize_model(x_shape, scales=(1, 1, 2, 2), mode="nearest", antialias=1)
+    with pytest.raises(UnsupportedOnnxError, match="antialias"):
+        load_onnx(m)
