@@ -93,6 +93,18 @@ def _session(device: str, use_cache: bool | None, fusion: bool | None) -> Any:
 #: Inputs that may be frozen per run (see ``freeze_inputs``): small integer/bool vectors or scalars.
 _FREEZE_MAX_ELEMS = 64
 _FREEZE_TYPES = frozenset({2, 3, 5, 6, 7, 9})  # UINT8, INT8, INT16, INT32, INT64, BOOL
+#: Float inputs are frozen only where every use is shape-like (Resize scales/roi, Upsample scales):
+#: a float data input must stay a run-time input, or the whole model would fold away.
+_FREEZE_FLOAT_TYPES = frozenset({1, 10, 11})  # FLOAT, FLOAT16, DOUBLE
+
+
+def _shape_like_float(graph: Any, name: str) -> bool:
+    from .onnx_nn import SHAPE_LIKE_FLOAT_INPUTS
+
+    uses = [(n.op_type, i) for n in graph.node if n.domain in ("", "ai.onnx")
+            for i, x in enumerate(n.input) if x == name]
+    return bool(uses) and all(u in SHAPE_LIKE_FLOAT_INPUTS for u in uses) and \
+        not any(name in n.input for n in graph.node if n.domain not in ("", "ai.onnx"))
 
 
 def _freezable(proto: Any) -> list[str]:
@@ -103,7 +115,9 @@ def _freezable(proto: Any) -> list[str]:
         if vi.name in inits or not vi.type.HasField("tensor_type"):
             continue
         tt = vi.type.tensor_type
-        if tt.elem_type not in _FREEZE_TYPES or not tt.HasField("shape") or len(tt.shape.dim) > 1:
+        float_ok = tt.elem_type in _FREEZE_FLOAT_TYPES and _shape_like_float(proto.graph, vi.name)
+        if not (tt.elem_type in _FREEZE_TYPES or float_ok) or not tt.HasField("shape") or \
+                len(tt.shape.dim) > 1:
             continue
         if all(d.HasField("dim_value") for d in tt.shape.dim) and \
                 int(np.prod([d.dim_value for d in tt.shape.dim])) <= _FREEZE_MAX_ELEMS:
