@@ -41,7 +41,9 @@ What is here, by role:
   ``render_check``, ``check_ops``, ``renders``, ``dtypes_in``, ``all_of``, ``single_op_program``,
   ``program_of``, ``elementwise_claims``, ``fused_claim`` (claims); ``Compiler``, ``tool_version``
   (cached builds); ``Launch``, ``Allocator``, ``HostAllocator``, ``Runtime``, ``KitProgram``,
-  ``Replay``, ``CtypesRuntime`` (running);
+  ``Replay``, ``CtypesRuntime`` (running); ``cstyle`` (the C-style kernel library: templates and
+  ``cstyle.launches`` lowering LIR steps, for any ``KernelDialect``), ``KERNEL_DIALECTS`` (Metal,
+  OpenCL; since 1.1);
 * quantized ops: ``register_quant_ops``, ``quantize_graph``, ``softmax_lut``, ``pool_geometry``;
 * exporters (``rlx export --target T``): ``export_options``, ``echo_json``, ``parse_pairs``,
   ``parse_bindings``, ``check_bindings``, ``load_model``, ``load_command_model``;
@@ -161,6 +163,9 @@ _LAZY: dict[str, str] = {
     "encode_fused": "rlx_core.fusion:encode",
     "decode_fused": "rlx_core.fusion:decode",
     # the device kit (code-generating device backends)
+    "cstyle": "rlx_core.devicekit.cstyle:",
+    "KernelDialect": "rlx_core.devicekit.cstyle",
+    "KERNEL_DIALECTS": "rlx_core.devicekit.cstyle",
     "single_op_program": "rlx_core.devicekit",
     "program_of": "rlx_core.devicekit",
     "render_check": "rlx_core.devicekit",
@@ -225,7 +230,7 @@ __all__ = [
     "single_op_program", "program_of", "render_check", "check_ops", "renders", "dtypes_in", "all_of",
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
-    "BufferBinding", "CapabilityError", "FusionRule", "Region",
+    "BufferBinding", "CapabilityError", "FusionRule", "Region", "cstyle", "KernelDialect", "KERNEL_DIALECTS",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -264,6 +269,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         Runtime,
         all_of,
         check_ops,
+        cstyle,
         dtypes_in,
         elementwise_claims,
         fused_claim,
@@ -273,6 +279,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         single_op_program,
         tool_version,
     )
+    from rlx_core.devicekit.cstyle import KERNEL_DIALECTS, KernelDialect
     from rlx_core.dtypes import DType
     from rlx_core.errors import (
         BackendNotFoundError,

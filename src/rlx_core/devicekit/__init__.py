@@ -8,6 +8,9 @@ A kit backend is tinygrad's "device = allocator + renderer + program loader", on
 * **compile** (:mod:`.compiler`): :class:`Compiler` turns a kernel source into a binary, memoised in
   the process and cached on disk under :func:`rlx_core.cache.cache_subdir`, authenticated before use,
   keyed by dialect + compiler identity (tool version, flags, headers) + source;
+* **C-style kernels** (:mod:`.cstyle`): one kernel library (templates, lowering of LIR steps to
+  launches) for every C-style device language, the language a :class:`~.cstyle.KernelDialect`
+  (Metal, OpenCL): a new C-style target is a dialect plus a runtime shim;
 * **run** (:mod:`.program`): :class:`KitProgram` walks the LIR once (constants uploaded once, one
   arena laid out by the buffer plan, each step lowered to :class:`Launch` es by the backend), has the
   backend's :class:`Runtime` load and bind them, and per run copies inputs in, launches, copies
@@ -33,6 +36,7 @@ _HOME = {
     "Launch": "program", "Allocator": "program", "HostAllocator": "program", "Runtime": "program",
     "CtypesRuntime": "program",
     "KitProgram": "program", "Replay": "program",
+    "KernelDialect": "cstyle", "KERNEL_DIALECTS": "cstyle",
 }
 
 __all__ = sorted(_HOME)

@@ -39,7 +39,7 @@ class Launch:
     #: the values bound to the kernel's buffer parameters, in order
     bufs: tuple[str, ...] = ()
     #: integer launch parameters (shapes, strides, offsets): one compiled kernel serves every shape
-    params: Sequence[int] = ()
+    params: Sequence[int] | np.ndarray = ()
     #: the work size (threads or groups, as the runtime defines it); 0 anywhere: nothing to run
     grid: tuple[int, int, int] = (1, 1, 1)
 
