@@ -215,7 +215,9 @@ def render_svg(series: Mapping[str, Sequence[Point]], *, title: str, xlabel: str
         lx = LEFT + pw + 16
         out.append(f'<line x1="{lx}" y1="{ly}" x2="{lx + 22}" y2="{ly}" stroke="{color}" stroke-width="2"/>')
         out.append(f'<circle cx="{lx + 11}" cy="{ly}" r="3.5" fill="{color}"/>')
-        out.append(f'<text x="{lx + 30}" y="{ly + 4}">{escape(label)}</text>')
+        # the legend column is 190 px: long labels lose their middle, never the runtime at the end
+        short = label if len(label) <= 22 else label[:9] + "\u2026" + label[-12:]
+        out.append(f'<text x="{lx + 30}" y="{ly + 4}"><title>{escape(label)}</title>{escape(short)}</text>')
     errbars = any(p.low is not None for pts in series.values() for p in pts)
     if errbars:
         ly = TOP + 10 + 20 * len(series) + 6
