@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Certify rlx-webgpu on a machine with a real Vulkan driver (the lent NVIDIA H200), no network.
+# Carried (git-ignored, made on a networked machine): build/webgpu-carry/gl (libvulkan1 + GLVND .debs:
+# `apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2`) and
+# build/webgpu-carry/whl (`pip download --no-deps wgpu==0.32.0 rendercanvas==2.7.2 pycparser` and cffi
+# wheels for the device's Python). Results go to $OUT.
+#   run(command="bash plugins/rlx-webgpu/scripts/device_webgpu.sh", carry=["build/webgpu-carry"])
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+OUT="${OUT:-build/device-out}"
+CARRY=build/webgpu-carry
+mkdir -p "$OUT"
+exec > >(tee "$OUT/webgpu-device.log") 2>&1
+export PYTHONUNBUFFERED=1 RLX_CACHE_DIR=/tmp/rlx-cache XDG_RUNTIME_DIR=/tmp
+# The NVIDIA Vulkan ICD lives in libGLX_nvidia and needs the GLVND/EGL libraries next to the loader.
+for f in "$CARRY"/gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+python3 --version
+py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+  "$CARRY"/whl/wgpu-*.whl "$CARRY"/whl/rendercanvas-*.whl "$CARRY"/whl/pycparser-*.whl \
+  $(ls "$CARRY"/whl/cffi-*-"$py"-*.whl 2>/dev/null) && export PYTHONPATH=/tmp/site
+icd=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan /usr/lib -name 'nvidia_icd*.json' 2>/dev/null | head -1)
+if [ -z "$icd" ]; then
+  # The driver ships the Vulkan ICD inside libGLX_nvidia; describe it to the loader ourselves.
+  lib=$(ldconfig -p | awk '/libGLX_nvidia.so.0/{print $NF; exit}')
+  [ -z "$lib" ] && lib=$(find /usr/local/nvidia /usr/lib -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then
+    icd=/tmp/nvidia_icd.json
+    printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lib" > "$icd"
+  fi
+fi
+echo "Vulkan ICD: ${icd:-none found}"
+[ -n "$icd" ] && export VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd"
+egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+[ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
+nvidia-smi -L
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e conformance -e plugins/rlx-cpu \
+  -e plugins/rlx-webgpu || { echo "install failed"; exit 1; }
+rlx() { python3 -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' "$@"; }
+RLX_BACKENDS=cpu,webgpu rlx doctor
+RLX_BACKENDS=cpu,webgpu rlx conformance webgpu -q --json "$OUT/webgpu-h200.json" --markdown "$OUT/webgpu-h200.md"
+rc=$?
+RLX_BACKENDS=cpu,webgpu python3 - <<'PY'
+import time
+import numpy as np
+from rlx_core import GraphBuilder, Session
+g = GraphBuilder("mm"); a = g.input("a", "f32", (1024, 1024)); g.output(g.tanh(a @ a) + 1.0)
+gr = g.build()
+x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32) * 0.05
+w = Session("webgpu", use_cache=False).compile(gr)
+c = Session("cpu", use_cache=False).compile(gr)
+print("webgpu device:", w.device.name, dict(w.device.details))
+print("max |webgpu - cpu|:", float(np.abs(w(x) - c(x)).max()))
+w(x)
+t = time.perf_counter(); n = 20
+for _ in range(n):
+    w(x)
+dt = (time.perf_counter() - t) / n
+print(f"1024^3 matmul + tanh, incl. 4 MiB in/out copies: {dt * 1e3:.2f} ms per run "
+      f"({2 * 1024**3 / dt / 1e9:.1f} GFLOP/s end to end)")
+PY
+exit $rc
