@@ -16,6 +16,7 @@ not finite is a shader-creation error); no ``precise``; integer division by zero
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from functools import cache, lru_cache
 
@@ -69,6 +70,106 @@ fn rlx_min(a: f32, b: f32) -> f32 {
 fn rlx_sign(x: f32) -> f32 { if (rlx_isnan(x)) { return x; } return f32(x > 0.0) - f32(x < 0.0); }
 """
 
+#: sin/cos/pow without f64 or i64 (WGSL has neither): Payne-Hanek argument reduction with 32-bit
+#: integer arithmetic (64-bit products from 16-bit halves), Cephes polynomials, and a pow whose
+#: exponent b*log2|a| keeps its b*e part exact (fma). Appended only to shaders that call them.
+TRIG_POW = """
+var<private> TWO_OVER_PI: array<u32, 10> = array<u32, 10>(0xA2F9836Eu, 0x4E441529u, 0xFC2757D1u,
+  0xF534DDC0u, 0xDB629599u, 0x3C439041u, 0xFE5163ABu, 0xDEBBC561u, 0xB7246E3Au, 0x424DD2E0u);
+fn rlx_bits32(j: i32) -> u32 {  // bits j..j+31 of 2/pi (bit j has weight 2^-j; bits j <= 0 are 0)
+  let p = j - 1;
+  if (p < 0) { let n = -p; if (n >= 32) { return 0u; } return TWO_OVER_PI[0] >> u32(n); }
+  let w = p >> 5u; let o = u32(p & 31);
+  var hi = 0u; var lo = 0u;
+  if (w < 10) { hi = TWO_OVER_PI[w]; }
+  if (w + 1 < 10) { lo = TWO_OVER_PI[w + 1]; }
+  if (o == 0u) { return hi; }
+  return (hi << o) | (lo >> (32u - o));
+}
+fn rlx_mul64(a: u32, b: u32) -> vec2<u32> {  // the 64-bit product as (high word, low word)
+  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+  let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0;
+  let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  let hi = a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
+  return vec2<u32>(hi, (p00 & 0xffffu) | (mid << 16u));
+}
+// |x| * 2/pi mod 4 exactly (Payne-Hanek): quadrant (y) and the angle in [-pi/4, pi/4] (x)
+fn rlx_reduce(x: f32) -> vec2<f32> {
+  let u = bitcast<u32>(abs(x));
+  var E = i32(u >> 23u);
+  var mant = u & 0x7fffffu;
+  if (E > 0) { mant |= 0x800000u; } else { E = 1; }
+  let j0 = E - 152;
+  let c1h = rlx_bits32(j0 + 1); let c1l = rlx_bits32(j0 + 33); let c2h = rlx_bits32(j0 + 65);
+  let p = rlx_mul64(mant, c1l);
+  let lo = p.y + rlx_mul64(mant, c2h).x;
+  let hi = p.x + mant * c1h + select(0u, 1u, lo < p.y);
+  var q = hi >> 30u; var h = hi & 0x3fffffffu; var l = lo; var sgn = 1.0;
+  if ((h & 0x20000000u) != 0u) {  // fraction >= 0.5: take 1 - fraction, exactly, in the integers
+    l = ~lo + 1u; h = (~h & 0x3fffffffu) + select(0u, 1u, lo == 0u); q += 1u; sgn = -1.0;
+  }
+  let f = sgn * (f32(h) * 9.313225746154785e-10 + f32(l) * 2.168404344971009e-19);
+  return vec2<f32>(f * 1.5707963267948966, f32(q & 3u));
+}
+// sin/cos on [-pi/4, pi/4] by polynomial (Cephes sinf/cosf, ~1 ulp): implementations may give
+// the built-ins a fast hardware approximation.
+fn rlx_sinp(r: f32) -> f32 {
+  let z = r * r;
+  return r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * (-1.9515295891e-4)));
+}
+fn rlx_cosp(r: f32) -> f32 {
+  let z = r * r;
+  return 1.0 - 0.5 * z
+         + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+}
+fn rlx_sin(x: f32) -> f32 {
+  if (rlx_isnan(x) || rlx_isinf(x)) { return rlx_nan(); }
+  if (abs(x) <= 0.78539816) { return rlx_sinp(x); }
+  let rq = rlx_reduce(x); let r = rq.x; let q = i32(rq.y);
+  var v = -rlx_cosp(r);
+  if (q == 0) { v = rlx_sinp(r); }
+  else if (q == 1) { v = rlx_cosp(r); }
+  else if (q == 2) { v = -rlx_sinp(r); }
+  return select(v, -v, x < 0.0);
+}
+fn rlx_cos(x: f32) -> f32 {
+  if (rlx_isnan(x) || rlx_isinf(x)) { return rlx_nan(); }
+  if (abs(x) <= 0.78539816) { return rlx_cosp(x); }
+  let rq = rlx_reduce(x); let r = rq.x; let q = i32(rq.y);
+  if (q == 0) { return rlx_cosp(r); }
+  if (q == 1) { return -rlx_sinp(r); }
+  if (q == 2) { return -rlx_cosp(r); }
+  return rlx_sinp(r);
+}
+fn rlx_pow(a: f32, b: f32) -> f32 {
+  if (b == 0.0 || a == 1.0) { return 1.0; }
+  if (rlx_isnan(a) || rlx_isnan(b)) { return rlx_nan(); }
+  if (rlx_isinf(b)) {
+    let m = abs(a); if (m == 1.0) { return 1.0; }
+    return select(0.0, rlx_inf(), (m > 1.0) == (b > 0.0));
+  }
+  let bint = floor(b) == b; let odd = bint && (abs(b) % 2.0) == 1.0;
+  let neg = (bitcast<u32>(a) >> 31u) != 0u;
+  if (neg && a != 0.0 && !rlx_isinf(a) && !bint) { return rlx_nan(); }
+  let m = abs(a); var r = 0.0;
+  if (m == 0.0) { r = select(rlx_inf(), 0.0, b > 0.0); }
+  else if (rlx_isinf(m)) { r = select(0.0, rlx_inf(), b > 0.0); }
+  else {
+    let fe = frexp(m); let e = f32(fe.exp);
+    let th = b * e; let tl = fma(b, e, -th);  // b*e = th + tl exactly
+    let u = b * log2(fe.fract);
+    let s = th + u; let bv = s - th; let err = (th - (s - bv)) + (u - bv);  // two-sum
+    let n = floor(s); let f = (s - n) + (err + tl);
+    if (n > 130.0) { r = rlx_inf(); } else if (n < -160.0) { r = 0.0; }
+    else {
+      let ni = i32(n);
+      if (ni < -120) { r = ldexp(ldexp(exp2(f), ni + 60), -60); } else { r = ldexp(exp2(f), ni); }
+    }
+  }
+  return select(r, -r, neg && odd);
+}
+"""
+
 ENTRY = ("@compute @workgroup_size(%(wx)d, %(wy)d)\n"
          "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) ng: vec3<u32>,\n"
          "        @builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {\n")
@@ -89,15 +190,13 @@ def load(dt: DType, b: str, a: str) -> str:
 _WGSL = DIALECTS["wgsl"]
 #: WGSL built-ins replaced by this module's helpers (:data:`HEADER`): IEEE overflow, underflow and
 #: special values as the reference computes them (the built-ins leave them to the implementation).
-HELPERS = {"exp": "rlx_exp", "log": "rlx_log", "tanh": "rlx_tanh", "sqrt": "rlx_sqrt"}
-#: ops left to the core's decompositions: sin/cos need an exact argument reduction (Payne-Hanek)
-#: and pow an accurate log2, which WGSL without f64/i64 does not give us yet
-REFUSED = frozenset({"sin", "cos", "pow"})
+HELPERS = {"exp": "rlx_exp", "log": "rlx_log", "tanh": "rlx_tanh", "sqrt": "rlx_sqrt", "sin": "rlx_sin",
+           "cos": "rlx_cos", "pow": "rlx_pow"}
 
 
 def _math(op: str, dt: DType) -> str:
-    if op in REFUSED:
-        raise IRError(f"{op} has no exact WGSL rule here", fix="run it on another backend")
+    if op == "pow" and not dt.is_float:
+        raise IRError("integer pow has no WGSL rule", fix="compute pow in f32")
     return HELPERS.get(op) or {"round": "round"}.get(op, _WGSL.math(op, dt))
 
 
@@ -107,8 +206,6 @@ def _literal(v: float, dt: DType) -> str:
 
 
 def _rule(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict) -> str | None:
-    if op in REFUSED:
-        raise IRError(f"{op} has no exact WGSL rule here", fix="run it on another backend")
     if op == "cast" and out is DType.BOOL and in_types[0] is DType.BOOL:
         return args[0]  # WGSL cannot compare a bool with 0
     f32 = bool(in_types) and in_types[0] is DType.F32
@@ -142,7 +239,8 @@ def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
     if rdt is not out_dtype:
         raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
     ot = TYPES[out_dtype]
-    src = [header(), f"fn value_at(i: u32) -> {ot} {{", "  let rank = M[1];"]
+    extra = TRIG_POW if any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines) else ""
+    src = [header() + extra, f"fn value_at(i: u32) -> {ot} {{", "  let rank = M[1];"]
     src += [f"  var e{k}: i32 = 0; let p{k} = 4 + rank + {k} * (rank + 2);" for k in range(nin)]
     src += ["  var rem = i;", "  for (var d = rank - 1; d >= 0; d--) {",
             "    let s = u32(M[4 + d]); let c = i32(rem % s); rem = rem / s;"]
