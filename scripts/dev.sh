@@ -4,6 +4,9 @@
 #   scripts/dev.sh test   install everything incl. test plugins, run ruff, the import contract, mypy and the tests
 #   scripts/dev.sh certify  run the conformance suite on every plugin that can execute here and
 #                           write certificates to CERT_DIR (default docs/certificates)
+#   scripts/dev.sh wheels build every distribution (wheel + sdist) into dist/ and `twine check` them
+#   scripts/dev.sh dist-check  install from dist/ only, in fresh venvs outside the repo, and run
+#                           the README's CPU, "everything" and plugin-author paths (scripts/dist_check.sh)
 #   scripts/dev.sh microbench [PYTEST ARGS]  per-kernel microbenchmarks (bench/micro, pytest-benchmark),
 #                           saved under .benchmarks/ for --benchmark-compare (docs/BENCHMARKS.md)
 #   scripts/dev.sh setup  only create/refresh the environment
@@ -43,7 +46,8 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check -c requirements/lock.txt)
 
 log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
-"${PIP[@]}" -e . -e plugins/rlx-cpu -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
+# rlx-cpu with its oneDNN extra: the configuration the benchmarks and certificates are made with.
+"${PIP[@]}" -e . -e "plugins/rlx-cpu[onednn]" -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
   -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga \
   -e plugins/rlx-webgpu
 
@@ -65,6 +69,24 @@ certify() {
   return "$failed"
 }
 
+# Every distribution of the repository: the core, each plugin folder, the conformance suite.
+DISTS=(. plugins/rlx-*/ conformance)
+
+# build_dists: wheel + sdist of each into dist/ (the wheel is built from the sdist, so a file missing
+# from an sdist fails here), `twine check --strict`, then the stamp scripts/dist_check.sh reads.
+build_dists() {
+  "${PIP[@]}" build twine setuptools
+  rm -rf dist
+  for d in "${DISTS[@]}"; do
+    log "building $d"
+    "$PY" -m build --no-isolation -q --outdir dist "$d" >build/dist-build.log 2>&1 \
+      || { cat build/dist-build.log >&2; die "building the distribution in $d failed"; }
+  done
+  "$VENV/bin/twine" check --strict dist/* || die "twine check failed for dist/"
+  touch dist/.built
+  log "dist/: $(find dist -name '*.whl' | wc -l) wheels, $(find dist -name '*.tar.gz' | wc -l) sdists"
+}
+
 case "$job" in
   setup) ;;
   microbench)
@@ -75,6 +97,8 @@ case "$job" in
     "$PY" -m pytest bench/micro --benchmark-only --benchmark-autosave -rs \
       --benchmark-columns=min,median,iqr,max,rounds "${@:2}"
     ;;
+  wheels) mkdir -p build; build_dists ;;
+  dist-check) bash scripts/dist_check.sh ;;
   certify) certify "${CERT_DIR:-docs/certificates}" || die "a plugin failed certification" ;;
   demo)
     log "installing the text front end (tokenizers) and the all-MiniLM-L6-v2 weights"
@@ -127,6 +151,11 @@ case "$job" in
     log "cost model check"
     cost_rc=0
     "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan --json build/costmodel.json || cost_rc=$?
+    # The README's install lines, from built distributions only (fresh venvs outside the repo).
+    log "distributions"
+    mkdir -p build
+    build_dists
+    bash scripts/dist_check.sh || die "the distributions do not install and run as README says"
     log "pytest"
     set +e
     RLX_CERT_DIR="$PWD/build/certificates" "$PY" -m pytest --benchmark-disable "${@:2}"
@@ -138,5 +167,5 @@ case "$job" in
     [ "$rc" -eq 0 ] || die "tests failed (pytest exit code $rc)"
     log "all tests passed and every CI plugin is certified"
     ;;
-  *) die "unknown job '$job' (use demo, test, microbench or setup)" ;;
+  *) die "unknown job '$job' (use demo, test, certify, wheels, dist-check, microbench or setup)" ;;
 esac

@@ -7,7 +7,6 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-
 from rlx_cpu import special
 
 

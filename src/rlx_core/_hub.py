@@ -31,7 +31,7 @@ from typing import Any
 
 import pluggy
 
-from . import API_VERSION
+from . import API_VERSION, install_hint
 from .errors import BackendNotFoundError, PluginConflictError, PluginError
 
 GROUP = "rlx.backends"
@@ -352,7 +352,7 @@ class Hub:
                 known = ", ".join(self.entries()) or "none"
                 raise BackendNotFoundError(
                     f"no backend named {name!r} is installed (installed: {known})",
-                    fix=f"pip install rlx-{name}, or check the name with `rlx doctor`")
+                    fix=install_hint.backend_hint(name))
             if len(entries) > 1:
                 dists = " and ".join(f"{e.distribution} {e.dist_version} ({e.value})" for e in entries)
                 err = PluginConflictError(f"backend name {name!r} is provided by {dists}",
@@ -492,7 +492,7 @@ class Hub:
                 errors.append(f"{name}: {e.what}")
         detail = "; ".join(errors) or "no backend plugins are installed"
         raise BackendNotFoundError(f"no usable backend ({detail})",
-                                   fix="pip install rlx-cpu (the default backend), or run `rlx doctor`")
+                                   fix=f"{install_hint.default_backend_hint()}; `rlx doctor` shows why")
 
     def core_decompositions(self) -> list[Any]:
         from . import builtin

@@ -131,9 +131,12 @@ class RLXGroup(click.Group):
         try:
             loaded = getattr(importlib.import_module(module), attr)
         except ImportError as e:
-            dist = module.split(".")[0].replace("_", "-")
-            raise click.ClickException(f"`rlx {cmd_name}` needs the {dist} package ({e}); "
-                                       f"install it: pip install {dist}") from None
+            from .install_hint import module_hint
+
+            # The hint comes from rlx-core's extras (e.g. rlx-core[conformance]), not the module name.
+            missing = e.name or module
+            raise click.ClickException(f"`rlx {cmd_name}` needs the {missing.split('.')[0]!r} module ({e}); "
+                                       f"{module_hint(missing)}") from None
         if not isinstance(loaded, click.Command):
             raise click.ClickException(f"{target} is not a click command")
         return loaded
@@ -618,12 +621,16 @@ def _print_doctor(rep: Mapping[str, Any]) -> None:
         if rep["core"]["env"].get("RLX_DISABLE_PLUGINS", "").strip() == "all":
             none = "All backend plugins are disabled by RLX_DISABLE_PLUGINS=all."
         else:
-            none = "No backend plugins are installed. Install the default one: pip install rlx-cpu"
+            from .install_hint import default_backend_hint
+
+            none = f"No backend plugins are installed. Install one: {default_backend_hint()}"
         out.print(Text(none, style="bold red"))
     elif not s["passed"] and not s["failed"]:
+        from .install_hint import default_backend_hint
+
         out.print(Text("No usable backend: every installed backend was skipped (reasons above). Select "
-                       "one that has a device here (RLX_BACKENDS), or install the default one: "
-                       "pip install rlx-cpu", style="bold red"))
+                       "one that has a device here (RLX_BACKENDS), or install one: "
+                       f"{default_backend_hint()}", style="bold red"))
     else:
         tail = f", {s['skipped']} skipped" if s["skipped"] else ""
         out.print(Text(f"{s['passed']} passed, {s['failed']} failed{tail}",

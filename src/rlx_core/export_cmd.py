@@ -47,7 +47,7 @@ class ExportCommand(click.Command):
             if rows:
                 formatter.write_dl(rows)
             else:
-                formatter.write_text("none: install a plugin that exports, e.g. pip install rlx-wasm")
+                formatter.write_text('none: install a plugin that exports, e.g. pip install "rlx-core[wasm]"')
         if broken:
             with formatter.section("Plugins that could not list their targets (see `rlx doctor`)"):
                 formatter.write_text("\n".join(broken))

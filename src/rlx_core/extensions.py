@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from . import install_hint
 from .errors import BackendNotFoundError, PluginConflictError, PluginError, RLXError
 
 if TYPE_CHECKING:
@@ -159,9 +160,9 @@ def find_exporter(h: Hub, target: str) -> ExporterInfo:
     raise BackendNotFoundError(
         f"no installed plugin exports target {target!r} (installed targets: {have}){extra}",
         where=f"rlx export --target {target}",
-        fix=(f"pick an installed target, or install the plugin that exports {target!r} (e.g. "
-             f"pip install rlx-{target}); `rlx export --help` lists the targets, `rlx doctor` the broken "
-             "plugins"))
+        fix=(f"pick an installed target, or install the plugin that exports {target!r} "
+             f"({install_hint.backend_hint(target)}); `rlx export --help` lists the targets, `rlx doctor` "
+             "the broken plugins"))
 
 
 def resolve_command(info: ExporterInfo) -> click.Command:

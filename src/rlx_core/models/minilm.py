@@ -78,7 +78,7 @@ def _tokenizer_class() -> Any:
     except ImportError:
         raise ModelNotFoundError("the tokenizers package is not installed",
                                  where=f"rlx_core.models.minilm ({MODEL_NAME})",
-                                 fix="install it: pip install tokenizers") from None
+                                 fix='install the embed extra: pip install "rlx-core[embed]"') from None
     return Tokenizer
 
 
