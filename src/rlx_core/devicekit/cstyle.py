@@ -507,6 +507,99 @@ def launches(kd: KernelDialect, step: Step, types: Mapping[str, TensorType], ew_
                   fix="report this bug (the claim and codegen disagree)")
 
 
-__all__ = ["KERNEL_DIALECTS", "METAL", "OPENCL", "KernelDialect", "copy_source", "elementwise_source",
-           "fill_source", "gather_source", "iota_source", "kernel_name", "launches", "layer_norm_source",
-           "literal", "matmul_source", "module", "program_ops", "reduce_source", "softmax_source"]
+
+
+# -- claims -----------------------------------------------------------------------------------------
+
+F32 = frozenset({D.F32})
+FI = frozenset({D.F32, D.I32, D.I64})
+FIB = frozenset({D.F32, D.I32, D.I64, D.BOOL})
+INDEX = frozenset({D.I32, D.I64})
+FLOAT_ONLY = frozenset({"exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf",
+                        "floor", "ceil", "round", "div", "pow"})
+INT_OK = frozenset({"neg", "abs", "sign", "add", "sub", "mul", "maximum", "minimum"})
+LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
+
+OpOk = Callable[[str, tuple[DType, ...], DType], "str | None"]
+
+
+def op_ok(op: str, ins: tuple[DType, ...], out: DType) -> str | None:
+    """None when the C-style kernels compute ``op`` on these dtypes exactly as the reference does
+    (f32, plus i32/i64/bool where C integer semantics match)."""
+    if any(d not in FIB for d in (*ins, out)):
+        return f"the C-style kernels handle f32/i32/i64/bool only (got {[d.value for d in ins]})"
+    if op in FLOAT_ONLY and any(d is not D.F32 for d in ins):
+        return f"{op} is claimed for f32 only"
+    if op in INT_OK and any(d not in FI for d in ins):
+        return f"{op} is claimed for f32/i32/i64 only"
+    if op in LOGICAL and any(d is not D.BOOL for d in ins):
+        return f"{op} is claimed for bool only"
+    if op == "where" and (ins[0] is not D.BOOL or ins[1] != ins[2]):
+        return "where needs a bool condition and equal branch dtypes"
+    if op == "cast" and ins[0] is D.F32 and out in (D.I32, D.I64):
+        return "float -> int cast of NaN/Inf/out-of-range values is undefined in C-style languages"
+    return None
+
+
+def _numel(t: TensorType) -> int:
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n
+
+
+def fits(v: Any) -> str | None:
+    """The kernels index with 32-bit ints."""
+    if any(_numel(t) >= 2**31 - 1 for t in (*v.in_types, *v.out_types)):
+        return "tensors of 2**31 elements or more (32-bit indices)"
+    return None
+
+
+def _last_axis(v: Any) -> str | None:
+    t = v.in_types[0]
+    if t.rank and normalize_axis(int(v.attrs["axis"]), t.rank) != t.rank - 1:
+        return "only the last axis (other axes run through the decomposition)"
+    return fits(v)
+
+
+def claims(kd: KernelDialect, prefix: str, *, extra_op_ok: OpOk | None = None) -> list[Any]:
+    """The claim list of a backend running this library in ``kd``: elementwise ops and fused
+    programs that render (``prefix + "ew."``), and every template op. ``extra_op_ok`` narrows the
+    elementwise claims further (a dialect's own exceptions)."""
+    from ..fusion import FUSIBLE
+    from ..records import KernelClaim
+    from .claims import all_of, elementwise_claims, fused_claim, render_check, renders
+
+    def ok(op: str, ins: tuple[DType, ...], out: DType) -> str | None:
+        return op_ok(op, ins, out) or (extra_op_ok(op, ins, out) if extra_op_ok else None)
+
+    program_ok = render_check(lambda p, i, o: elementwise_source(kd, p, i, o), f"as {kd.name}", op_ok=ok)
+    renderable = all_of(fits, renders(program_ok))
+
+    def claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> Any:
+        kw.setdefault("predicate", fits)
+        return KernelClaim(op, f"{prefix}{op}", dtypes=dtypes, **kw)
+
+    out: list[Any] = elementwise_claims(f"{prefix}ew.", FIB, renderable, ops=tuple(sorted(FUSIBLE)),
+                                        out_dtypes=FIB)
+    out += [
+        fused_claim(f"{prefix}fused_elementwise", renderable,
+                    constraint=f"f32/i32/i64/bool programs of claimed elementwise ops (shared renderer, "
+                               f"{kd.render} dialect)"),
+        claim("matmul", F32, constraint="one thread per output element, f32 accumulation"),
+        claim("softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
+        claim("log_softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
+        claim("layer_norm", F32, constraint="one thread per row, two-pass statistics"),
+        claim("reduce_sum", F32), claim("reduce_mean", F32), claim("reduce_max", F32), claim("reduce_min", F32),
+        claim("reshape", FIB, in_place=True), claim("transpose", FIB), claim("expand", FIB),
+        claim("slice", FIB), claim("concat", FIB), claim("pad", FIB),
+        claim("gather", FIB | INDEX, out_dtypes=FIB),
+        claim("iota", FI),
+    ]
+    return out
+
+
+__all__ = ["KERNEL_DIALECTS", "METAL", "OPENCL", "KernelDialect", "claims", "copy_source", "elementwise_source",
+           "fill_source", "fits", "gather_source", "iota_source", "kernel_name", "launches",
+           "layer_norm_source", "literal", "matmul_source", "module", "op_ok", "program_ops", "reduce_source",
+           "softmax_source"]

@@ -19,36 +19,16 @@ from typing import Any
 from rlx_core import API_VERSION
 from rlx_core.plugin import (
     FUSED,  # noqa: F401  (importing it registers the fused_elementwise op)
-    FUSIBLE,
     BackendInfo,
     DeviceCaps,
     DeviceInfo,
     DType,
     KernelClaim,
-    TensorType,
-    all_of,
-    elementwise_claims,
-    fused_claim,
+    cstyle,
     hookimpl,
-    normalize_axis,
-    render_check,
-    renders,
 )
 
 from . import __version__, msl
-
-D = DType
-F32 = frozenset({D.F32})
-FI = frozenset({D.F32, D.I32, D.I64})
-FIB = frozenset({D.F32, D.I32, D.I64, D.BOOL})
-B = frozenset({D.BOOL})
-INDEX = frozenset({D.I32, D.I64})
-FLOAT_ONLY = frozenset({"exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf",
-                        "floor", "ceil", "round", "div", "pow"})
-INT_OK = frozenset({"neg", "abs", "sign", "add", "sub", "mul", "maximum", "minimum"})
-COMPARE = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})
-LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
-ELEMENTWISE = tuple(sorted(FUSIBLE))
 
 
 def mode() -> str:
@@ -105,74 +85,17 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 
 # -- claims ---------------------------------------------------------------------------------------
 
-def op_ok(op: str, ins: tuple[DType, ...], out: DType) -> str | None:
-    """None when rlx-metal's MSL computes ``op`` on these dtypes exactly as the reference does."""
-    if any(d not in FIB for d in (*ins, out)):
-        return f"rlx-metal elementwise kernels handle f32/i32/i64/bool only (got {[d.value for d in ins]})"
-    if op in FLOAT_ONLY and any(d is not D.F32 for d in ins):
-        return f"{op} is claimed for f32 only"
-    if op in INT_OK and any(d not in FI for d in ins):
-        return f"{op} is claimed for f32/i32/i64 only"
-    if op == "abs" and D.I64 in ins:
+def _host_abs(op: str, ins: tuple[DType, ...], out: DType) -> str | None:
+    if op == "abs" and DType.I64 in ins:
         return "abs is not claimed for i64 (the shared renderer's abs() is the int overload on host)"
-    if op in LOGICAL and any(d is not D.BOOL for d in ins):
-        return f"{op} is claimed for bool only"
-    if op == "where" and (ins[0] is not D.BOOL or ins[1] != ins[2]):
-        return "where needs a bool condition and equal branch dtypes"
-    if op == "cast" and ins[0] is D.F32 and out in (D.I32, D.I64):
-        return "float -> int cast of NaN/Inf/out-of-range values is undefined in MSL/C++"
     return None
-
-
-#: the render check (device kit): every op passes ``op_ok``, then the program renders as MSL
-_program_ok = render_check(lambda p, i, o: msl.elementwise_source(p, i, o), "as MSL", op_ok=op_ok)
-
-
-def _numel(t: TensorType) -> int:
-    n = 1
-    for d in t.shape:
-        n *= int(d)
-    return n
-
-
-def _fits(v: Any) -> str | None:
-    if any(_numel(t) >= 2**31 - 1 for t in (*v.in_types, *v.out_types)):
-        return "tensors of 2**31 elements or more (32-bit indices)"
-    return None
-
-
-def _last_axis(v: Any) -> str | None:
-    t = v.in_types[0]
-    if t.rank and normalize_axis(int(v.attrs["axis"]), t.rank) != t.rank - 1:
-        return "only the last axis (other axes run through the decomposition)"
-    return _fits(v)
-
-
-def _claim(op: str, dtypes: frozenset[DType] | None, kind: str = "", **kw: Any) -> KernelClaim:
-    kw.setdefault("predicate", _fits)
-    return KernelClaim(op, f"metal.{kind}{op}", dtypes=dtypes, **kw)
 
 
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    renderable = all_of(_fits, renders(_program_ok))
-    claims = elementwise_claims("metal.ew.", FIB, renderable, ops=ELEMENTWISE, out_dtypes=FIB)
-    claims += [
-        fused_claim("metal.fused_elementwise", renderable,
-                    constraint="f32/i32/i64/bool programs of claimed elementwise ops (shared renderer, "
-                               "metal dialect)"),
-        _claim("matmul", F32, constraint="one thread per output element, f32 accumulation"),
-        _claim("softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
-        _claim("log_softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
-        _claim("layer_norm", F32, constraint="one thread per row, two-pass statistics"),
-        _claim("reduce_sum", F32), _claim("reduce_mean", F32), _claim("reduce_max", F32),
-        _claim("reduce_min", F32),
-        _claim("reshape", FIB, in_place=True), _claim("transpose", FIB), _claim("expand", FIB),
-        _claim("slice", FIB), _claim("concat", FIB), _claim("pad", FIB),
-        _claim("gather", FIB | INDEX, out_dtypes=FIB),
-        _claim("iota", frozenset({D.F32, D.I32, D.I64})),
-    ]
-    return claims
+    """The device kit's C-style kernel library in its Metal dialect claims (f32, and exact integer
+    and bool ops)."""
+    return list(cstyle.claims(msl.MSL, "metal.", extra_op_ok=_host_abs))
 
 
 @hookimpl
