@@ -480,8 +480,15 @@ def _default_opset(proto: Any, source: str) -> int:
                     fix="re-export with a supported opset, e.g. torch.onnx.export(..., opset_version=17), "
                         "or convert it: onnx.version_converter.convert_version(model, 17)")
             return v
-    raise SerializationError("the model imports no default-domain (ai.onnx) opset", where=source,
-                             fix="export the model again with a standard exporter")
+    others = sorted({o.domain for o in proto.opset_import})
+    used = sorted({(n.domain, n.op_type) for n in proto.graph.node})
+    if used and all(key in _CUSTOM for key in used):
+        return MAX_OPSET  # every node has a registered handler: the default opset does not matter
+    missing = sorted({d for d, op in used if (d, op) not in _CUSTOM}) or others
+    raise UnsupportedOnnxError(
+        f"the model imports no default-domain (ai.onnx) opset, only {', '.join(map(repr, others))}; "
+        f"its operators come from domain(s) {', '.join(map(repr, missing))}, which RLX does not translate",
+        where=source, fix=_domain_fix())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +502,7 @@ def _default_opset(proto: Any, source: str) -> int:
 #: ``paddings`` (before 2), Tile's ``tiles``/``axis`` inputs (before 6), Split's split input (before 2).
 _OP_SINCE: dict[str, int] = {
     **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "Greater", "Less", "Gemm",
-                     "Dropout", "BatchNormalization", "Upsample"), 7),
+                     "Dropout", "BatchNormalization"), 7),
     **dict.fromkeys(("Abs", "Neg", "Sqrt", "Exp", "Log", "Tanh", "Sigmoid", "Reciprocal", "Floor", "Ceil",
                      "Relu", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Clip", "Cast", "Tile", "Max",
                      "Min", "Sum", "Mean"), 6),
@@ -554,6 +561,91 @@ def op_version_problem(op: str, opset: int) -> str | None:
         return (f"{op}-{v} (the version in effect at opset {opset}) is newer than the RLX importer's "
                 f"translation of {op} was checked against ({op}-{hi})")
     return None
+
+
+Refusal = Union[tuple[str, str], None]
+AttrRule = Callable[[Mapping[str, Any], int, Any], Refusal]
+
+
+def _spatial_rule(attrs: Mapping[str, Any], opset: int, node: Any) -> Refusal:
+    op = node.op_type
+    kernel = attrs.get("kernel_shape")
+    if kernel is not None and len(kernel) > 2:
+        kind = "pooling" if "Pool" in op else "convolution"
+        return (f"{len(kernel)}-D {kind} (kernel_shape {list(kernel)}) is not translated (1-D and 2-D only)",
+                "RLX has 1-D and 2-D convolutions and pools (NCL / NCHW)")
+    auto = str(attrs.get("auto_pad", "NOTSET"))
+    if auto not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        return f"auto_pad={auto!r} is not defined", "use NOTSET, VALID, SAME_UPPER or SAME_LOWER"
+    if "Pool" in op and any(int(d) != 1 for d in attrs.get("dilations", ())):
+        return f"dilated pooling (dilations {list(attrs['dilations'])}) is not translated", "use dilation 1"
+    return None
+
+
+def _attr_is(name: str, default: Any, bad: Callable[[Any], bool], what: str, fix: str) -> AttrRule:
+    def rule(attrs: Mapping[str, Any], opset: int, node: Any) -> Refusal:
+        v = attrs.get(name, default)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        return (what.format(v=v), fix) if bad(v) else None
+    return rule
+
+
+def _dropout_mask_rule(attrs: Mapping[str, Any], opset: int, node: Any) -> Refusal:
+    if opset < 10 and len(node.output) > 1 and node.output[1]:
+        return ("the mask output before opset 10 (typed like the input, with no defined inference-mode "
+                "value) is not translated", "do not use the mask, or convert the model to opset 10 or newer")
+    return None
+
+
+#: Attribute values the handlers do not translate, checked before a node is translated (and by
+#: :func:`coverage` for every node at once): ``rule(attrs, opset, node) -> (what, fix) | None``.
+_ATTR_RULES: dict[str, list[AttrRule]] = {
+    "BatchNormalization": [
+        _attr_is("training_mode", 0, lambda v: int(v) != 0, "training_mode={v} (training) is not translated",
+                 "export the model in eval mode (model.eval())"),
+        _attr_is("spatial", 1, lambda v: int(v) == 0,
+                 "spatial=0 (statistics per element, opset 7-8) is not translated",
+                 "export with spatial=1 (per-channel statistics), the only form from opset 9 on")],
+    "Gelu": [_attr_is("approximate", "none", lambda v: v not in ("none", "tanh"), "approximate={v!r} is not "
+                      "defined", "use 'none' or 'tanh'")],
+    "Dropout": [_dropout_mask_rule],
+    **{op: [_spatial_rule] for op in ("Conv", "MaxPool", "AveragePool")},
+}
+
+#: Operators whose trailing optional outputs the handler does not produce (how many it does).
+_MAX_OUTPUTS: dict[str, int] = {"MaxPool": 1, "BatchNormalization": 1}
+
+
+def _schema_attrs(op: str, opset: int) -> frozenset[str]:
+    """The attributes default-domain ``op`` defines at ``opset`` (empty when onnx does not know it)."""
+    key = (op, opset)
+    known = _SCHEMA_ATTRS.get(key)
+    if known is None:
+        import onnx.defs
+
+        try:
+            known = frozenset(onnx.defs.get_schema(op, opset, "").attributes)
+        except Exception:
+            known = frozenset()  # unknown operator: its translation (or the error) comes later
+        _SCHEMA_ATTRS[key] = known
+    return known
+
+
+def _domain_fix() -> str:
+    return ("RLX translates the default ONNX domain (ai.onnx) only, plus operators registered with "
+            "rlx_core.frontends.onnx.register_handler(op, fn, domain=...); classical-ML models "
+            "(ai.onnx.ml: trees, linear classifiers, scalers...) run in ONNX Runtime, or convert them to "
+            "default-domain operators (e.g. hummingbird)")
+
+
+def coverage(model: str | os.PathLike[str] | bytes | Any) -> Any:
+    """Every problem the importer would meet in ``model`` (unsupported operators, versions,
+    attributes, dtypes, domains, opset), all at once and without importing it: a
+    :class:`~rlx_core.frontends.onnx_coverage.CoverageReport` (``.ok``, ``.to_text()``, ``.to_json()``)."""
+    from .onnx_coverage import coverage as run
+
+    return run(model)
 
 
 _VERSION_FIX = ("convert the model to a version the importer reads: "
@@ -911,6 +1003,10 @@ class _Importer:
             problem = None if fn is None else op_version_problem(op, self.opset)
             if problem is not None:
                 raise self.unsupported(problem, fix=_VERSION_FIX)
+            for rule in _ATTR_RULES.get(op, ()) if fn is not None else ():
+                refusal = rule(attrs, self.opset, node)
+                if refusal is not None:
+                    raise self.unsupported(f"{op}: {refusal[0]}", fix=refusal[1])
         if fn is None and self.fold_refused is not None:
             raise self.unsupported(
                 f"ONNX operator {op!r} can only be imported by folding it to a constant, and "
@@ -944,16 +1040,7 @@ class _Importer:
         on ReduceMean-18, where axes became an input)."""
         if node.domain not in ("", "ai.onnx") or not attrs:
             return
-        key = (node.op_type, self.opset)
-        known = _SCHEMA_ATTRS.get(key)
-        if known is None:
-            import onnx.defs
-
-            try:
-                known = frozenset(onnx.defs.get_schema(node.op_type, self.opset, "").attributes)
-            except Exception:
-                known = frozenset()  # unknown operator: its translation (or the error) comes later
-            _SCHEMA_ATTRS[key] = known
+        known = _schema_attrs(node.op_type, self.opset)
         unknown = sorted(a for a in attrs if known and a not in known)
         if unknown:
             raise self.unsupported(
@@ -1442,10 +1529,6 @@ def _dropout(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         return [ins[0]]
     x = imp.t(ins[0])
     outs: list[Any] = [x]
-    if len(node.output) > 1 and node.output[1] and imp.opset < 10:
-        raise imp.unsupported("Dropout's mask output before opset 10 (then typed like the input, "
-                              "with no defined inference-mode value) is not translated",
-                              fix="do not use the mask output, or convert the model to opset 10 or newer")
     if len(node.output) > 1 and node.output[1]:
         outs.append(imp.g.op("expand", imp.g.const(True, DType.BOOL), shape=x.shape))
     return outs
@@ -1563,9 +1646,7 @@ def _mish(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 
 @_handler("Gelu")
 def _gelu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
-    approx = str(attrs.get("approximate", "none"))
-    if approx not in ("none", "tanh"):
-        raise imp.unsupported(f"Gelu approximate={approx!r} is not supported", fix="use 'none' or 'tanh'")
+    approx = str(attrs.get("approximate", "none"))  # checked by _ATTR_RULES
     return [imp.g.op("gelu", imp.t(ins[0]), approximate=approx)]
 
 
@@ -1789,13 +1870,6 @@ def _conv(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 
 @_handler("BatchNormalization")
 def _batch_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
-    if int(attrs.get("training_mode", 0)):
-        raise imp.unsupported("BatchNormalization with training_mode=1 is not supported",
-                              fix="export the model in eval mode (model.eval())")
-    if not int(attrs.get("spatial", 1)):  # BatchNormalization-7: per-element statistics
-        raise imp.unsupported("BatchNormalization spatial=0 (statistics per element, opset 7-8) is not "
-                              "translated", fix="export with spatial=1 (per-channel statistics), the "
-                                                "only form from opset 9 on")
     x = imp.t(ins[0])
     params = [imp.t(v, x.dtype) for v in ins[1:5]]
     return [imp.g.op("batch_norm", x, *params, eps=float(attrs.get("epsilon", 1e-5)))]
@@ -1820,9 +1894,24 @@ def _layer_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         t = imp.t(v, x.dtype)
         return t if t.shape == norm_shape else g.op("expand", t, shape=norm_shape)
 
+    eps = float(attrs.get("epsilon", 1e-5))
     y = g.op("layer_norm", x, affine(ins[1], 1.0), affine(ins[2] if len(ins) > 2 else None, 0.0),
-             axis=axis, eps=float(attrs.get("epsilon", 1e-5)))
-    return [y]
+             axis=axis, eps=eps)
+    if not any(node.output[1:3]):
+        return [y]
+    # Mean and InvStdDev (training exports keep them): computed in stash_type, which is also their
+    # dtype, over the normalized axes, keeping them as size-1 axes.
+    stash = _ONNX_TO_DTYPE.get(int(attrs.get("stash_type", 1)))
+    if stash is None or not stash.is_float or stash is DType.C64:
+        raise imp.unsupported(f"LayerNormalization stash_type={attrs.get('stash_type')} is not a float "
+                              f"dtype RLX has", fix="export with stash_type=1 (float32)")
+    xs = x if x.dtype is stash else g.op("cast", x, to=stash)
+    axes = tuple(range(axis, x.rank))
+    mean = g.op("reduce_mean", xs, axes=axes, keepdims=True)
+    d = xs - mean
+    var = g.op("reduce_mean", d * d, axes=axes, keepdims=True)
+    inv = g.op("reciprocal", g.op("sqrt", var + g.const(eps, stash)))
+    return [y, mean, inv]
 
 
 def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
@@ -1869,9 +1958,6 @@ def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
 
 @_handler("MaxPool")
 def _max_pool(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
-    if int(attrs.get("storage_order", 0)):
-        raise imp.unsupported("MaxPool storage_order=1 is not supported",
-                              fix="use the default row-major order")
     return _pool(imp, node, ins, attrs, "max")
 
 
@@ -1954,12 +2040,18 @@ for _name, _kind in (("ReduceMean", "mean"), ("ReduceSum", "sum"), ("ReduceMax",
 
 @_handler("ArgMax", "ArgMin")
 def _arg(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
-    if int(attrs.get("select_last_index", 0)):
-        raise imp.unsupported(f"{node.op_type} select_last_index=1 is not supported",
-                              fix="use the default (first index)")
+    g = imp.g
     x = imp.t(ins[0])
-    return [imp.g.op(node.op_type.lower(), x, axis=int(attrs.get("axis", 0)),
-                     keepdims=_keepdims(attrs))]
+    axis = int(attrs.get("axis", 0)) % max(x.rank, 1)
+    if not int(attrs.get("select_last_index", 0)):
+        return [g.op(node.op_type.lower(), x, axis=axis, keepdims=_keepdims(attrs))]
+    # The last extreme index is n-1 minus the first one of the axis reversed.
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise imp.symbolic(f"{node.op_type} select_last_index=1 over the symbolic axis {n!r}", [str(n)])
+    rev = g.op("slice", x, starts=(-1,), stops=(-_INT_BIG,), axes=(axis,), steps=(-1,))
+    first = g.op(node.op_type.lower(), rev, axis=axis, keepdims=_keepdims(attrs))
+    return [g.const(n - 1, first.dtype) - first]
 
 
 @_handler("CumSum")
@@ -2188,9 +2280,6 @@ def _gather_nd(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     ``nn.Embedding``); k > 1 flattens the addressed axes into one and linearises the index."""
     g = imp.g
     data, idx = ins
-    if int(attrs.get("batch_dims", 0)) != 0:
-        raise imp.unsupported(f"GatherND batch_dims={attrs['batch_dims']} is not supported",
-                              fix="export with batch_dims=0 or rewrite it as Gather")
     ids = imp.t(idx)
     x = imp.t(data)
     k = ids.shape[-1] if ids.rank else None
@@ -2269,6 +2358,16 @@ def _range(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         raise imp.unsupported("Range with a run-time start or delta", fix="make start and delta constants")
     dt = DType.parse(start.array.dtype)
     s0, d0 = start.array.reshape(-1)[0].item(), delta.array.reshape(-1)[0].item()
+    if dt in (DType.F16, DType.BF16):  # Range-27: computed in stash_type (float32) and cast back
+        if int(attrs.get("stash_type", 1)) != 1:
+            raise imp.unsupported(f"Range stash_type={attrs['stash_type']} is not translated (float32 only)",
+                                  fix="export with the default stash_type=1 (float32)")
+        out = _range_values(imp, s0, limit, d0, DType.F32)
+        return [imp.g.op("cast", out, to=dt)]
+    return [_range_values(imp, s0, limit, d0, dt)]
+
+
+def _range_values(imp: _Importer, s0: Any, limit: Value, d0: Any, dt: DType) -> Tensor:
     if isinstance(limit, _Const) and d0 != 0:
         # A constant Range too large to fold (the import's budget): start + delta * iota(n) at run time.
         l0 = limit.array.reshape(-1)[0].item()
@@ -2276,12 +2375,12 @@ def _range(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         out = imp.g.op("iota", shape=(n,), axis=0, dtype=dt)
         if d0 != 1:
             out = out * imp.g.const(d0, dt)
-        return [out + imp.g.const(s0, dt) if s0 != 0 else out]
+        return out + imp.g.const(s0, dt) if s0 != 0 else out
     lim = imp.dims(limit, "the Range limit")
     if len(lim) != 1 or s0 != 0 or d0 != 1:
         raise imp.symbolic(f"Range({s0}, {lim}, {d0}) has a symbolic length (only Range(0, n, 1) can)")
     n = imp.to_dim(lim[0], "the Range length")
-    return [imp.g.op("iota", shape=(n,), axis=0, dtype=dt)]
+    return imp.g.op("iota", shape=(n,), axis=0, dtype=dt)
 
 
 @_handler("Tile")
