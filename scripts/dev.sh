@@ -69,22 +69,10 @@ certify() {
   return "$failed"
 }
 
-# Every distribution of the repository: the core, each plugin folder, the conformance suite.
-DISTS=(. plugins/rlx-*/ conformance)
-
-# build_dists: wheel + sdist of each into dist/ (the wheel is built from the sdist, so a file missing
-# from an sdist fails here), `twine check --strict`, then the stamp scripts/dist_check.sh reads.
+# build_dists: every distribution, wheel + sdist, into dist/ (scripts/build_dists.sh).
 build_dists() {
   "${PIP[@]}" build twine setuptools
-  rm -rf dist
-  for d in "${DISTS[@]}"; do
-    log "building $d"
-    "$PY" -m build --no-isolation -q --outdir dist "$d" >build/dist-build.log 2>&1 \
-      || { cat build/dist-build.log >&2; die "building the distribution in $d failed"; }
-  done
-  "$VENV/bin/twine" check --strict dist/* || die "twine check failed for dist/"
-  touch dist/.built
-  log "dist/: $(find dist -name '*.whl' | wc -l) wheels, $(find dist -name '*.tar.gz' | wc -l) sdists"
+  PY="$PY" bash scripts/build_dists.sh || die "building the distributions failed"
 }
 
 case "$job" in
@@ -97,7 +85,7 @@ case "$job" in
     "$PY" -m pytest bench/micro --benchmark-only --benchmark-autosave -rs \
       --benchmark-columns=min,median,iqr,max,rounds "${@:2}"
     ;;
-  wheels) mkdir -p build; build_dists ;;
+  wheels) build_dists ;;
   dist-check) bash scripts/dist_check.sh ;;
   certify) certify "${CERT_DIR:-docs/certificates}" || die "a plugin failed certification" ;;
   demo)
@@ -153,7 +141,6 @@ case "$job" in
     "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan --json build/costmodel.json || cost_rc=$?
     # The README's install lines, from built distributions only (fresh venvs outside the repo).
     log "distributions"
-    mkdir -p build
     build_dists
     bash scripts/dist_check.sh || die "the distributions do not install and run as README says"
     log "pytest"

@@ -37,7 +37,12 @@ fi
 if [ -n "$stale" ]; then
   [ "$DIST" = "$REPO/dist" ] || die "$DIST is out of date ($stale); rebuild it with scripts/dev.sh wheels"
   log "building dist/ ($stale)"
-  bash "$REPO/scripts/dev.sh" wheels
+  # With the dev environment's build tools when it has them; else dev.sh sets them up first.
+  if "$REPO/.venv/bin/python" -c 'import build, twine, setuptools' 2>/dev/null; then
+    PY="$REPO/.venv/bin/python" bash "$REPO/scripts/build_dists.sh"
+  else
+    bash "$REPO/scripts/dev.sh" wheels
+  fi
 fi
 shopt -s nullglob
 wheels=("$DIST"/*.whl)
