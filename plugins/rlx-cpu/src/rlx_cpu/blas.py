@@ -63,14 +63,21 @@ def _private_copy(src: str) -> tuple[str, bool]:
         os.close(fd)
         shutil.copyfile(src, dst)
         return dst, True
-    st = os.stat(src)
-    tag = hashlib.sha256(f"{src}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    # Keyed by the library's file name and size, not its path: NumPy's wheels name it after a hash
+    # of its contents (auditwheel's libscipy_openblas64_-<hash>.so), so every virtual environment
+    # with the same NumPy build shares one copy (keyed by path, each venv added 25 MB).
+    tag = hashlib.sha256(f"{os.path.basename(src)}|{os.path.getsize(src)}".encode()).hexdigest()[:16]
     cached = d / f"rlx_openblas_{tag}.so"
     if not verify_file(cached):
         tmp = d / f".tmp-{cached.name}.{os.getpid()}"
         shutil.copyfile(src, tmp)
         if not publish_file(tmp, cached):  # the cache went away meanwhile: load the private copy
             return str(tmp), True
+        # One copy at a time: older ones (another NumPy) go. A process that has one loaded keeps
+        # its mapping; one that needs it again copies it back (~25 MB, once).
+        for old in d.glob("rlx_openblas_*.so*"):
+            if old.name not in (cached.name, cached.name + ".mac"):
+                old.unlink(missing_ok=True)
     return str(cached), False
 
 
