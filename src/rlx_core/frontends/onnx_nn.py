@@ -383,3 +383,374 @@ def _upsample(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     mode = _attr_str(attrs, "mode", "nearest")
     return [_resize(imp, node, x, mode=mode, ctm="asymmetric", nearest_mode="simple", scales=scales,
                     sizes=None, axes=None, roi=None)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisations
+
+
+def _up32(imp: _Importer, x: Tensor) -> Tensor:
+    """Half-precision values in float32 (ONNX's stash_type=1 default): squares overflow in f16."""
+    return imp.g.op("cast", x, to=DType.F32) if x.dtype in (DType.F16, DType.BF16) else x
+
+
+def _normalize(imp: _Importer, x: Tensor, axes: tuple[int, ...], eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over ``axes``, the variance of centred values (no cancellation)."""
+    g = imp.g
+    c = x - g.op("reduce_mean", x, axes=axes, keepdims=True)
+    var = g.op("reduce_mean", c * c, axes=axes, keepdims=True)
+    return c * g.op("rsqrt", var + g.const(eps, x.dtype))
+
+
+def _stash(imp: _Importer, node: Any, attrs: dict) -> None:
+    st = int(attrs.get("stash_type", 1))
+    if st != 1:
+        raise imp.unsupported(f"{node.op_type} stash_type={st} is not supported",
+                              fix="use stash_type=1 (compute the statistics in float32, the default)")
+
+
+def _affine_to(imp: _Importer, v: Any, shape: tuple[Any, ...], dt: DType, what: str) -> Tensor:
+    """A scale/bias broadcast to exactly ``shape`` (the normalised trailing dims)."""
+    if isinstance(v, _Const) and all(isinstance(d, int) for d in shape):
+        try:
+            arr = np.broadcast_to(v.array.astype(dt.np), shape)
+        except ValueError:
+            raise imp.unsupported(f"{what} {v.array.shape} does not broadcast to {shape}",
+                                  fix="check the model") from None
+        return imp.param(np.ascontiguousarray(arr))
+    t = imp.t(v, dt)
+    return t if t.shape == shape else imp.g.op("expand", t, shape=shape)
+
+
+@_handler("RMSNormalization")
+def _rms_normalization(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    _stash(imp, node, attrs)
+    x = imp.t(ins[0])
+    _float_input(imp, x, "RMSNormalization")
+    axis = int(attrs.get("axis", -1)) % max(x.rank, 1)
+    gamma = _affine_to(imp, ins[1], x.shape[axis:], x.dtype, "RMSNormalization scale")
+    return [imp.g.op("rms_norm", x, gamma, axis=axis, eps=float(attrs.get("epsilon", 1e-5)))]
+
+
+@_handler("InstanceNormalization")
+def _instance_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    x0 = imp.t(ins[0])
+    _float_input(imp, x0, "InstanceNormalization")
+    if x0.rank < 3:
+        raise imp.unsupported(f"InstanceNormalization of a rank-{x0.rank} input",
+                              fix="input is (N, C, D1, ...)")
+    x = _up32(imp, x0)
+    view = (x.shape[1],) + (1,) * (x.rank - 2)
+    scale = g.op("reshape", imp.t(ins[1], x.dtype), shape=view)
+    bias = g.op("reshape", imp.t(ins[2], x.dtype), shape=view)
+    y = _normalize(imp, x, tuple(range(2, x.rank)), float(attrs.get("epsilon", 1e-5))) * scale + bias
+    return [y if y.dtype == x0.dtype else g.op("cast", y, to=x0.dtype)]
+
+
+@_handler("GroupNormalization")
+def _group_norm(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    _stash(imp, node, attrs)
+    x0 = imp.t(ins[0])
+    _float_input(imp, x0, "GroupNormalization")
+    groups = int(attrs["num_groups"])
+    c = x0.shape[1]
+    if not isinstance(c, int) or groups <= 0 or c % groups:
+        raise imp.unsupported(f"GroupNormalization of {c} channels in {groups} groups",
+                              fix="the channel count must be static and divisible by num_groups")
+    x = _up32(imp, x0)
+    spatial = list(x.shape[2:])
+    per_group = _onnx.s_prod([c // groups, *map(_onnx._sym_of, spatial)])
+    grouped = imp.reshape(x, [imp.sdims(x)[0], groups, per_group], "GroupNormalization groups")
+    y = imp.reshape(_normalize(imp, grouped, (2,), float(attrs.get("epsilon", 1e-5))), imp.sdims(x))
+    view = (c,) + (1,) * len(spatial)
+
+    def per_channel(v: Any) -> Tensor:
+        if imp.opset < 21:  # GroupNormalization-18: one scale/bias per group
+            if not isinstance(v, _Const):
+                t = g.op("reshape", imp.t(v, x.dtype), shape=(groups, 1))
+                t = g.op("expand", t, shape=(groups, c // groups))
+                return g.op("reshape", t, shape=view)
+            return imp.param(np.repeat(v.array.astype(x.dtype.np), c // groups).reshape(view))
+        return g.op("reshape", imp.t(v, x.dtype), shape=view)
+
+    y = y * per_channel(ins[1]) + per_channel(ins[2])
+    return [y if y.dtype == x0.dtype else g.op("cast", y, to=x0.dtype)]
+
+
+# ---------------------------------------------------------------------------------------------
+# RotaryEmbedding
+
+
+@_handler("RotaryEmbedding")
+def _rotary(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    x = imp.t(ins[0])
+    _float_input(imp, x, "RotaryEmbedding")
+    interleaved = bool(int(attrs.get("interleaved", 0)))
+    heads = int(attrs.get("num_heads", 0))
+    if x.rank == 4:  # (B, H, S, D): the caches broadcast over H
+        b, s, d = x.shape[0], x.shape[2], x.shape[3]
+        xv = x
+    elif x.rank == 3:  # (B, S, H*D)
+        if heads <= 0 or not isinstance(x.shape[2], int) or x.shape[2] % heads:
+            raise imp.unsupported(f"RotaryEmbedding of a 3-D input {x.shape} needs num_heads dividing its "
+                                  f"last dim (num_heads={heads})", fix="set num_heads")
+        b, s, d = x.shape[0], x.shape[1], x.shape[2] // heads
+        xv = g.op("reshape", x, shape=(b, s, heads, d))
+    else:
+        raise imp.unsupported(f"RotaryEmbedding of a rank-{x.rank} input", fix="input is 3-D or 4-D")
+    if not isinstance(d, int):
+        raise imp.symbolic(f"RotaryEmbedding with a symbolic head size {d!r}")
+    rd = int(attrs.get("rotary_embedding_dim", 0)) or d
+    if rd > d or rd % 2:
+        raise imp.unsupported(f"RotaryEmbedding rotary_embedding_dim={rd} for head size {d}",
+                              fix="rotary_embedding_dim must be even and at most the head size")
+    half = rd // 2
+    cos, sin = imp.t(ins[1], x.dtype), imp.t(ins[2], x.dtype)
+    pos = ins[3] if len(ins) > 3 else None
+    if pos is not None:  # caches (max_pos, rd/2) indexed by position_ids (B, S)
+        p = imp.t(pos)
+        cos, sin = g.op("gather", cos, p, axis=0), g.op("gather", sin, p, axis=0)
+    if cos.shape[-1] != half or sin.shape[-1] != half:
+        raise imp.unsupported(f"RotaryEmbedding caches {cos.shape}/{sin.shape} do not end in "
+                              f"rotary_embedding_dim/2 = {half}", fix="check the cos/sin caches")
+    hax = 1 if x.rank == 4 else 2  # where the heads axis goes in the (B, S, half) caches
+    cshape = (cos.shape[0], 1, cos.shape[1], half) if hax == 1 else (cos.shape[0], cos.shape[1], 1, half)
+    cos, sin = g.op("reshape", cos, shape=cshape), g.op("reshape", sin, shape=cshape)
+    last = 3
+    if interleaved:
+        x1 = g.op("slice", xv, starts=(0,), stops=(rd,), axes=(last,), steps=(2,))
+        x2 = g.op("slice", xv, starts=(1,), stops=(rd,), axes=(last,), steps=(2,))
+    else:
+        x1 = g.op("slice", xv, starts=(0,), stops=(half,), axes=(last,), steps=(1,))
+        x2 = g.op("slice", xv, starts=(half,), stops=(rd,), axes=(last,), steps=(1,))
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if interleaved:
+        sh = tuple(real.shape)
+        pair = g.op("concat", g.op("reshape", real, shape=(*sh, 1)), g.op("reshape", imag, shape=(*sh, 1)),
+                    axis=4)
+        rot = g.op("reshape", pair, shape=(*sh[:3], rd))
+    else:
+        rot = g.op("concat", real, imag, axis=last)
+    if rd < d:
+        rot = g.op("concat", rot, g.op("slice", xv, starts=(rd,), stops=(d,), axes=(last,), steps=(1,)),
+                   axis=last)
+    return [rot if x.rank == 4 else g.op("reshape", rot, shape=x.shape)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses
+
+
+def _nll(imp: _Importer, node: Any, logp: Tensor, target: Tensor, weight: Any, attrs: dict) -> Tensor:
+    """Negative log-likelihood of ``logp`` (N, C, d...) at integer ``target`` (N, d...). The class
+    pick is a one-hot select (exact: one term, the rest zeros), so an ignored or out-of-range target
+    reads nothing."""
+    g = imp.g
+    reduction = _attr_str(attrs, "reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        raise imp.unsupported(f"{node.op_type} reduction={reduction!r}", fix="use none, sum or mean")
+    if logp.rank < 2 or target.rank != logp.rank - 1:
+        raise imp.unsupported(f"{node.op_type} input {logp.shape} with target {target.shape}",
+                              fix="input is (N, C, d1, ...) and target (N, d1, ...)")
+    c = logp.shape[1]
+    if not isinstance(c, int):
+        raise imp.symbolic(f"{node.op_type} over a symbolic class count {c!r}")
+    r = logp.rank
+    perm = (0, *range(2, r), 1)
+    lp = g.op("transpose", logp, perm=perm) if r > 2 else logp  # (N, d..., C)
+    if target.dtype not in (DType.I32, DType.I64):
+        raise imp.unsupported(f"{node.op_type} target of dtype {target.dtype.value}",
+                              fix="target is int32/int64")
+    tgt = g.op("reshape", target, shape=(*target.shape, 1))
+    classes = g.op("iota", shape=(c,), axis=0, dtype=target.dtype)
+    onehot = g.op("equal", tgt, classes)  # (N, d..., C)
+    zero = g.const(0.0, logp.dtype)
+    picked = g.op("reduce_sum", g.op("where", onehot, lp, zero), axes=(r - 1,), keepdims=False)
+    loss = g.op("neg", picked)
+    ignore = attrs.get("ignore_index")
+    keep = None
+    if ignore is not None:
+        keep = g.op("not_equal", target, g.const(int(ignore), target.dtype))
+    w: Tensor | None = None
+    if weight is not None:
+        wt = imp.t(weight, logp.dtype)
+        w = g.op("reduce_sum", g.op("where", onehot, wt, zero), axes=(r - 1,), keepdims=False)
+        if keep is not None:
+            w = g.op("where", keep, w, zero)
+    elif keep is not None:
+        w = g.op("cast", keep, to=logp.dtype)
+    if w is not None:
+        loss = loss * w
+    if keep is not None:
+        loss = g.op("where", keep, loss, zero)  # -x * 0 would be -0.0; ONNX writes 0
+    if reduction == "none":
+        return loss
+    axes = tuple(range(loss.rank))
+    total = g.op("reduce_sum", loss, axes=axes, keepdims=False)
+    if reduction == "sum":
+        return total
+    if w is None:
+        return g.op("reduce_mean", loss, axes=axes, keepdims=False)
+    return total / g.op("reduce_sum", w, axes=axes, keepdims=False)
+
+
+@_handler("NegativeLogLikelihoodLoss")
+def _nll_loss(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, node.op_type)
+    return [_nll(imp, node, x, imp.t(ins[1]), ins[2] if len(ins) > 2 else None, attrs)]
+
+
+@_handler("SoftmaxCrossEntropyLoss")
+def _sce_loss(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, node.op_type)
+    logp = imp.g.op("log_softmax", x, axis=1)
+    return [_nll(imp, node, logp, imp.t(ins[1]), ins[2] if len(ins) > 2 else None, attrs), logp]
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention (opset 23/24), decomposed as onnx's reference computes it
+
+
+def _to_heads(imp: _Importer, t: Tensor, heads: int, what: str) -> Tensor:
+    """(B, S, H*D) -> (B, H, S, D)."""
+    b, s, hd = t.shape
+    if not isinstance(hd, int) or hd % heads:
+        raise imp.unsupported(f"Attention {what} hidden size {hd!r} is not a multiple of {heads} heads",
+                              fix="set q_num_heads/kv_num_heads to divide the hidden sizes")
+    t = imp.g.op("reshape", t, shape=(b, s, heads, hd // heads))
+    return imp.g.op("transpose", t, perm=(0, 2, 1, 3))
+
+
+@_handler("Attention")
+def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    op = "Attention"
+    get = [ins[i] if len(ins) > i else None for i in range(7)]
+    q, k, v = (imp.t(get[i]) for i in range(3))
+    for t, n in ((q, "Q"), (k, "K"), (v, "V")):
+        _float_input(imp, t, op, n)
+    if get[6] is not None:
+        raise imp.unsupported("Attention with nonpad_kv_seqlen (an external KV cache) is not supported",
+                              fix="pass the padding as attn_mask instead")
+    for name in ("left_window_size", "right_window_size"):
+        if int(attrs.get(name, -1)) != -1:
+            raise imp.unsupported(f"Attention {name}={attrs[name]} (sliding window) is not supported",
+                                  fix="export without a local attention window")
+    dt = q.dtype
+    rank3 = q.rank == 3
+    if rank3:
+        if "q_num_heads" not in attrs or "kv_num_heads" not in attrs:
+            raise imp.unsupported("3-D Attention needs q_num_heads and kv_num_heads",
+                                  fix="set both attributes (the model is malformed without them)")
+        q = _to_heads(imp, q, int(attrs["q_num_heads"]), "Q")
+        k = _to_heads(imp, k, int(attrs["kv_num_heads"]), "K")
+        v = _to_heads(imp, v, int(attrs["kv_num_heads"]), "V")
+    elif q.rank != 4 or k.rank != 4 or v.rank != 4:
+        raise imp.unsupported(f"Attention of Q {q.shape}, K {k.shape}, V {v.shape}",
+                              fix="Q, K and V are all 3-D (B, S, H*D) or all 4-D (B, H, S, D)")
+    dq = q.shape[3]
+    if not isinstance(dq, int):
+        raise imp.symbolic(f"Attention with a symbolic head size {dq!r}")
+    scale = float(attrs["scale"]) if "scale" in attrs else 1.0 / math.sqrt(dq)
+    # onnx scales Q and K by sqrt(scale) each (rounded to the input dtype), not the scores.
+    sq = g.const(float(np.asarray(np.sqrt(np.float64(scale)), dt.np if dt != DType.BF16 else np.float32)), dt)
+    past_k, past_v = get[4], get[5]
+    if (past_k is None) != (past_v is None):
+        raise imp.unsupported("Attention with only one of past_key/past_value",
+                              fix="pass both or neither")
+    past_len = 0
+    if past_k is not None:
+        pk, pv = imp.t(past_k, dt), imp.t(past_v, dt)
+        past_len = pk.shape[2]
+        if not isinstance(past_len, int):
+            raise imp.symbolic(f"Attention with a symbolic past length {past_len!r}")
+        k = g.op("concat", pk, k, axis=2)
+        v = g.op("concat", pv, v, axis=2)
+    present_k, present_v = k, v
+    hq, hk = q.shape[1], k.shape[1]
+    lq, lk = q.shape[2], k.shape[2]
+    if not isinstance(lq, int) or not isinstance(lk, int):
+        raise imp.symbolic(f"Attention with symbolic sequence lengths ({lq!r}, {lk!r})")
+    if hq != hk:
+        if not isinstance(hq, int) or not isinstance(hk, int) or hq % hk or v.shape[1] != hk:
+            raise imp.unsupported(f"Attention with {hq} query heads and {hk} key heads",
+                                  fix="the query heads must be a multiple of the key/value heads (GQA)")
+        rep = hq // hk
+
+        def repeat(t: Tensor) -> Tensor:  # [h0, h0, h1, h1, ...] as onnx's np.repeat(axis=1)
+            b, h, s, d = t.shape
+            t = g.op("reshape", t, shape=(b, h, 1, s, d))
+            t = g.op("expand", t, shape=(b, h, rep, s, d))
+            return g.op("reshape", t, shape=(b, hq, s, d))
+
+        k, v = repeat(k), repeat(v)
+    # The additive bias: 0 where a key is visible, -inf where masked.
+    bias: Tensor | None = None
+    const_bias: np.ndarray | None = np.zeros((lq, lk), np.float64)
+    ninf = g.const(-np.inf, dt)
+    zero = g.const(0.0, dt)
+    mask = get[3]
+    if mask is not None:
+        m = imp.t(mask)
+        if m.dtype is DType.BOOL:
+            m = g.op("where", m, zero, ninf)
+        elif m.dtype != dt:
+            m = g.op("cast", m, to=dt)
+        ml = m.shape[-1]
+        if isinstance(ml, int) and ml < lk:  # a mask shorter than the keys pads with "masked"
+            m = g.op("pad", m, pads=(0,) * (2 * m.rank - 1) + (lk - ml,), value=-np.inf)
+        bias, const_bias = m, None
+    if int(attrs.get("is_causal", 0)):
+        allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + past_len
+        causal = np.where(allowed, 0.0, -np.inf)
+        if const_bias is not None:
+            const_bias = const_bias + causal
+        bias = imp.param(causal.astype(dt.np)) if bias is None else bias + imp.param(causal.astype(dt.np))
+    kt = g.op("transpose", k * sq, perm=(0, 1, 3, 2))
+    qk = g.op("matmul", q * sq, kt)
+    softcap = float(attrs.get("softcap", 0.0))
+    if softcap > 0:
+        c = g.const(softcap, dt)
+        qk = g.op("tanh", qk / c) * c
+    scores = qk if bias is None else qk + bias
+    mode = int(attrs.get("qk_matmul_output_mode", 0))
+    if mode not in (0, 1, 2, 3):
+        raise imp.unsupported(f"Attention qk_matmul_output_mode={mode}", fix="use 0, 1, 2 or 3")
+    qk_out: Tensor | None = {0: qk, 1: qk if softcap > 0 else None, 2: scores}.get(mode)
+    prec = attrs.get("softmax_precision")
+    sm_in = scores
+    if prec is not None:
+        pdt = _onnx._ONNX_TO_DTYPE.get(int(prec))
+        if pdt is None or pdt not in _FLOATS:
+            raise imp.unsupported(f"Attention softmax_precision={prec}", fix="use a float type")
+        if pdt != dt:
+            sm_in = g.op("cast", scores, to=pdt)
+    p = g.op("softmax", sm_in, axis=-1)
+    # A query row whose every key is masked gives 0 (not NaN), as onnx's reference does.
+    if const_bias is None:
+        assert bias is not None
+        row_masked = g.op("equal", g.op("reduce_max", bias, axes=(bias.rank - 1,), keepdims=True), ninf)
+        p = g.op("where", row_masked, g.const(0.0, p.dtype), p)
+    elif bool(np.isneginf(const_bias.max(axis=-1)).any()):
+        rows = np.isneginf(const_bias.max(axis=-1, keepdims=True))
+        p = g.op("where", imp.param(rows), g.const(0.0, p.dtype), p)
+    if p.dtype != dt:
+        p = g.op("cast", p, to=dt)
+    if mode == 3:
+        qk_out = p
+    y = g.op("matmul", p, v)
+    if rank3:
+        b, h, s, d = y.shape
+        y = g.op("reshape", g.op("transpose", y, perm=(0, 2, 1, 3)),
+                 shape=(b, s, h * d if isinstance(h, int) and isinstance(d, int) else -1))
+    outs: list[Any] = [y, present_k, present_v, qk_out]
+    if len(node.output) > 3 and node.output[3] and qk_out is None:
+        raise imp.unsupported("Attention qk_matmul_output_mode=1 without softcap is not supported",
+                              fix="use qk_matmul_output_mode 0, 2 or 3")
+    return outs
