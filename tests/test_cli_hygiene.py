@@ -18,7 +18,7 @@ from conftest import PluginFactory
 import rlx_core
 from rlx_core._hub import Hub, reset_hub
 from rlx_core.cli import EXIT_BROKEN_PIPE, cli
-from rlx_core.errors import BackendNotFoundError
+from rlx_core.errors import BackendNotFoundError, IRError
 from rlx_core.records import BackendInfo, DeviceInfo
 
 
@@ -92,8 +92,7 @@ def test_devices_include_unavailable_ones_with_reason(make_plugin: PluginFactory
 
 
 def test_python_m_rlx_core_and_a_closed_pipe_exit_quietly() -> None:
-    assert subprocess.run([sys.executable, "-m", "rlx_core", "--version"], capture_output=True,
-                          text=True, check=True).stdout.startswith("rlx ")
+    # `python -m rlx_core` is the CLI (a missing __main__ would exit 1 with "No module named").
     for args in (["ops"], ["ops", "--json"]):  # rich text and click.echo JSON
         # The reader is gone before the command writes: every write fails with EPIPE, deterministically.
         p = subprocess.Popen([sys.executable, "-m", "rlx_core", *args], stdout=subprocess.PIPE,
@@ -191,3 +190,33 @@ def test_cli_md_command_table_is_generated_and_current() -> None:
     table = text[text.index(doc.BEGIN):text.index(doc.END)]
     for name, _ in doc.commands():
         assert f"[`rlx {name}`](#" in table, f"docs/CLI.md has no section for `rlx {name}`"
+
+
+# -- item 9: authoring traps --------------------------------------------------------------------------
+
+
+def test_naming_an_output_adds_no_node_so_an_add_only_backend_runs_it(make_plugin: PluginFactory) -> None:
+    make_plugin("rlx-addonly", "addonly", plugin_source("addonly"))  # claims add on f32, nothing else
+    g = rlx_core.GraphBuilder("named")
+    x = g.input("x", "f32", (3,))
+    y = g.output(x + x, "y")
+    g.output(y + x, "z")  # a named output may still feed later nodes
+    graph = g.build()
+    assert [n.op for n in graph.nodes] == ["add", "add"] and graph.outputs == ("y", "z")
+    assert [n.name for n in graph.nodes] == ["y", "z"]  # a node is named after its value
+    h = Hub(env={"RLX_BACKENDS": "addonly"})
+    out = rlx_core.Session("addonly", hub=h, use_cache=False).run(graph, x=np.ones(3, np.float32))
+    assert out["y"].tolist() == [2, 2, 2] and out["z"].tolist() == [3, 3, 3]
+
+
+def test_output_names_that_cannot_be_renamed_get_a_copy() -> None:
+    g = rlx_core.GraphBuilder("copies")
+    x = g.input("x", "f32", (3,))
+    h = x + x
+    g.output(x, "x_out")  # an input keeps its name (the caller's interface): copied
+    g.output(h, "a")
+    g.output(h, "b")  # already an output under another name: copied
+    graph = g.build()
+    assert graph.op_counts() == {"add": 1, "reshape": 2} and graph.outputs == ("x_out", "a", "b")
+    with pytest.raises(IRError, match="already used"):
+        g.output(g.relu(x), "a")

@@ -420,9 +420,9 @@ case("constant_folding_chain", [node("Sqrt", ["k"], ["k2"]), node("Cast", ["k2"]
 def test_operator_matches_onnxruntime(name: str, model: Any, feeds: list[dict[str, np.ndarray]]) -> None:
     graph = compare(model, feeds, rel=1e-5)
     if name == "matmul_add_fuses_to_linear":
-        assert graph.op_counts() == {"linear": 1, "reshape": 1}
+        assert graph.op_counts() == {"linear": 1}  # naming the output adds no node
     if name == "constant_folding_chain":  # Sqrt/Cast/Unsqueeze of initializers fold at import
-        assert graph.op_counts() == {"mul": 1, "reshape": 1}
+        assert graph.op_counts() == {"mul": 1}
     if name == "dynamic_shape_arithmetic":
         assert "concat" not in graph.op_counts()
 
@@ -730,4 +730,4 @@ def test_if_with_constant_condition_inlines_the_branch() -> None:
                     node("If", ["c"], ["y"], then_branch=then, else_branch=other)], [X2], [("y", F32)],
                    {"k": np.float32(1.0), "zero": np.float32(0.0)}, 13)
     graph = compare(m, x2, rel=0)
-    assert graph.op_counts() == {"relu": 1, "reshape": 1}
+    assert graph.op_counts() == {"relu": 1}
