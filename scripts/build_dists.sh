@@ -12,7 +12,13 @@ die() { printf '\nERROR: build_dists: %s\n' "$*" >&2; exit 1; }
   || die "$PY lacks build/twine/setuptools: run scripts/dev.sh wheels (it installs them from requirements/lock.txt)"
 mkdir -p build
 rm -rf dist
-for d in . plugins/rlx-*/ conformance; do
+# The plugins git tracks (a fresh clone's set; a plugin folder still being written is not built).
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  mapfile -t plugins < <(git ls-files 'plugins/*/pyproject.toml' | xargs -n1 dirname)
+else
+  plugins=(plugins/rlx-*/)
+fi
+for d in . "${plugins[@]}" conformance; do
   printf '==> building %s\n' "$d" >&2
   # --no-isolation: the pinned setuptools of this environment builds, no registry round trip each time.
   "$PY" -m build --no-isolation -q --outdir dist "$d" >build/dist-build.log 2>&1 \
