@@ -73,8 +73,12 @@ def close(got: np.ndarray, ref: np.ndarray, rel: float = 1e-5, what: str = "") -
         np.testing.assert_array_equal(got, ref, err_msg=what)
         return
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=f"{what}: NaN positions")
-    scale = max(float(np.nanmax(np.abs(ref))) if ref.size else 1.0, 1.0)
-    err = float(np.nanmax(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
+    inf = np.isinf(ref)
+    np.testing.assert_array_equal(got[inf], ref[inf], err_msg=f"{what}: infinities")
+    fin = np.isfinite(ref)
+    g64, r64 = got[fin].astype(np.float64), ref[fin].astype(np.float64)
+    scale = max(float(np.abs(r64).max()) if r64.size else 1.0, 1.0)
+    err = float(np.abs(g64 - r64).max()) if r64.size else 0.0
     assert err <= rel * scale, f"{what}: max abs diff {err:.3g} > {rel} * {scale:.3g}"
 
 
@@ -213,3 +217,132 @@ def test_resize_refusals() -> None:
     m = _resize_model(x_shape, scales=(1, 1, 2, 2), mode="nearest", antialias=1)
     with pytest.raises(UnsupportedOnnxError, match="antialias"):
         load_onnx(m)
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisations, RotaryEmbedding, losses, Attention (against onnx's reference evaluator)
+
+
+def _check_ref(m: Any, feeds: dict[str, np.ndarray], rel: float = 1e-5, ort_too: bool = False) -> None:
+    got = rlx_run(m, feeds)
+    for i, (a, b) in enumerate(zip(got, ref_run(m, feeds))):
+        close(a, np.asarray(b), rel, f"output {i} vs the reference")
+    if ort_too:
+        for i, (a, b) in enumerate(zip(got, ort_run(m, feeds))):
+            close(a, b, rel, f"output {i} vs onnxruntime")
+
+
+def test_norms() -> None:
+    x = rand(2, 4, 3, 5)
+    for axis, scale in ((-1, rand(5, seed=1)), (1, rand(4, 1, 1, seed=2)), (2, rand(1, 5, seed=3))):
+        m = make_model([helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-3)],
+                       [("x", F32, x.shape)], [("y", F32)], {"s": scale}, opset=23)
+        _check_ref(m, {"x": x})
+    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)
+    m = make_model([node], [("x", F32, x.shape)], [("y", F32)], {"s": rand(4, seed=4), "b": rand(4, seed=5)},
+                   opset=17)
+    _check_ref(m, {"x": x}, ort_too=True)
+    for opset, nparam in ((18, 2), (21, 4)):
+        m = make_model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)],
+                       [("x", F32, x.shape)], [("y", F32)],
+                       {"s": rand(nparam, seed=6), "b": rand(nparam, seed=7)}, opset=opset)
+        _check_ref(m, {"x": x}, ort_too=opset == 21)
+    m = make_model([helper.make_node("RMSNormalization", ["x", "s"], ["y"], stash_type=10)],
+                   [("x", F32, x.shape)], [("y", F32)], {"s": rand(5)}, opset=23)
+    with pytest.raises(UnsupportedOnnxError, match="stash_type"):
+        load_onnx(m)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_embedding(interleaved: int) -> None:
+    b, s, h, d = 2, 3, 2, 8
+    x4, x3 = rand(b, h, s, d), rand(b, s, h * d, seed=1)
+    cos, sin = rand(b, s, 2, seed=2), rand(b, s, 2, seed=3)  # rotary_embedding_dim 4 of 8
+    m = make_model([helper.make_node("RotaryEmbedding", ["x", "c", "s"], ["y"], interleaved=interleaved,
+                                     rotary_embedding_dim=4)],
+                   [("x", F32, x4.shape), ("c", F32, cos.shape), ("s", F32, sin.shape)], [("y", F32)],
+                   opset=23)
+    _check_ref(m, {"x": x4, "c": cos, "s": sin})
+    table_c, table_s = rand(10, 4, seed=4), rand(10, 4, seed=5)
+    pos = np.array([[0, 3, 9], [1, 1, 2]], np.int64)
+    m = make_model([helper.make_node("RotaryEmbedding", ["x", "c", "s", "p"], ["y"], interleaved=interleaved,
+                                     num_heads=h)],
+                   [("x", F32, x3.shape), ("p", I64, pos.shape)], [("y", F32)],
+                   {"c": table_c, "s": table_s}, opset=23)
+    _check_ref(m, {"x": x3, "p": pos})
+
+
+def test_losses() -> None:
+    """Every reduction x weights x ignore_index against ONNX Runtime and the reference. One case is
+    checked against ONNX Runtime only: mean without weights with ignore_index=-1, where onnx's
+    reference divides by every element (ignored ones too) and the spec and ONNX Runtime by the kept."""
+    x = rand(3, 5, 4)
+    t = np.array([[0, 4, 2, 1], [3, -1, 0, 2], [1, 1, -1, 4]], np.int64)
+    w = np.abs(rand(5, seed=1)) + 0.1
+    for reduction, weight, ignore in itertools.product(("none", "sum", "mean"), (False, True), (None, -1, 1)):
+        attrs: dict[str, Any] = {"reduction": reduction}
+        if ignore is not None:
+            attrs["ignore_index"] = ignore
+        feeds = {"x": x, "t": t if ignore == -1 else np.abs(t)}  # a target outside [0, C) is ignored
+        ins = ["x", "t", "w"] if weight else ["x", "t"]
+        inits = {"w": w} if weight else {}
+        nll = make_model([helper.make_node("NegativeLogLikelihoodLoss", ins, ["y"], **attrs)],
+                         [("x", F32, x.shape), ("t", I64, t.shape)], [("y", F32)], inits, opset=22)
+        sce = make_model([helper.make_node("SoftmaxCrossEntropyLoss", ins, ["y", "lp"], **attrs)],
+                         [("x", F32, x.shape), ("t", I64, t.shape)], [("y", F32), ("lp", F32)], inits,
+                         opset=13)
+        for m in (nll, sce):
+            if reduction == "mean" and not weight and ignore == -1:
+                for a, b in zip(rlx_run(m, feeds), ort_run(m, feeds)):
+                    close(a, b, 1e-5, f"{attrs} vs onnxruntime")
+            else:
+                _check_ref(m, feeds, ort_too=True)
+
+
+def _attention_model(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
+                     past: tuple[np.ndarray, np.ndarray] | None = None, opset: int = 23,
+                     **attrs: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    feeds = {"q": q, "k": k, "v": v}
+    names = ["q", "k", "v", "", "", ""]
+    if mask is not None:
+        feeds["m"], names[3] = mask, "m"
+    if past is not None:
+        feeds["pk"], feeds["pv"] = past
+        names[4:6] = ["pk", "pv"]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("Attention", names, ["y", "present_k", "present_v", "qk"], **attrs)
+    dtypes = {np.dtype(np.float32): F32, np.dtype(bool): BOOL}
+    m = make_model([node], [(n, dtypes[a.dtype], a.shape) for n, a in feeds.items()],
+                   [("y", F32), ("present_k", F32), ("present_v", F32), ("qk", F32)], opset=opset)
+    return m, feeds
+
+
+def test_attention() -> None:
+    """3-D GQA with a past cache, a short bool mask (padded with 'masked') and causal (bottom-right
+    by the past length); 4-D with a float mask, softcap, scale and each qk_matmul_output mode; a
+    fully masked row gives 0, as onnx's reference and ONNX Runtime do."""
+    b, sq, skv, past_len = 2, 3, 4, 2
+    q, k, v = rand(b, sq, 4 * 6), rand(b, skv, 2 * 6, seed=1), rand(b, skv, 2 * 5, seed=2)
+    past = (rand(b, 2, past_len, 6, seed=3), rand(b, 2, past_len, 5, seed=4))
+    mask = np.random.default_rng(5).random((sq, skv + past_len)) > 0.3
+    for causal in (0, 1):
+        m, feeds = _attention_model(q, k, v, mask, past, q_num_heads=4, kv_num_heads=2, is_causal=causal)
+        _check_ref(m, feeds, ort_too=True)
+        # ONNX Runtime refuses a mask shorter than the keys; the reference pads it with "masked".
+        m, feeds = _attention_model(q, k, v, mask[:, :-2], past, q_num_heads=4, kv_num_heads=2,
+                                    is_causal=causal)
+        _check_ref(m, feeds)
+    q4, k4, v4 = rand(2, 3, 4, 8), rand(2, 3, 5, 8, seed=1), rand(2, 3, 5, 8, seed=2)
+    fmask = rand(2, 1, 4, 5, seed=3)
+    fmask[0, 0, 1, :] = -np.inf  # a fully masked query row
+    for mode, softcap in itertools.product((0, 2, 3), (0.0, 2.5)):
+        m, feeds = _attention_model(q4, k4, v4, fmask, None, qk_matmul_output_mode=mode, softcap=softcap,
+                                    scale=0.3)
+        _check_ref(m, feeds)
+    m, feeds = _attention_model(q4, k4, v4, None, None, opset=24)
+    m.graph.node[0].input.extend(["", "", "", "n"])
+    m.graph.input.append(helper.make_tensor_value_info("n", I64, [2]))
+    with pytest.raises(UnsupportedOnnxError, match="nonpad_kv_seqlen") as e:
+        load_onnx(m)
+    assert "attn_mask" in (e.value.fix or "")

@@ -667,9 +667,10 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     past_len = 0
     if past_k is not None:
         pk, pv = imp.t(past_k, dt), imp.t(past_v, dt)
-        past_len = pk.shape[2]
-        if not isinstance(past_len, int):
-            raise imp.symbolic(f"Attention with a symbolic past length {past_len!r}")
+        plen = pk.shape[2]
+        if not isinstance(plen, int):
+            raise imp.symbolic(f"Attention with a symbolic past length {plen!r}")
+        past_len = plen
         k = g.op("concat", pk, k, axis=2)
         v = g.op("concat", pv, v, axis=2)
     present_k, present_v = k, v
