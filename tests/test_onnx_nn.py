@@ -340,9 +340,18 @@ def test_attention() -> None:
         m, feeds = _attention_model(q4, k4, v4, fmask, None, qk_matmul_output_mode=mode, softcap=softcap,
                                     scale=0.3)
         _check_ref(m, feeds)
-    m, feeds = _attention_model(q4, k4, v4, None, None, opset=24)
-    m.graph.node[0].input.extend(["", "", "", "n"])
-    m.graph.input.append(helper.make_tensor_value_info("n", I64, [2]))
-    with pytest.raises(UnsupportedOnnxError, match="nonpad_kv_seqlen") as e:
+    # nonpad_kv_seqlen (a run-time input here: per-batch causal frontier and key padding) and the
+    # Attention-25 sliding windows.
+    for opset, attrs in ((24, {"is_causal": 1}), (25, {"is_causal": 1, "left_window_size": 1}),
+                         (25, {"left_window_size": 2, "right_window_size": 0})):
+        m, feeds = _attention_model(q4, k4, v4, None, None, opset=opset, **attrs)
+        m.graph.node[0].input.extend(["", "", "", "n"])
+        m.graph.input.append(helper.make_tensor_value_info("n", I64, [2]))
+        feeds["n"] = np.array([5, 3], np.int64)
+        m.graph.node[0].ClearField("output")
+        m.graph.node[0].output.extend(["y"])
+        del m.graph.output[1:]
+        _check_ref(m, feeds)
+    m, feeds = _attention_model(q4, k4, v4, None, None, opset=25, q_num_heads=3, kv_num_heads=3)
+    with pytest.raises(UnsupportedOnnxError, match="must not set q_num_heads"):
         load_onnx(m)
-    assert "attn_mask" in (e.value.fix or "")

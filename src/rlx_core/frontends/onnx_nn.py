@@ -1,6 +1,6 @@
 """ONNX neural-net operators of real exports, translated into existing RLX IR ops (issue 17).
 
-Resize (opsets 10 to 19) and Upsample, Attention (23/24), RMSNormalization, RotaryEmbedding,
+Resize (opsets 10 to 19) and Upsample, Attention (23 to 25), RMSNormalization, RotaryEmbedding,
 NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss, GroupNormalization and InstanceNormalization.
 The handlers register in :mod:`rlx_core.frontends.onnx`'s table (that module imports this one), so
 the ONNX importer stays one entry point, and every backend runs them (no new IR op).
@@ -34,7 +34,7 @@ _FLOATS = (DType.F16, DType.BF16, DType.F32, DType.F64)
 _onnx._OP_SINCE.update({"Resize": 10, "Upsample": 7, "InstanceNormalization": 6,
                         "NegativeLogLikelihoodLoss": 12, "SoftmaxCrossEntropyLoss": 12,
                         "GroupNormalization": 18})
-_onnx._OP_REVIEWED.update({"Attention": 24, "Resize": 19, "NegativeLogLikelihoodLoss": 22,
+_onnx._OP_REVIEWED.update({"Attention": 25, "Resize": 19, "NegativeLogLikelihoodLoss": 22,
                            "InstanceNormalization": 22, "GroupNormalization": 21})
 
 #: Inputs (op type, input index) that are float but shape-like: the backend adapter may compile
@@ -614,7 +614,8 @@ def _sce_loss(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
-# Attention (opset 23/24), decomposed as onnx's reference computes it
+# Attention (23 to 25: masks, causal, GQA, past/present, nonpad_kv_seqlen, sliding windows, softcap),
+# decomposed as onnx's reference computes it
 
 
 def _to_heads(imp: _Importer, t: Tensor, heads: int, what: str) -> Tensor:
@@ -635,15 +636,15 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     q, k, v = (imp.t(get[i]) for i in range(3))
     for t, n in ((q, "Q"), (k, "K"), (v, "V")):
         _float_input(imp, t, op, n)
-    if get[6] is not None:
-        raise imp.unsupported("Attention with nonpad_kv_seqlen (an external KV cache) is not supported",
-                              fix="pass the padding as attn_mask instead")
-    for name in ("left_window_size", "right_window_size"):
-        if int(attrs.get(name, -1)) != -1:
-            raise imp.unsupported(f"Attention {name}={attrs[name]} (sliding window) is not supported",
-                                  fix="export without a local attention window")
+    left, right = int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1))
+    if left < -1 or right < -1:
+        raise imp.unsupported(f"Attention window sizes ({left}, {right}) below -1",
+                              fix="a window size is -1 (unbounded) or >= 0")
     dt = q.dtype
     rank3 = q.rank == 3
+    if not rank3 and imp.opset >= 25 and ("q_num_heads" in attrs or "kv_num_heads" in attrs):
+        raise imp.unsupported("Attention-25 with 4-D inputs must not set q_num_heads/kv_num_heads",
+                              fix="drop the attributes (the heads are the inputs' axis 1)")
     if rank3:
         if "q_num_heads" not in attrs or "kv_num_heads" not in attrs:
             raise imp.unsupported("3-D Attention needs q_num_heads and kv_num_heads",
@@ -707,12 +708,47 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         if isinstance(ml, int) and ml < lk:  # a mask shorter than the keys pads with "masked"
             m = g.op("pad", m, pads=(0,) * (2 * m.rank - 1) + (lk - ml,), value=-np.inf)
         bias, const_bias = m, None
+    nonpad = get[6]
+    if nonpad is not None and past_k is not None:
+        raise imp.unsupported("Attention with both nonpad_kv_seqlen and past_key/past_value",
+                              fix="use one KV cache form: the model is malformed")
+    # Causal and window frontiers: query i (in this block) sees key j by its distance i + offset - j,
+    # where offset is the past length, or per batch nonpad_kv_seqlen[b] - q_len (an external cache).
+    diff_c: np.ndarray = np.arange(lq)[:, None] + past_len - np.arange(lk)[None, :]  # (q, kv)
+    diff: Any = diff_c
+    seqlen: Tensor | None = None
+    if nonpad is not None:
+        seqlen = imp.t(nonpad, DType.I64)
+        if seqlen.rank != 1:
+            raise imp.unsupported(f"Attention nonpad_kv_seqlen of shape {seqlen.shape}",
+                                  fix="nonpad_kv_seqlen is (batch,)")
+        off = g.op("reshape", seqlen - g.const(lq, DType.I64), shape=(seqlen.shape[0], 1, 1, 1))
+        diff = g.op("reshape", imp.param(diff_c.astype(np.int64)), shape=(1, 1, lq, lk)) + off
+        const_bias = None
+    terms: list[tuple[np.ndarray | None, Any]] = []  # (constant allowed, or run-time allowed)
     if int(attrs.get("is_causal", 0)):
-        allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + past_len
-        causal = np.where(allowed, 0.0, -np.inf)
-        if const_bias is not None:
-            const_bias = const_bias + causal
-        bias = imp.param(causal.astype(dt.np)) if bias is None else bias + imp.param(causal.astype(dt.np))
+        terms.append((diff_c >= 0, None) if seqlen is None else (None, g.op("greater_equal", diff,
+                                                                            g.const(0, DType.I64))))
+    for size, sign in ((left, 1), (right, -1)):
+        if size < 0:
+            continue
+        if seqlen is None:
+            terms.append((sign * diff_c <= size, None))
+        else:
+            d = diff if sign == 1 else g.op("neg", diff)
+            terms.append((None, g.op("less_equal", d, g.const(size, DType.I64))))
+    if seqlen is not None:  # keys past each batch's valid length are padding
+        keys = g.op("reshape", g.op("iota", shape=(lk,), axis=0, dtype=DType.I64), shape=(1, 1, 1, lk))
+        terms.append((None, g.op("less", keys, g.op("reshape", seqlen, shape=(seqlen.shape[0], 1, 1, 1)))))
+    for allowed_c, allowed_t in terms:
+        if allowed_c is not None:
+            add = np.where(allowed_c, 0.0, -np.inf)
+            if const_bias is not None:
+                const_bias = const_bias + add
+            t = imp.param(add.astype(dt.np))
+        else:
+            t = g.op("where", allowed_t, zero, ninf)
+        bias = t if bias is None else bias + t
     kt = g.op("transpose", k * sq, perm=(0, 1, 3, 2))
     qk = g.op("matmul", q * sq, kt)
     softcap = float(attrs.get("softcap", 0.0))
