@@ -113,7 +113,7 @@ def _rank_ok(v: Any) -> str | None:
 
 
 #: storage dtypes first, then rank, then the render check (the order the reasons are reported in)
-_ew_pred = all_of(dtypes_in(GEN, "no WGSL storage for"), _rank_ok, renders(_renderable))
+_ew_pred = all_of(dtypes_in(GEN | {DType.I64}, "no WGSL storage for"), _rank_ok, renders(_renderable))
 
 
 def _last_axis(v: Any) -> str | None:
@@ -132,7 +132,9 @@ def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
 
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    claims = elementwise_claims("webgpu.", GEN, _ew_pred)
+    wide = GEN | {DType.I64}
+    claims = elementwise_claims("webgpu.", wide, _ew_pred, overrides={
+        "cast": {"dtypes": wide, "out_dtypes": wide, "constraint": "i64 results only from integers/bool"}})
     claims += [
         fused_claim("webgpu.fused_elementwise", _ew_pred,
                     constraint="f32/i32/bool programs the shared WGSL renderer can emit"),

@@ -23,7 +23,7 @@ from functools import cache, lru_cache
 from rlx_core.plugin import DIALECTS, DType, IRError, render_program
 
 WG = 64
-TYPES = {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool"}
+TYPES = {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool", DType.I64: "vec2<u32>"}
 ESIZE = {DType.F32: 4, DType.I32: 4, DType.BOOL: 1, DType.I64: 8}
 
 HEADER = """@group(0) @binding(0) var<storage, read_write> A: array<u32>;
@@ -70,6 +70,47 @@ fn rlx_min(a: f32, b: f32) -> f32 {
 fn rlx_sign(x: f32) -> f32 { if (rlx_isnan(x)) { return x; } return f32(x > 0.0) - f32(x < 0.0); }
 """
 
+MUL64 = """
+fn rlx_mul64(a: u32, b: u32) -> vec2<u32> {  // the 64-bit product as (high word, low word)
+  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+  let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0;
+  let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  let hi = a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
+  return vec2<u32>(hi, (p00 & 0xffffu) | (mid << 16u));
+}
+"""
+
+#: i64 values as vec2<u32> (low word, high word): WGSL has no 64-bit integers. Two's-complement
+#: add/sub/mul wrap as the reference does; i64 -> f32 rounds once (to nearest even) like a C cast.
+I64 = """
+fn rlx_add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  let lo = a.x + b.x; return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
+}
+fn rlx_sub64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  return vec2<u32>(a.x - b.x, a.y - b.y - select(0u, 1u, a.x < b.x));
+}
+fn rlx_neg64(a: vec2<u32>) -> vec2<u32> { return rlx_sub64(vec2<u32>(0u, 0u), a); }
+fn rlx_mulw64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  let p = rlx_mul64(a.x, b.x); return vec2<u32>(p.y, p.x + a.x * b.y + a.y * b.x);
+}
+fn rlx_lt64(a: vec2<u32>, b: vec2<u32>) -> bool {
+  let ah = bitcast<i32>(a.y); let bh = bitcast<i32>(b.y); return ah < bh || (ah == bh && a.x < b.x);
+}
+fn rlx_eq64(a: vec2<u32>, b: vec2<u32>) -> bool { return a.x == b.x && a.y == b.y; }
+fn rlx_i64_f32(a: vec2<u32>) -> f32 {
+  let neg = bitcast<i32>(a.y) < 0;
+  var m = a; if (neg) { m = rlx_neg64(a); }
+  var r = 0.0;
+  if (m.y == 0u) { r = f32(m.x); } else {
+    // the top 32 bits, with a sticky bit for everything below: one correctly rounded u32 -> f32
+    let n = countLeadingZeros(m.y); var top = m.y; var rest = m.x;
+    if (n > 0u) { top = (m.y << n) | (m.x >> (32u - n)); rest = m.x << n; }
+    r = ldexp(f32(top | select(0u, 1u, rest != 0u)), i32(32u - n));
+  }
+  return select(r, -r, neg);
+}
+"""
+
 #: sin/cos/pow without f64 or i64 (WGSL has neither): Payne-Hanek argument reduction with 32-bit
 #: integer arithmetic (64-bit products from 16-bit halves), Cephes polynomials, and a pow whose
 #: exponent b*log2|a| keeps its b*e part exact (fma). Appended only to shaders that call them.
@@ -85,13 +126,6 @@ fn rlx_bits32(j: i32) -> u32 {  // bits j..j+31 of 2/pi (bit j has weight 2^-j; 
   if (w + 1 < 10) { lo = TWO_OVER_PI[w + 1]; }
   if (o == 0u) { return hi; }
   return (hi << o) | (lo >> (32u - o));
-}
-fn rlx_mul64(a: u32, b: u32) -> vec2<u32> {  // the 64-bit product as (high word, low word)
-  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
-  let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0;
-  let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-  let hi = a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
-  return vec2<u32>(hi, (p00 & 0xffffu) | (mid << 16u));
 }
 // |x| * 2/pi mod 4 exactly (Payne-Hanek): quadrant (y) and the angle in [-pi/4, pi/4] (x)
 fn rlx_reduce(x: f32) -> vec2<f32> {
@@ -184,6 +218,8 @@ def entry(wx: int = WG, wy: int = 1) -> str:
 
 
 def load(dt: DType, b: str, a: str) -> str:
+    if dt is DType.I64:  # two little-endian words
+        return f"vec2<u32>(rd({b}, {a}), rd({b}, ({a}) + 4u))"
     return {DType.F32: "ldf", DType.I32: "ldi", DType.BOOL: "ldb"}[dt] + f"({b}, {a})"
 
 
@@ -205,7 +241,42 @@ def _literal(v: float, dt: DType) -> str:
     return {"inf": "rlx_inf()", "-inf": "(-rlx_inf())", "nan": "rlx_nan()"}.get(s, s)
 
 
+_CMP64 = {"equal": "rlx_eq64({a}, {b})", "not_equal": "(!rlx_eq64({a}, {b}))", "less": "rlx_lt64({a}, {b})",
+          "less_equal": "(!rlx_lt64({b}, {a}))", "greater": "rlx_lt64({b}, {a})",
+          "greater_equal": "(!rlx_lt64({a}, {b}))", "add": "rlx_add64({a}, {b})",
+          "sub": "rlx_sub64({a}, {b})", "mul": "rlx_mulw64({a}, {b})", "neg": "rlx_neg64({a})",
+          "maximum": "select({b}, {a}, rlx_lt64({b}, {a}))",
+          "minimum": "select({b}, {a}, rlx_lt64({a}, {b}))"}
+
+
+def _rule64(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType) -> str | None:
+    """An op with an i64 operand or result (vec2<u32>), or IRError when WGSL has no rule for it."""
+    x = args[0]
+    if op == "cast":
+        src = in_types[0]
+        if src is out:
+            return x
+        if out is DType.I64 and src is DType.I32:
+            return f"vec2<u32>(bitcast<u32>({x}), select(0u, 0xffffffffu, {x} < 0))"
+        if out is DType.I64 and src is DType.BOOL:
+            return f"vec2<u32>(select(0u, 1u, {x}), 0u)"
+        if src is DType.I64 and out is DType.F32:
+            return f"rlx_i64_f32({x})"
+        if src is DType.I64 and out is DType.I32:
+            return f"bitcast<i32>({x}.x)"
+        if src is DType.I64 and out is DType.BOOL:
+            return f"(({x}.x | {x}.y) != 0u)"
+    elif op == "where":
+        return None  # the shared select() takes vectors
+    elif op in _CMP64:
+        return _CMP64[op].format(a=x, b=args[1] if len(args) > 1 else "")
+    raise IRError(f"{op}({', '.join(t.value for t in in_types)}) -> {out.value} has no WGSL rule here "
+                  "(i64 is emulated as two 32-bit words)", fix="compute in i32/f32")
+
+
 def _rule(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict) -> str | None:
+    if out is DType.I64 or DType.I64 in in_types:
+        return _rule64(op, args, in_types, out)
     if op == "cast" and out is DType.BOOL and in_types[0] is DType.BOOL:
         return args[0]  # WGSL cannot compare a bool with 0
     f32 = bool(in_types) and in_types[0] is DType.F32
@@ -239,7 +310,9 @@ def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
     if rdt is not out_dtype:
         raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
     ot = TYPES[out_dtype]
-    extra = TRIG_POW if any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines) else ""
+    trig = any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines)
+    i64 = DType.I64 in in_dtypes or out_dtype is DType.I64
+    extra = (MUL64 if trig or i64 else "") + (I64 if i64 else "") + (TRIG_POW if trig else "")
     src = [header() + extra, f"fn value_at(i: u32) -> {ot} {{", "  let rank = M[1];"]
     src += [f"  var e{k}: i32 = 0; let p{k} = 4 + rank + {k} * (rank + 2);" for k in range(nin)]
     src += ["  var rem = i;", "  for (var d = rank - 1; d >= 0; d--) {",
@@ -257,6 +330,9 @@ def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
                 "    for (var k = 0u; k < 4u; k++) { let i = 4u * t + k;",
                 "      if (i < n) { if (value_at(i)) { w |= 1u << (8u * k); } } }",
                 "    A[o + t] = w;", "  }", "}"]
+    elif out_dtype is DType.I64:
+        src += ["  for (var i = gid.x; i < n; i += stp) {",
+                "    let v = value_at(i); A[o + 2u * i] = v.x; A[o + 2u * i + 1u] = v.y;", "  }", "}"]
     else:
         src += ["  for (var i = gid.x; i < n; i += stp) {",
                 "    A[o + i] = bitcast<u32>(value_at(i));", "  }", "}"]
