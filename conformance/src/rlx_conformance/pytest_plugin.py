@@ -12,6 +12,7 @@ matching checks. ``--rlx-each-check`` gives one test per check instead. ``--rlx-
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     checks = getattr(getattr(item, "callspec", None), "params", {}).get("checks")
     if checks is not None and _STATE in item.config.stash:
         item.extra_keyword_matches.update(c.id for c in checks)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if _STATE in session.config.stash:
+        # Collection leaves ~200k long-lived objects (pytest's items, the checks): frozen, the cyclic
+        # GC stops re-scanning them at each full collection and at pytest's 5 collections on exit
+        # (about 2 s of a small backend's run, half of what pytest cost over `rlx conformance`).
+        gc.freeze()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
