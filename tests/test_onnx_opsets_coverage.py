@@ -215,3 +215,34 @@ def test_rlx_explain_coverage(tmp_path: Path) -> None:
     rlx.write_bytes(b"")
     res = CliRunner().invoke(cli, ["explain", str(rlx), "--coverage"])
     assert res.exit_code == 2 and "checks an .onnx file" in res.output
+
+
+def test_reductions_of_bool_and_empty_sets() -> None:
+    b = RNG.random((3, 4)) > 0.5
+    for op in ("ReduceMax", "ReduceMin"):
+        m = _model([h.make_node(op, ["x", "axes"], ["y"], keepdims=0)], [("x", T.BOOL, [3, 4])], ["y"], 20,
+                   {"axes": np.array([1], np.int64)})
+        _check(m, {"x": b})
+    for op, dt, npdt in (("ReduceMax", T.FLOAT, np.float32), ("ReduceMin", T.INT32, np.int32),
+                         ("ReduceLogSumExp", T.FLOAT, np.float32), ("ReduceMax", T.BOOL, np.bool_)):
+        m = _model([h.make_node("Relu" if dt == T.FLOAT else "Identity", ["x"], ["r"]),
+                    h.make_node(op, ["r", "axes"], ["y"], keepdims=1)], [("x", dt, [2, 0, 3])], ["y"], 20,
+                   {"axes": np.array([1], np.int64)})
+        [got] = _check(m, {"x": np.zeros((2, 0, 3), npdt)})
+        assert got.shape == (2, 1, 3)
+
+
+def test_pow_dtypes_and_integer_max_pool() -> None:
+    m = _model([h.make_node("Pow", ["x", "e"], ["y"])], [("x", T.FLOAT, [4]), ("e", T.INT64, [4])], ["y"], 15)
+    _check(m, {"x": np.array([1.5, -2, 3, 0.5], np.float32), "e": np.array([2, 3, -1, 0], np.int64)})
+    m = _model([h.make_node("Pow", ["x", "e"], ["y"])], [("x", T.INT32, [4]), ("e", T.INT32, [4])], ["y"], 15)
+    with pytest.raises(UnsupportedOnnxError, match="Pow of a i32 base"):
+        load_onnx(m)
+    m = _model([h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 0, 0])],
+               [("x", T.UINT8, [1, 2, 4, 4])], ["y"], 12)
+    x = RNG.integers(0, 256, (1, 2, 4, 4)).astype(np.uint8)
+    ort = pytest.importorskip("onnxruntime")  # onnx's reference pads uint8 with a NaN cast
+    m.graph.output[0].type.tensor_type.elem_type = T.UINT8  # ORT wants the output's type
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = RLXBackend.run_model(m, [x], freeze_inputs=False)
+    assert got[0].dtype == np.uint8 and np.array_equal(got[0], want[0])

@@ -1522,7 +1522,10 @@ def _identity(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 @_handler("Dropout")
 def _dropout(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     training = ins[2] if len(ins) > 2 else None
-    if training is not None and (not isinstance(training, _Const) or bool(training.array.reshape(-1)[0])):
+    ratio = ins[1] if len(ins) > 1 else None
+    zero = isinstance(ratio, _Const) and ratio.array.size == 1 and float(ratio.array.reshape(-1)[0]) == 0.0
+    if training is not None and (not isinstance(training, _Const) or bool(training.array.reshape(-1)[0])) \
+            and not zero:  # ratio 0 drops nothing, in training mode too
         raise imp.unsupported("Dropout in training mode is not supported",
                               fix="export the model in eval mode (model.eval())")
     if not isinstance(ins[0], Tensor) and not (len(node.output) > 1 and node.output[1]):
@@ -1556,6 +1559,17 @@ def _cast_like(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 def _pow(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     x = imp.t(ins[0])
     e = ins[1]
+    e_dt = e.dtype if isinstance(e, (Tensor, _Sym)) else DType.parse(e.array.dtype)
+    if not x.dtype.is_float:
+        # ORT computes integer powers in the integer type (wrapping); a float pow is not exact for
+        # every int64 result, so these are refused rather than approximated.
+        raise imp.unsupported(f"Pow of a {x.dtype.value} base (exponent {e_dt.value}) is not translated",
+                              fix="cast the base to float32/float64 in the model before Pow")
+    if not e_dt.is_float:  # an integer exponent: the same power in the base's float type
+        if isinstance(e, _Const):
+            e = _Const(e.array.astype(x.dtype.np))
+        else:
+            e = imp.g.op("cast", imp.t(e), to=x.dtype)
     if isinstance(e, _Const) and e.array.size == 1 and e.array.ndim <= x.rank:
         v = float(e.array.reshape(-1)[0])
         if v == 1.0:
@@ -1921,6 +1935,11 @@ def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
     if nd not in (1, 2):
         raise imp.unsupported(f"{node.op_type} with {nd} spatial dims (input {x.shape}) is not supported",
                               fix="RLX pools 1-D and 2-D inputs (NCL / NCHW)")
+    if kind == "max" and x.dtype in (DType.U8, DType.I8):
+        # MaxPool-12's 8-bit inputs: pooled in float32 (every 8-bit value is exact there) and cast
+        # back; a max is always one of the inputs, so the result is exact.
+        y = _pool(imp, node, [g.op("cast", x, to=DType.F32), *ins[1:]], attrs, kind)[0]
+        return [g.op("cast", y, to=x.dtype)]
     kernel = [int(k) for k in attrs["kernel_shape"]]
     strides, dil, pads = _spatial(imp, attrs, x.shape[2:], kernel, nd, node.op_type)
     if any(d != 1 for d in dil):
@@ -2016,6 +2035,22 @@ def _reduce(kind: str) -> Handler:
                 return [x]
             axes = list(range(x.rank))
         ax = tuple(sorted({a % max(x.rank, 1) for a in axes}))
+        if kind in ("max", "min", "logsumexp") and any(x.shape[a] == 0 for a in ax):
+            # ONNX: an empty max is -inf (the dtype's minimum for integers, False for bool), an empty
+            # min +inf (maximum, True), an empty log-sum-exp -inf; RLX's reductions have no identity.
+            shape = tuple(1 if i in ax else d for i, d in enumerate(x.shape) if keep or i not in ax)
+            big = kind == "min"
+            if x.dtype is DType.BOOL:
+                fill: Any = big
+            elif x.dtype.is_float:
+                fill = math.inf if big else -math.inf
+            else:
+                info = np.iinfo(x.dtype.np)
+                fill = int(info.max if big else info.min)
+            return [g.op("expand", g.const(fill, x.dtype), shape=shape)]
+        if kind in ("max", "min") and x.dtype is DType.BOOL:  # any / all
+            m = g.op(f"reduce_{kind}", g.op("cast", x, to=DType.I32), axes=ax, keepdims=keep)
+            return [g.op("cast", m, to=DType.BOOL)]
         if kind in ("mean", "sum", "max", "min", "prod"):
             return [g.op(f"reduce_{kind}", x, axes=ax, keepdims=keep)]
         if kind == "sumsquare":
