@@ -340,6 +340,14 @@ def test_attention() -> None:
         m, feeds = _attention_model(q4, k4, v4, fmask, None, qk_matmul_output_mode=mode, softcap=softcap,
                                     scale=0.3)
         _check_ref(m, feeds)
+    # No mask but causal, float32, no qk output: the HIR attention op (backends fuse it), same numbers.
+    for causal in (0, 1):
+        m, feeds = _attention_model(q4, k4, v4, None, None, is_causal=causal, scale=0.4)
+        m.graph.node[0].ClearField("output")
+        m.graph.node[0].output.extend(["y"])
+        del m.graph.output[1:]
+        assert "attention" in {n.op for n in load_onnx(m).nodes}
+        _check_ref(m, feeds, ort_too=True)
     # nonpad_kv_seqlen (a run-time input here: per-batch causal frontier and key padding) and the
     # Attention-25 sliding windows.
     for opset, attrs in ((24, {"is_causal": 1}), (25, {"is_causal": 1, "left_window_size": 1}),

@@ -749,39 +749,51 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         else:
             t = g.op("where", allowed_t, zero, ninf)
         bias = t if bias is None else bias + t
-    kt = g.op("transpose", k * sq, perm=(0, 1, 3, 2))
-    qk = g.op("matmul", q * sq, kt)
-    softcap = float(attrs.get("softcap", 0.0))
-    if softcap > 0:
-        c = g.const(softcap, dt)
-        qk = g.op("tanh", qk / c) * c
-    scores = qk if bias is None else qk + bias
     mode = int(attrs.get("qk_matmul_output_mode", 0))
-    if mode not in (0, 1, 2, 3):
-        raise imp.unsupported(f"Attention qk_matmul_output_mode={mode}", fix="use 0, 1, 2 or 3")
-    qk_out: Tensor | None = {0: qk, 1: qk if softcap > 0 else None, 2: scores}.get(mode)
     prec = attrs.get("softmax_precision")
-    sm_in = scores
-    if prec is not None:
-        pdt = _onnx._ONNX_TO_DTYPE.get(int(prec))
-        if pdt is None or pdt not in _FLOATS:
-            raise imp.unsupported(f"Attention softmax_precision={prec}", fix="use a float type")
-        if pdt != dt:
-            sm_in = g.op("cast", scores, to=pdt)
-    p = g.op("softmax", sm_in, axis=-1)
-    # A query row whose every key is masked gives 0 (not NaN), as onnx's reference does.
-    if const_bias is None:
-        assert bias is not None
-        row_masked = g.op("equal", g.op("reduce_max", bias, axes=(bias.rank - 1,), keepdims=True), ninf)
-        p = g.op("where", row_masked, g.const(0.0, p.dtype), p)
-    elif bool(np.isneginf(const_bias.max(axis=-1)).any()):
-        rows = np.isneginf(const_bias.max(axis=-1, keepdims=True))
-        p = g.op("where", imp.param(rows), g.const(0.0, p.dtype), p)
-    if p.dtype != dt:
-        p = g.op("cast", p, to=dt)
-    if mode == 3:
-        qk_out = p
-    y = g.op("matmul", p, v)
+    prec_dt = None if prec is None else _onnx._ONNX_TO_DTYPE.get(int(prec))
+    wants_qk = len(node.output) > 3 and bool(node.output[3])
+    plain = (mask is None and seqlen is None and left < 0 and right < 0 and past_len == 0 and not wants_qk
+             and float(attrs.get("softcap", 0.0)) <= 0 and prec_dt in (None, dt) and q.shape[3] == k.shape[3]
+             and dt in (DType.F32, DType.F64))  # half types: the decomposition rounds as onnx does
+    qk_out: Tensor | None = None
+    if plain:
+        # No mask but (top-left) causal, nothing else: the HIR attention op, which backends fuse. Its
+        # finite mask value never shows: key 0 is visible to every query, so no row is fully masked.
+        y = g.op("attention", q, k, v, mask="causal" if int(attrs.get("is_causal", 0)) else "none",
+                 scale=float(scale))
+    else:
+        kt = g.op("transpose", k * sq, perm=(0, 1, 3, 2))
+        qk = g.op("matmul", q * sq, kt)
+        softcap = float(attrs.get("softcap", 0.0))
+        if softcap > 0:
+            c = g.const(softcap, dt)
+            qk = g.op("tanh", qk / c) * c
+        scores = qk if bias is None else qk + bias
+        if mode not in (0, 1, 2, 3):
+            raise imp.unsupported(f"Attention qk_matmul_output_mode={mode}", fix="use 0, 1, 2 or 3")
+        qk_out = {0: qk, 1: qk if softcap > 0 else None, 2: scores}.get(mode)
+        sm_in = scores
+        if prec is not None:
+            pdt = _onnx._ONNX_TO_DTYPE.get(int(prec))
+            if pdt is None or pdt not in _FLOATS:
+                raise imp.unsupported(f"Attention softmax_precision={prec}", fix="use a float type")
+            if pdt != dt:
+                sm_in = g.op("cast", scores, to=pdt)
+        p = g.op("softmax", sm_in, axis=-1)
+        # A query row whose every key is masked gives 0 (not NaN), as onnx's reference does.
+        if const_bias is None:
+            assert bias is not None
+            row_masked = g.op("equal", g.op("reduce_max", bias, axes=(bias.rank - 1,), keepdims=True), ninf)
+            p = g.op("where", row_masked, g.const(0.0, p.dtype), p)
+        elif bool(np.isneginf(const_bias.max(axis=-1)).any()):
+            rows = np.isneginf(const_bias.max(axis=-1, keepdims=True))
+            p = g.op("where", imp.param(rows), g.const(0.0, p.dtype), p)
+        if p.dtype != dt:
+            p = g.op("cast", p, to=dt)
+        if mode == 3:
+            qk_out = p
+        y = g.op("matmul", p, v)
     if rank3:
         b, h, s, d = y.shape
         y = g.op("reshape", g.op("transpose", y, perm=(0, 2, 1, 3)),
