@@ -782,6 +782,37 @@ def _gen_scatter_add(c: _Cases) -> None:
                                       ("updates", c.arr(vf, si))], {"axis": axis})
 
 
+def _gen_scatter_reduce(c: _Cases) -> None:
+    """ONNX ScatterElements with reduction none (last duplicate wins) / mul / max / min."""
+    i64, i32 = DType.I64, DType.I32
+    values = {"none": v_default, "mul": v_unit, "max": v_ties, "min": v_ties}
+    for red, vf in values.items():
+        for label, kind, sx, si, ind, axis, idt in [
+            ("axis0_dups", "basic", (5, 3), (4, 3), _rand_idx(0, 5), 0, i64),
+            ("axis1_narrow", "basic", (3, 5), (2, 4), _rand_idx(0, 5, i32), 1, i32),
+            ("negative_index", "negative_index", (5, 3), (4, 3), _rand_idx(-5, 5), -2, i64),
+            ("size0_updates", "size0", (5, 3), (0, 3), _idx(np.zeros((0, 3))), 0, i64),
+            ("past_end", "out_of_range", (5, 3), (1, 3), _idx([[0, 5, 1]]), 0, i64),
+        ]:
+            c.add(f"{red}_{label}", kind, [("x", c.arr(vf, sx)), ("indices", c.arr(ind, si, idt)),
+                                           ("updates", c.arr(vf, si))], {"axis": axis, "reduction": red})
+
+
+def _gen_topk_indices(c: _Cases) -> None:
+    """Sorted positions of the k largest/smallest; small integer values, so ties are frequent."""
+    for label, kind, shape, k, axis, largest in [
+        ("largest_last_axis", "basic", (4, 7), 3, -1, True),
+        ("smallest_axis0", "negative_axis", (5, 3), 2, -2, False),
+        ("all", "basic", (2, 6), 6, 1, True),
+        ("k0", "size0", (3, 4), 0, 1, True),
+        ("size1", "size1", (1, 1), 1, 0, False),
+    ]:
+        c.add(label, kind, [("x", c.arr(v_ties, shape))], {"k": k, "axis": axis, "largest": largest})
+    if c.dtype.is_float:
+        c.add("nan_largest", "nan_inf", [("x", c.arr(fixed([[1.0, np.nan, -np.inf, 1.0, np.inf]]), (1, 5)))],
+              {"k": 4, "axis": 1, "largest": True})
+
+
 def _gen_iota(c: _Cases) -> None:
     for label, kind, shape, axis in [
         ("axis0", "basic", (3, 4), 0),
@@ -1189,6 +1220,7 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
     "matmul": _gen_matmul, "conv2d": _gen_conv2d, "cumsum": _gen_cumsum, "reshape": _gen_reshape,
     "transpose": _gen_transpose, "expand": _gen_expand, "slice": _gen_slice, "concat": _gen_concat,
     "pad": _gen_pad, "gather": _gen_gather, "scatter_add": _gen_scatter_add, "iota": _gen_iota,
+    "scatter_reduce": _gen_scatter_reduce, "topk_indices": _gen_topk_indices,
     # HIR ops
     "attention": _gen_attention, "linear": _gen_linear, "conv2d_bias": _gen_conv2d_bias,
     "batch_norm": _gen_batch_norm, "embedding": _gen_embedding,

@@ -501,6 +501,8 @@ def _default_opset(proto: Any, source: str) -> int:
 #: ``to`` (before 6), Reshape's shape attribute (before 5), Concat's optional axis (before 4), Pad's
 #: ``paddings`` (before 2), Tile's ``tiles``/``axis`` inputs (before 6), Split's split input (before 2).
 _OP_SINCE: dict[str, int] = {
+    # onnx_index.py: the older versions only lack negative indices/axes, which the handlers accept.
+    "Scatter": 9, "OneHot": 9, "Compress": 9, "Mod": 10, "TopK": 10,
     **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "Greater", "Less", "Gemm",
                      "Dropout", "BatchNormalization"), 7),
     **dict.fromkeys(("Abs", "Neg", "Sqrt", "Exp", "Log", "Tanh", "Sigmoid", "Reciprocal", "Floor", "Ceil",

@@ -207,10 +207,10 @@ def _scatter(imp: _Importer, node: Any, data: Tensor, ids: Tensor, upd: Tensor, 
         upd = g.op("cast", upd, to=data.dtype)
     if red == "add":
         return g.op("scatter_add", data, ids, upd, axis=axis)
-    raise imp.unsupported(f"{node.op_type} reduction={red!r} is not translated (RLX has scatter_add only: "
-                          f"'none' must let the last duplicate win, 'mul'/'max'/'min' need their own kernel)",
-                          fix="use reduction='add', or scatter into zeros with 'add' and combine with Where "
-                              "when the indices are known to be distinct")
+    if data.dtype is DType.BOOL or data.dtype.is_complex:
+        raise imp.unsupported(f"{node.op_type} reduction={red!r} on {data.dtype}",
+                              fix="scatter reductions take real numbers; cast the data first")
+    return g.op("scatter_reduce", data, ids, upd, axis=axis, reduction=red)
 
 
 @_handler("ScatterElements", "Scatter")
@@ -571,8 +571,21 @@ def _topk(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
                               fix=_MALFORMED)
     if x.dtype is DType.BOOL or x.dtype.is_complex:
         raise imp.unsupported(f"TopK on {x.dtype}", fix="ONNX TopK takes real numbers")
-    raise imp.unsupported(f"TopK (k={k} of {n} along axis {axis}) is not translated: RLX has no top-k op",
-                          fix="compute the top-k outside the model (e.g. on the logits it outputs)")
+    # sorted=0 allows any order, so the sorted one is a valid answer too.
+    g = imp.g
+    idx = g.op("topk_indices", x, k=k, axis=axis, largest=bool(int(attrs.get("largest", 1))))
+    shape = _static(imp, x, "TopK input")
+    if k == 0 or math.prod(shape) == 0:
+        return [g.op("expand", g.const(0, x.dtype), shape=idx.shape), idx]
+    # The values: x at those positions (a take along the axis as one flat gather; always in range).
+    strides, total = _strides(shape), math.prod(shape)
+    ish = tuple(int(d) for d in idx.shape)
+    lin = idx * g.const(strides[axis], DType.I64) if strides[axis] != 1 else idx
+    for d in range(len(shape)):
+        if d != axis and ish[d] > 1:
+            lin = lin + g.op("iota", shape=ish, axis=d, dtype=DType.I64) * g.const(strides[d], DType.I64)
+    vals = g.op("gather", g.op("reshape", x, shape=(total,)), lin, axis=0)
+    return [vals, idx]
 
 
 __all__: list[str] = []

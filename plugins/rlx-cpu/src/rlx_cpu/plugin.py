@@ -78,7 +78,9 @@ def factories() -> dict[str, Any]:
         out["cpu.div_int"] = k_int_div
         out["cpu.fused_elementwise"] = _fused_factory
         from . import hir_kernels as hk
+        from . import index_kernels as ik
 
+        out.update({"cpu.scatter_reduce": ik.k_scatter_reduce, "cpu.topk_indices": ik.k_topk_indices})
         out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
                     "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
                     "cpu.attention": hk.k_attention})
@@ -179,6 +181,11 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                KernelClaim("attention", "cpu.attention", dtypes=f | {DType.BOOL, DType.I32, DType.I64},
                            out_dtypes=f, predicate=_attention_pred,
                            constraint="(B,H,S,D) with mask none/causal/padding/bias")]
+    # The indexing HIR ops natively: their core decompositions are dense (O(n^2) for top-k).
+    real = frozenset({DType.F32, DType.F64, DType.I8, DType.I16, DType.I32, DType.I64, DType.U8})
+    claims += [KernelClaim("scatter_reduce", "cpu.scatter_reduce", dtypes=real, out_dtypes=real),
+               KernelClaim("topk_indices", "cpu.topk_indices", dtypes=real,
+                           out_dtypes=frozenset({DType.I64}))]
     return claims
 
 
