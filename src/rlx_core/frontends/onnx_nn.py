@@ -1,7 +1,8 @@
 """ONNX neural-net operators of real exports, translated into existing RLX IR ops (issue 17).
 
 Resize (opsets 10 to 19) and Upsample, Attention (23 to 25), RMSNormalization, RotaryEmbedding,
-NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss, GroupNormalization and InstanceNormalization.
+NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss, GroupNormalization, InstanceNormalization and
+GridSample.
 The handlers register in :mod:`rlx_core.frontends.onnx`'s table (that module imports this one), so
 the ONNX importer stays one entry point, and every backend runs them (no new IR op).
 
@@ -15,6 +16,7 @@ weighted modes would need ONNX's rounding and saturation, which are refused rath
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -803,3 +805,145 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         raise imp.unsupported("Attention qk_matmul_output_mode=1 without softcap is not supported",
                               fix="use qk_matmul_output_mode 0, 2 or 3")
     return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# GridSample (16 to 22): the sampling points are run-time data, so the taps are computed in the
+# graph (float32 as onnx's reference) and read with one flat gather per tap combination
+
+
+def _reflect(imp: _Importer, x: Tensor, lo: float, hi: float) -> Tensor:
+    """onnx's _gs_reflect: fold x into [lo, hi] by reflecting at the near border repeatedly."""
+    g = imp.g
+    rng = hi - lo
+
+    def c(v: float) -> Tensor:
+        return g.const(v, x.dtype)
+
+    if rng == 0:
+        return g.op("where", g.op("equal", x, x), c(lo), x)  # every point is the single pixel
+    below, above = g.op("less", x, c(lo)), g.op("greater", x, c(hi))
+    dx = g.op("where", below, c(lo) - x, x - c(hi))
+    n = g.op("floor", dx / c(rng))
+    r = dx - n * c(rng)
+    even = g.op("equal", n - g.op("floor", n / c(2.0)) * c(2.0), c(0.0))
+    low_side = g.op("where", even, c(lo) + r, c(hi) - r)
+    high_side = g.op("where", even, c(hi) - r, c(lo) + r)
+    return g.op("where", below, low_side, g.op("where", above, high_side, x))
+
+
+def _cubic_w(imp: _Importer, t: Tensor) -> list[Tensor]:
+    g = imp.g
+    a = -0.75
+
+    def c(v: float) -> Tensor:
+        return g.const(v, t.dtype)
+
+    t1, u, u1 = t + c(1.0), c(1.0) - t, c(2.0) - t
+    return [((c(a) * t1 - c(5 * a)) * t1 + c(8 * a)) * t1 - c(4 * a),
+            ((c(a + 2) * t - c(a + 3)) * t) * t + c(1.0),
+            ((c(a + 2) * u - c(a + 3)) * u) * u + c(1.0),
+            ((c(a) * u1 - c(5 * a)) * u1 + c(8 * a)) * u1 - c(4 * a)]
+
+
+@_handler("GridSample")
+def _grid_sample(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    g = imp.g
+    op = "GridSample"
+    x, grid = imp.t(ins[0]), imp.t(ins[1])
+    _float_input(imp, x, op)
+    _float_input(imp, grid, op, "grid")
+    mode = _attr_str(attrs, "mode", "linear" if imp.opset >= 20 else "bilinear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    pad_mode = _attr_str(attrs, "padding_mode", "zeros")
+    align = bool(int(attrs.get("align_corners", 0)))
+    if mode not in ("nearest", "linear", "cubic") or pad_mode not in ("zeros", "border", "reflection"):
+        raise imp.unsupported(f"{op} mode={mode!r} padding_mode={pad_mode!r}",
+                              fix="mode is nearest/linear/cubic, padding_mode zeros/border/reflection")
+    nd = x.rank - 2
+    if nd < 1 or grid.rank != nd + 2 or grid.shape[-1] != nd:
+        raise imp.unsupported(f"{op} of X {x.shape} with grid {grid.shape}",
+                              fix="grid is (N, *out_spatial, spatial rank of X)")
+    if mode == "cubic" and nd != 2:
+        raise imp.unsupported(f"{op} mode='cubic' on {nd} spatial dims", fix="bicubic is 2-D only")
+    if mode == "cubic" and pad_mode == "border":
+        # onnx's reference clamps the sampling point, then the taps; ONNX Runtime (and PyTorch) clamp
+        # only the 4x4 taps: results differ near the border, so neither is picked silently.
+        raise imp.unsupported(f"{op} mode='cubic' with padding_mode='border' is ambiguous: onnx's reference "
+                              f"and ONNX Runtime compute different values near the border",
+                              fix="use padding_mode 'zeros' or 'reflection', or mode 'linear'")
+    dims = _static(imp, x, range(2, x.rank), op)
+    out_sp = _static(imp, grid, range(grid.rank - 1), op)  # (N, *out_spatial)
+    nb, c_ = x.shape[0], x.shape[1]
+    if nb != out_sp[0]:
+        raise imp.unsupported(f"{op} batch of X {x.shape} and grid {grid.shape} differ",
+                              fix="check the model")
+    gf = grid if grid.dtype == x.dtype else g.op("cast", grid, to=x.dtype)
+    dt = x.dtype
+
+    def c(v: float) -> Tensor:
+        return g.const(v, dt)
+
+    # Per spatial dim: (index tensors, weight tensors or None for nearest, border bounds).
+    per_dim: list[tuple[list[Tensor], list[Tensor] | None]] = []
+    for i, d in enumerate(dims):
+        k = nd - 1 - i  # the grid lists coordinates innermost dim first
+        comp = g.op("slice", gf, starts=(k,), stops=(k + 1,), axes=(grid.rank - 1,), steps=(1,))
+        comp = g.op("reshape", comp, shape=tuple(out_sp))
+        pos = (comp + c(1.0)) / c(2.0) * c(d - 1) if align else ((comp + c(1.0)) * c(d) - c(1.0)) / c(2.0)
+        lo, hi = (0.0, d - 1.0) if align else (-0.5, d - 0.5)
+        if mode == "nearest":
+            pos = g.op("round", pos)  # half to even, as PyTorch and onnx's reference
+        if pad_mode == "border":
+            pos = g.op("where", g.op("logical_or", g.op("less", pos, c(lo)), g.op("greater", pos, c(hi))),
+                       g.op("minimum", g.op("maximum", pos, c(0.0)), c(d - 1.0)), pos)
+        elif pad_mode == "reflection":
+            pos = _reflect(imp, pos, lo, hi)
+        if mode == "nearest":
+            per_dim.append(([pos], None))
+            continue
+        x0 = g.op("floor", pos)
+        t = pos - x0
+        if mode == "linear":
+            per_dim.append(([x0, x0 + c(1.0)], [c(1.0) - t, t]))
+        else:
+            per_dim.append(([x0 - c(1.0), x0, x0 + c(1.0), x0 + c(2.0)], _cubic_w(imp, t)))
+    # One flat table (N * prod(dims), C) and, per tap combination, a flat index and a validity mask.
+    sp = math.prod(dims)
+    table = g.op("reshape", g.op("transpose", x, perm=(0, *range(2, x.rank), 1)), shape=(nb * sp, c_))
+    base = g.op("reshape", g.op("iota", shape=(nb,), axis=0, dtype=DType.I64) * g.const(sp, DType.I64),
+                shape=(nb,) + (1,) * (len(out_sp) - 1))
+    strides = [math.prod(dims[i + 1:]) for i in range(nd)]
+    bounds = [((0.0, d - 1.0) if align else (-0.5, d - 0.5)) for d in dims]
+    acc: Tensor | None = None
+    for combo in itertools.product(*[range(len(p[0])) for p in per_dim]):
+        flat: Tensor = base
+        valid: Tensor | None = None
+        weight: Tensor | None = None
+        for i, j in enumerate(combo):
+            idx_f = per_dim[i][0][j]
+            d = dims[i]
+            if pad_mode == "border":
+                idx_f = g.op("minimum", g.op("maximum", idx_f, c(0.0)), c(d - 1.0))
+            elif pad_mode == "reflection":
+                idx_f = _reflect(imp, idx_f, *bounds[i])
+            idx = g.op("cast", idx_f, to=DType.I64)  # truncation toward zero, as int() does
+            if pad_mode == "zeros":
+                ok = g.op("logical_and", g.op("greater_equal", idx_f, c(0.0)),
+                          g.op("less", idx_f, c(float(d))))
+                valid = ok if valid is None else g.op("logical_and", valid, ok)
+                idx = g.op("minimum", g.op("maximum", idx, g.const(0, DType.I64)), g.const(d - 1, DType.I64))
+            flat = flat + idx * g.const(strides[i], DType.I64)
+            w = per_dim[i][1]
+            if w is not None:
+                weight = w[j] if weight is None else weight * w[j]
+        v = g.op("gather", table, flat, axis=0)  # (N, *out, C)
+        v = g.op("transpose", v, perm=(0, len(out_sp), *range(1, len(out_sp))))  # (N, C, *out)
+        shp = (nb, 1, *out_sp[1:])
+        if valid is not None:
+            v = g.op("where", g.op("reshape", valid, shape=shp), v, c(0.0))
+        if weight is not None:
+            v = v * g.op("reshape", weight, shape=shp)
+        acc = v if acc is None else acc + v
+    assert acc is not None
+    return [acc]
