@@ -179,7 +179,7 @@ def test_doctor_text_cpu_passes(runner: CliRunner) -> None:
     assert r.exit_code == 0, r.output
     out = r.stdout
     assert "PASS" in out and "cpu" in out and "rlx-cpu" in out and "cpu:0" in out
-    assert "plugin API 1.0" in out and "NumPy" in out
+    assert f"plugin API {rlx_core.API_VERSION}" in out and "NumPy" in out
     assert "RLX_BACKENDS=cpu" in out
     assert "1 passed, 0 failed" in out
 
