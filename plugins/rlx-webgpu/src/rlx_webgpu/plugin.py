@@ -35,6 +35,7 @@ from . import __version__
 F32 = frozenset({DType.F32})
 GEN = frozenset({DType.F32, DType.I32, DType.BOOL})
 W4 = frozenset({DType.F32, DType.I32})
+HALVES = frozenset({DType.F16, DType.BF16})
 INDEX = frozenset({DType.I32, DType.I64})
 #: word-copied dtypes (8-byte ones as two words) and, for movement into contiguous outputs, bool
 W8 = frozenset({DType.F32, DType.I32, DType.I64})
@@ -113,7 +114,8 @@ def _rank_ok(v: Any) -> str | None:
 
 
 #: storage dtypes first, then rank, then the render check (the order the reasons are reported in)
-_ew_pred = all_of(dtypes_in(GEN | {DType.I64}, "no WGSL storage for"), _rank_ok, renders(_renderable))
+_ew_pred = all_of(dtypes_in(GEN | {DType.I64} | HALVES, "no WGSL storage for"), _rank_ok,
+                  renders(_renderable))
 
 
 def _last_axis(v: Any) -> str | None:
@@ -133,8 +135,11 @@ def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     wide = GEN | {DType.I64}
+    casts = wide | HALVES
     claims = elementwise_claims("webgpu.", wide, _ew_pred, overrides={
-        "cast": {"dtypes": wide, "out_dtypes": wide, "constraint": "i64 results only from integers/bool"}})
+        "cast": {"dtypes": casts, "out_dtypes": casts,
+                 "constraint": "i64 results only from integers/bool; f16/bf16 from/to f32/i32/bool, "
+                               "rounded to nearest even (their other ops: compute_f16_in_f32)"}})
     claims += [
         fused_claim("webgpu.fused_elementwise", _ew_pred,
                     constraint="f32/i32/bool programs the shared WGSL renderer can emit"),

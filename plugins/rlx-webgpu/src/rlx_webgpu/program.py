@@ -236,7 +236,8 @@ class WebGPUProgram(KitProgram):
         meta = [n, len(out), self.locate(s.outputs[0])[1], 0, *out]
         for i in s.inputs:
             meta += [*self.locate(i), *bstrides(self.shape(i), out)]
-        self.emit(src, meta, -(-n // 4) if self.types[s.outputs[0]].dtype is DType.BOOL else n)
+        per_word = {DType.BOOL: 4, DType.F16: 2, DType.BF16: 2}.get(self.types[s.outputs[0]].dtype, 1)
+        self.emit(src, meta, -(-n // per_word))
 
     def _k_fused_elementwise(self, s: Step) -> None:
         self._elementwise(s, str(s.attrs["program"]))

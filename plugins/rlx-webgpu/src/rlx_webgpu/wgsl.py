@@ -20,11 +20,13 @@ import re
 from collections.abc import Sequence
 from functools import cache, lru_cache
 
-from rlx_core.plugin import DIALECTS, DType, IRError, render_program
+from rlx_core.plugin import DIALECTS, DType, IRError, render_op, render_program
 
 WG = 64
-TYPES = {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool", DType.I64: "vec2<u32>"}
-ESIZE = {DType.F32: 4, DType.I32: 4, DType.BOOL: 1, DType.I64: 8}
+#: WGSL types of values in kernels (f16/bf16 values are held exactly in f32)
+TYPES = {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool", DType.I64: "vec2<u32>", DType.F16: "f32",
+         DType.BF16: "f32"}
+ESIZE = {DType.F32: 4, DType.I32: 4, DType.BOOL: 1, DType.I64: 8, DType.F16: 2, DType.BF16: 2}
 
 HEADER = """@group(0) @binding(0) var<storage, read_write> A: array<u32>;
 @group(0) @binding(1) var<storage, read> W: array<u32>;
@@ -110,6 +112,38 @@ fn rlx_i64_f32(a: vec2<u32>) -> f32 {
   return select(r, -r, neg);
 }
 """
+
+#: f16/bf16 storage: 2-byte elements converted exactly to f32 on load and rounded to nearest even on
+#: store, in integer arithmetic (WGSL leaves pack2x16float's rounding and overflow to the
+#: implementation, and shader-f16 is optional: this works on every adapter).
+HALF = """
+fn rlx_ld16(b: i32, a: u32) -> u32 { return (rd(b, a) >> ((a & 2u) * 8u)) & 0xffffu; }
+fn rlx_f16_f32(h: u32) -> f32 {
+  let s = (h & 0x8000u) << 16u; let e = (h >> 10u) & 0x1fu; let m = h & 0x3ffu;
+  if (e == 0u) { let v = f32(m) * 5.960464477539063e-08; return select(v, -v, s != 0u); }
+  if (e == 31u) { return bitcast<f32>(s | 0x7f800000u | (m << 13u)); }
+  return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+}
+fn rlx_f32_f16(x: f32) -> u32 {
+  let b = bitcast<u32>(x); let s = (b >> 16u) & 0x8000u; let a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) { return s | 0x7e00u; }
+  if (a >= 0x477ff000u) { return s | 0x7c00u; }  // 65520 and up round to inf
+  if (a >= 0x38800000u) { let r = a - 0x38000000u; return s | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u); }
+  if (a < 0x33000000u) { return s; }
+  let e = a >> 23u; let m = (a & 0x7fffffu) | 0x800000u; let sh = 126u - e;  // subnormal: units of 2^-24
+  let q = m >> sh; let rem = m & ((1u << sh) - 1u); let hf = 1u << (sh - 1u);
+  return s | (q + select(0u, 1u, rem > hf || (rem == hf && (q & 1u) == 1u)));
+}
+fn rlx_bf16_f32(h: u32) -> f32 { return bitcast<f32>(h << 16u); }
+fn rlx_f32_bf16(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) { return ((b >> 16u) & 0x8000u) | 0x7fc0u; }
+  return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+fn rlx_round_f16(x: f32) -> f32 { return rlx_f16_f32(rlx_f32_f16(x)); }
+fn rlx_round_bf16(x: f32) -> f32 { return rlx_bf16_f32(rlx_f32_bf16(x)); }
+"""
+HALVES = frozenset({DType.F16, DType.BF16})
 
 #: sin/cos/pow without f64 or i64 (WGSL has neither): Payne-Hanek argument reduction with 32-bit
 #: integer arithmetic (64-bit products from 16-bit halves), Cephes polynomials, and a pow whose
@@ -220,6 +254,8 @@ def entry(wx: int = WG, wy: int = 1) -> str:
 def load(dt: DType, b: str, a: str) -> str:
     if dt is DType.I64:  # two little-endian words
         return f"vec2<u32>(rd({b}, {a}), rd({b}, ({a}) + 4u))"
+    if dt in HALVES:
+        return f"rlx_{'f16' if dt is DType.F16 else 'bf16'}_f32(rlx_ld16({b}, {a}))"
     return {DType.F32: "ldf", DType.I32: "ldi", DType.BOOL: "ldb"}[dt] + f"({b}, {a})"
 
 
@@ -274,7 +310,24 @@ def _rule64(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType)
                   "(i64 is emulated as two 32-bit words)", fix="compute in i32/f32")
 
 
+def _rule_half(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict) -> str:
+    """Casts from/to f16/bf16 (held as f32 values); other ops on them are refused: the core's
+    compute_f16_in_f32 rewrite runs them in f32 between these casts."""
+    src, dst = in_types[0], out
+    if op != "cast" or DType.I64 in (src, dst):
+        raise IRError(f"{op}({', '.join(t.value for t in in_types)}) -> {out.value}: f16/bf16 have casts "
+                      "only here", fix="the core computes f16/bf16 ops in f32 between casts")
+    s32 = DType.F32 if src in HALVES else src
+    d32 = DType.F32 if dst in HALVES else dst
+    inner = args[0] if s32 is d32 else render_op(WGSL, "cast", args, [s32], d32, {"to": d32})
+    if dst in HALVES:
+        return f"rlx_round_{'f16' if dst is DType.F16 else 'bf16'}({inner})"
+    return inner
+
+
 def _rule(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, attrs: dict) -> str | None:
+    if out in HALVES or any(t in HALVES for t in in_types):
+        return _rule_half(op, args, in_types, out, attrs)
     if out is DType.I64 or DType.I64 in in_types:
         return _rule64(op, args, in_types, out)
     if op == "cast" and out is DType.BOOL and in_types[0] is DType.BOOL:
@@ -296,7 +349,8 @@ def _rule(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType, a
 
 
 #: The shared WGSL dialect with this backend's helpers.
-WGSL = dataclasses.replace(_WGSL, math=_math, literal=_literal, idiv="rlx_idiv({a}, {b})", rule=_rule)
+WGSL = dataclasses.replace(_WGSL, types=dict(TYPES), math=_math, literal=_literal, idiv="rlx_idiv({a}, {b})",
+                           rule=_rule)
 
 
 @lru_cache(maxsize=4096)
@@ -310,9 +364,13 @@ def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
     if rdt is not out_dtype:
         raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
     ot = TYPES[out_dtype]
-    trig = any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines)
-    i64 = DType.I64 in in_dtypes or out_dtype is DType.I64
-    extra = (MUL64 if trig or i64 else "") + (I64 if i64 else "") + (TRIG_POW if trig else "")
+    # helpers by what the program uses (a fused chain may pass through i64 or f16 inside)
+    body = "\n".join(lines)
+    trig = re.search(r"rlx_(sin|cos|pow)\(", body) is not None
+    i64 = DType.I64 in in_dtypes or out_dtype is DType.I64 or "vec2<u32>" in body or "64(" in body
+    half = any(t in HALVES for t in (*in_dtypes, out_dtype)) or "rlx_round_" in body
+    extra = ((MUL64 if trig or i64 else "") + (I64 if i64 else "") + (TRIG_POW if trig else "")
+             + (HALF if half else ""))
     src = [header() + extra, f"fn value_at(i: u32) -> {ot} {{", "  let rank = M[1];"]
     src += [f"  var e{k}: i32 = 0; let p{k} = 4 + rank + {k} * (rank + 2);" for k in range(nin)]
     src += ["  var rem = i;", "  for (var d = rank - 1; d >= 0; d--) {",
@@ -329,6 +387,12 @@ def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
                 "    var w = 0u;",
                 "    for (var k = 0u; k < 4u; k++) { let i = 4u * t + k;",
                 "      if (i < n) { if (value_at(i)) { w |= 1u << (8u * k); } } }",
+                "    A[o + t] = w;", "  }", "}"]
+    elif out_dtype in HALVES:
+        cv = "rlx_f32_f16" if out_dtype is DType.F16 else "rlx_f32_bf16"
+        src += ["  for (var t = gid.x; t < (n + 1u) / 2u; t += stp) {",
+                f"    var w = {cv}(value_at(2u * t));",
+                f"    if (2u * t + 1u < n) {{ w |= {cv}(value_at(2u * t + 1u)) << 16u; }}",
                 "    A[o + t] = w;", "  }", "}"]
     elif out_dtype is DType.I64:
         src += ["  for (var i = gid.x; i < n; i += stp) {",
