@@ -108,6 +108,25 @@ def test_tiled_matmul_on_lavapipe(device: object, monkeypatch: pytest.MonkeyPatc
     np.testing.assert_allclose(got, av.astype(np.float64) @ exe_weight(exe, "b"), rtol=1e-5, atol=1e-5)
 
 
+def test_untiled_4x4_block_matmul(device: object) -> None:
+    """M and N multiples of 4 take the 4x4-register-block kernel on a CPU adapter; both operands from
+    the arena, and a constant right operand (baked into the shader as the constants array)."""
+    rng = np.random.default_rng(2)
+    g = GraphBuilder("blocks")
+    a = g.input("a", "f32", (2, 8, 12))
+    b = g.input("b", "f32", (12, 16))
+    w = rng.standard_normal((16, 4)).astype(np.float32)
+    g.output((a @ b) @ g.param("w", w), "y")
+    av = rng.standard_normal((2, 8, 12)).astype(np.float32)
+    bv = rng.standard_normal((12, 16)).astype(np.float32)
+    exe = Session("webgpu").compile(g.build())
+    got = exe.run(a=av, b=bv)["y"]
+    compiled = next(iter(exe._specs.values()))[0]  # type: ignore[attr-defined]
+    if not compiled.tiled:
+        assert sum("vec4<f32>()" in ln.source for ln in compiled.all_launches()) == 2
+    np.testing.assert_allclose(got, (av.astype(np.float64) @ bv) @ w, rtol=1e-5, atol=1e-5)
+
+
 def exe_weight(exe: object, name: str) -> np.ndarray:
     compiled = next(iter(exe._specs.values()))[0]  # type: ignore[attr-defined]
     return np.asarray(compiled.program.graph.weights[name], np.float64)

@@ -255,8 +255,10 @@ class WebGPUProgram(KitProgram):
         meta = [M, N, K, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]), self.locate(s.outputs[0])[1],
                 len(batch), *batch, *ast, *bst]
         dt = self.types[s.outputs[0]].dtype
-        if not self.tiled:  # CPU adapters (lavapipe): no workgroup-memory tiles, barriers are costly there
-            bufs = "".join("AW"[self.locate(v)[0]] for v in s.inputs)  # storage arrays baked into the shader
+        bufs = "".join("AW"[self.locate(v)[0]] for v in s.inputs)  # storage arrays baked into the shader
+        if not self.tiled and M % 4 == 0 and N % 4 == 0:  # CPU adapters: 4x4 register blocks
+            self.emit(wgsl.matmul_4x4(dt, bufs), meta, groups=(-(-N // (4 * wgsl.WG)), M // 4, nb))
+        elif not self.tiled:  # CPU adapters (lavapipe): no workgroup-memory tiles, barriers are costly there
             self.emit(wgsl.matmul_simple(dt, bufs), meta, groups=(-(-N // wgsl.WG), -(-M // 4), nb))
         else:
             self.emit(wgsl.matmul(dt), meta, groups=(-(-N // 16), -(-M // 16), nb))

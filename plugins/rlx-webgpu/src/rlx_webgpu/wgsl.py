@@ -504,6 +504,35 @@ def matmul_simple(dt: DType, bufs: str = "AA") -> str:
 
 
 @cache
+def matmul_4x4(dt: DType, bufs: str = "AA") -> str:
+    """Untiled matmul computing a 4x4 block per invocation (M and N multiples of 4): sixteen
+    multiply-adds per eight loads, for CPU adapters. Meta as :func:`matmul`."""
+    t, _ld, _st = _conv(dt)
+    v = f"vec4<{t}>"
+    ba, bb_ = bufs[0], bufs[1]
+    return header() + entry() + _MATMUL_META + f"""  let row = i32(wid.y) * 4; let col = i32(gid.x) * 4;
+  if (col >= N) {{ return; }}
+  let pa = (ao >> 2u) + u32(ae + row * K); let pb = (bo >> 2u) + u32(be + col);
+  var c0 = {v}(); var c1 = {v}(); var c2 = {v}(); var c3 = {v}();
+  let k1 = u32(K); let k2 = 2u * u32(K); let k3 = 3u * u32(K);
+  for (var k = 0u; k < u32(K); k++) {{
+    let q = pb + k * u32(N);
+    let bv = bitcast<{v}>(vec4<u32>({bb_}[q], {bb_}[q + 1u], {bb_}[q + 2u], {bb_}[q + 3u]));
+    let p = pa + k;
+    c0 += bitcast<{t}>({ba}[p]) * bv; c1 += bitcast<{t}>({ba}[p + k1]) * bv;
+    c2 += bitcast<{t}>({ba}[p + k2]) * bv; c3 += bitcast<{t}>({ba}[p + k3]) * bv;
+  }}
+  let oc = (co >> 2u) + bi * u32(Mr * N) + u32(row * N + col); let n1 = u32(N);
+  let u0 = bitcast<vec4<u32>>(c0); let u1 = bitcast<vec4<u32>>(c1);
+  let u2 = bitcast<vec4<u32>>(c2); let u3 = bitcast<vec4<u32>>(c3);
+  for (var j = 0u; j < 4u; j++) {{
+    A[oc + j] = u0[j]; A[oc + n1 + j] = u1[j]; A[oc + 2u * n1 + j] = u2[j]; A[oc + 3u * n1 + j] = u3[j];
+  }}
+}}
+"""
+
+
+@cache
 def linear() -> str:
     """y[r, n] = sum_k x[r, k] * w[n, k] + b[n]. Meta: R, N, K, x_buf, x_off, w_buf, w_off, b_buf,
     b_off, out_off, wt (1: w is stored transposed, (K, N): the program pre-transposes constant
