@@ -70,3 +70,14 @@ def test_narrow_floats_keep_their_dtype(dt: type) -> None:
 def test_integer_input_gives_float64() -> None:
     np.testing.assert_allclose(special.erf(np.arange(3)), [0.0, math.erf(1.0), math.erf(2.0)], rtol=2e-15)
     assert special.expit(np.arange(2)).dtype == np.float64
+
+
+@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+def test_zero_dimensional_inputs(dt: type) -> None:
+    """A scalar tensor (0-d array) is an array like any other: NumPy returns scalars from its
+    arithmetic on 0-d arrays, which must not break the in-place steps."""
+    x = np.array(-0.75, dt)
+    assert float(special.expit(x)) == pytest.approx(1 / (1 + math.exp(0.75)), rel=1e-3)
+    assert float(special.erf(x)) == pytest.approx(math.erf(-0.75), rel=1e-3)
+    out = np.empty((), np.float32)
+    assert special.expit(x, out=out) is out and float(out) == pytest.approx(1 / (1 + math.exp(0.75)), rel=1e-3)

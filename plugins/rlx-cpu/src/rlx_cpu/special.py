@@ -78,7 +78,7 @@ def expit(x: Any, out: np.ndarray | None = None) -> np.ndarray:
     # exp(-x) overflows to inf for very negative x, and 1 / (1 + inf) = 0 is then the right answer;
     # elsewhere both steps round once, so the result is within ~2 ulp for every x.
     with np.errstate(over="ignore"):
-        r = np.exp(-w)
+        r = np.asarray(np.exp(-w))  # a 0-d input gives a NumPy scalar: make it an array to update in place
     r += 1.0
     np.reciprocal(r, out=r)
     if out is None:
