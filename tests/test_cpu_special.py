@@ -80,4 +80,5 @@ def test_zero_dimensional_inputs(dt: type) -> None:
     assert float(special.expit(x)) == pytest.approx(1 / (1 + math.exp(0.75)), rel=1e-3)
     assert float(special.erf(x)) == pytest.approx(math.erf(-0.75), rel=1e-3)
     out = np.empty((), np.float32)
-    assert special.expit(x, out=out) is out and float(out) == pytest.approx(1 / (1 + math.exp(0.75)), rel=1e-3)
+    assert special.expit(x, out=out) is out
+    assert float(out) == pytest.approx(1 / (1 + math.exp(0.75)), rel=1e-3)
