@@ -514,9 +514,9 @@ def test_unsupported_domain_and_attribute() -> None:
     with pytest.raises(UnsupportedOnnxError, match=r"com\.microsoft") as ei:
         load_onnx(m)
     assert "'fg'" in ei.value.where
-    m = make_model([node("Pad", ["x", "p"], ["y"], mode="reflect", name="pad_r")], [X2], [("y", F32)],
+    m = make_model([node("Pad", ["x", "p"], ["y"], mode="mirror", name="pad_r")], [X2], [("y", F32)],
                    {"p": np.array([0, 1, 0, 1], np.int64)}, 13)
-    with pytest.raises(UnsupportedOnnxError, match="mode='reflect'") as ei:
+    with pytest.raises(UnsupportedOnnxError, match="mode='mirror'") as ei:
         load_onnx(m)
     assert "'pad_r'" in ei.value.where and "Pad" in ei.value.where and ei.value.fix
 

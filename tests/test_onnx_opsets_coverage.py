@@ -246,3 +246,20 @@ def test_pow_dtypes_and_integer_max_pool() -> None:
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     got = RLXBackend.run_model(m, [x], freeze_inputs=False)
     assert got[0].dtype == np.uint8 and np.array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap", "constant"])
+def test_pad_modes_and_cropping(mode: str) -> None:
+    pads = [1, 2, 0, 2, 3, 1] if mode != "constant" else [1, -2, 0, -1, 2, 1]  # 3-D: corners too
+    m = _model([h.make_node("Pad", ["x", "pads"], ["y"], mode=mode)], [("x", T.FLOAT, [3, 4, 5])], ["y"], 18,
+               {"pads": np.array(pads, np.int64)})
+    x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    if mode != "constant":
+        _check(m, {"x": x}, rtol=0)
+    else:  # onnx's reference cannot crop: x[:-1, 2:, :] padded by (1, 0), (0, 2), (0, 1)
+        [got] = RLXBackend.run_model(m, [x], freeze_inputs=False)
+        np.testing.assert_array_equal(got, np.pad(x[:-1, 2:, :], [(1, 0), (0, 2), (0, 1)]))
+    m = _model([h.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")], [("x", T.FLOAT, [2, 3])], ["y"],
+               18, {"pads": np.array([0, 3, 0, 0], np.int64)})
+    with pytest.raises(UnsupportedOnnxError, match="more than 2 per side"):
+        load_onnx(m)

@@ -2450,8 +2450,8 @@ _TILE_CONCAT_MAX = 16
 def _pad(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     x = imp.t(ins[0])
     mode = str(attrs.get("mode", "constant"))
-    if mode != "constant":
-        raise imp.unsupported(f"Pad mode={mode!r} is not supported", fix="use constant padding")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise imp.unsupported(f"Pad mode={mode!r} is not defined", fix="use constant, edge, reflect or wrap")
     value_t: Tensor | None = None  # a pad value computed at run time
     if imp.opset >= 11:
         pads = imp.ints(ins[1], "Pad pads")
@@ -2471,12 +2471,24 @@ def _pad(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         for i, ax in enumerate(axes):
             full[ax % r], full[ax % r + r] = pads[i], pads[i + k]
         pads = full
+    g = imp.g
     if any(p < 0 for p in pads):
-        raise imp.unsupported(f"Pad with negative pads {pads} (cropping) is not supported",
-                              fix="crop with Slice instead")
+        if mode != "constant":
+            raise imp.unsupported(f"Pad mode={mode!r} with negative pads {pads} (cropping) is not translated",
+                                  fix="crop with Slice, then pad")
+        # Negative pads crop: slice those off first, then pad with the rest.
+        ax_c = [a for a in range(r) if pads[a] < 0 or pads[a + r] < 0]
+        for a in ax_c:
+            if not isinstance(x.shape[a], int):
+                raise imp.symbolic(f"Pad cropping the symbolic axis {x.shape[a]!r}", [str(x.shape[a])])
+        x = g.op("slice", x, starts=tuple(-min(pads[a], 0) for a in ax_c),
+                 stops=tuple(int(x.shape[a]) + min(pads[a + r], 0) for a in ax_c), axes=tuple(ax_c),
+                 steps=(1,) * len(ax_c))
+        pads = [max(p, 0) for p in pads]
     if not any(pads):
         return [x]
-    g = imp.g
+    if mode != "constant":
+        return [_pad_border(imp, x, pads, mode)]
     y = g.op("pad", x, pads=tuple(pads), value=float(value))
     if value_t is not None:
         # The border takes the run-time value: select it where a padded all-true mask is false
@@ -2488,6 +2500,45 @@ def _pad(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
                       value=0.0)
         y = g.op("where", g.op("greater", inside, g.const(0.5, DType.F32)), y, vt)
     return [y]
+
+
+def _pad_border(imp: _Importer, x: Tensor, pads: Sequence[int], mode: str) -> Tensor:
+    """Pad mode edge / reflect / wrap as slices and concats, one axis after the other (as np.pad, the
+    reference, does: later axes pad the already padded corners)."""
+    g = imp.g
+    r = x.rank
+    for a in range(r):
+        b, e = pads[a], pads[a + r]
+        if not b and not e:
+            continue
+        n = x.shape[a]
+        if not isinstance(n, int):
+            raise imp.symbolic(f"Pad mode={mode!r} of the symbolic axis {n!r}", [str(n)])
+        limit = n - 1 if mode == "reflect" else n
+        if n == 0 or b > limit or e > limit:
+            raise imp.unsupported(f"Pad mode={mode!r} of {b}+{e} on an axis of size {n} (more than {limit} "
+                                  f"per side) is not translated", fix="pad less, or in several Pad nodes")
+
+        if mode == "edge":
+            spans = [(0, 1, 1, b), (n - 1, n, 1, e)]
+        elif mode == "reflect":  # mirror without repeating the border element
+            spans = [(b, 0, -1, 0), (n - 2, n - 2 - e, -1, 0)]
+        else:  # wrap
+            spans = [(n - b, n, 1, 0), (0, e, 1, 0)]
+        sides: list[Tensor | None] = []
+        for (start, stop, step, rep), k in zip(spans, (b, e)):
+            if not k:
+                sides.append(None)
+                continue
+            t = g.op("slice", x, starts=(start,), stops=(stop if stop >= 0 else -_INT_BIG,), axes=(a,),
+                     steps=(step,))
+            if rep:  # edge: the border element repeated k times
+                shape = list(x.shape)
+                shape[a] = rep
+                t = g.op("expand", t, shape=tuple(shape))
+            sides.append(t)
+        x = g.op("concat", *[t for t in (sides[0], x, sides[1]) if t is not None], axis=a)
+    return x
 
 
 @_handler("If")
