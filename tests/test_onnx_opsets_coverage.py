@@ -194,7 +194,8 @@ def test_coverage_opset_problems_and_a_clean_model() -> None:
     assert [(p.kind, p.op) for p in r.problems] == [("version", "Relu")]
     m = _model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, [2])], ["y"], 30)
     assert [p.kind for p in coverage(m).problems] == ["opset"]
-    m = _model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, [2])], ["y"], 17)
+    m = _model([h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER")],
+               [("x", T.FLOAT, [1, 1, 4, 4])], ["y"], 17)  # a string attribute, read as the importer does
     r = coverage(m)
     assert r.ok and "every node is supported" in r.to_text()
 

@@ -128,7 +128,13 @@ _DTYPE_FIX = (f"RLX dtypes: {', '.join(d.value for d in _o.DType)}; cast to one 
 def _node_attrs(node: Any) -> dict[str, Any]:
     from onnx import helper
 
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute if not a.ref_attr_name}
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        if a.ref_attr_name:
+            continue
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else v  # as the importer reads it
+    return out
 
 
 def _walk(graph: Any, prefix: str, opset: int, col: _Collector, static: set[str], counts: dict[str, int],
