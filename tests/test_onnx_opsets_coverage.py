@@ -209,6 +209,8 @@ def test_rlx_explain_coverage(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["explain", str(bad), "--coverage"])
     assert res.exit_code == 1, res.output
     assert "[operator] Hardmax" in res.output and "[domain] ai.onnx.ml.LinearRegressor" in res.output
+    res = CliRunner().invoke(cli, ["explain", str(bad)])  # the import's first error points here
+    assert res.exit_code == 1 and "--coverage lists every unsupported node" in res.output
     res = CliRunner().invoke(cli, ["explain", str(good), "--coverage", "--json"])
     assert res.exit_code == 0, res.output
     assert '"ok": true' in res.output

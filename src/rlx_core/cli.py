@@ -950,12 +950,18 @@ def _check_multi_device(devices: Sequence[str]) -> None:
               default=None, help="Also write the graph as Graphviz DOT (nodes coloured by dispatch path, "
                                  "edges labelled with tensor types); '-' prints only the DOT.")
 @signature_option()
+@click.option("--coverage", "coverage_only", is_flag=True,
+              help="ONNX only: list every operator, version, attribute, dtype and domain the importer "
+                   "cannot translate (counts and node names), all at once, without importing; exit 1 "
+                   "if anything is unsupported.")
 def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: bool,
-            dot_path: str | None, require_signature: str | None, signature: str | None) -> None:
+            dot_path: str | None, require_signature: str | None, signature: str | None,
+            coverage_only: bool = False) -> None:
     """Show how a model would be dispatched (nothing runs).
 
     Per node: the path (native, common_ir, rewritten), kernels, device and estimated cost.
-    MODEL is an .rlx file or an .onnx file (translated on load).
+    MODEL is an .rlx file or an .onnx file (translated on load); with --coverage, an .onnx file is
+    checked node by node for everything the importer cannot translate instead.
 
     Nothing runs. Symbolic dimensions not given with --bind are planned with size 1.
 
@@ -965,12 +971,22 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
       rlx explain model.onnx --device cuda,cpu
       rlx explain model.rlx --bind batch=32 --json
       rlx explain model.onnx --dot model.dot && dot -Tsvg model.dot -o model.svg
+      rlx explain model.onnx --coverage
     """
+    if coverage_only:
+        _explain_coverage(model, as_json)
+        return
     from ._hub import split_devices
+    from .frontends.onnx import UnsupportedOnnxError
     from .runtime import Session
 
-    graph, bindings = load_command_model(model, parse_bindings(binds), require_signature=require_signature,
-                                         signature=signature)
+    try:
+        graph, bindings = load_command_model(model, parse_bindings(binds),
+                                             require_signature=require_signature, signature=signature)
+    except UnsupportedOnnxError:
+        click.echo(f"note: the import stops at the first problem; rlx explain {model} --coverage lists "
+                   f"every unsupported node at once", err=True)
+        raise
     check_bindings(graph, bindings)
     defaulted = sorted(s for s in graph.symbols if s not in bindings)
     full = {s: bindings.get(s, 1) for s in sorted(graph.symbols)}
@@ -998,6 +1014,22 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
     click.echo(report.to_text())
     if defaulted:
         click.echo(f"note: {', '.join(defaulted)} planned with size 1; set sizes with --bind SYM=N", err=True)
+
+
+def _explain_coverage(model: str, as_json: bool) -> None:
+    """rlx explain --coverage: the ONNX importer's up-front report; exit 1 when anything is unsupported."""
+    if not model.lower().endswith(".onnx"):
+        raise click.BadParameter(f"{model!r}: --coverage checks an .onnx file (an .rlx file is already "
+                                 "translated: run rlx explain without --coverage)", param_hint="MODEL")
+    from .frontends.onnx import coverage
+
+    report = coverage(model)
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(report.to_text())
+    if not report.ok:
+        raise SystemExit(1)
 
 
 # ---------------------------------------------------------------------------------------------
