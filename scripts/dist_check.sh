@@ -71,12 +71,16 @@ PIPQ=(-q --disable-pip-version-check -c "$LOCK" -c "$WORK/ours.txt")
 new_venv() { "$PYTHON" -m venv "$1" || die "could not create a venv with $PYTHON (python3-venv missing?)"; }
 pip_install() {
   local env="$1"; shift
-  local local_only=("$env/bin/python" -m pip install "${PIPQ[@]}" --no-index --find-links "$DIST"
+  # --no-compile: byte-compiling NumPy/Numba/llvmlite at install took most of the install time;
+  # Python compiles what the jobs import anyway.
+  local local_only=("$env/bin/python" -m pip install "${PIPQ[@]}" --no-compile --no-index --find-links "$DIST"
                     --find-links "$WHEELHOUSE" --report "$WORK/report.json")
   if ! "${local_only[@]}" "$@" 2>"$WORK/pip.err"; then
-    log "fetching the third-party wheels of $* into $WHEELHOUSE"
-    # setuptools and wheel: the build backend of `pip install ./rlx-acme`, also installed --no-index.
-    "$env/bin/python" -m pip download "${PIPQ[@]}" --find-links "$DIST" -d "$WHEELHOUSE" "$@" setuptools wheel \
+    log "fetching the third-party wheels of $* (and of rlx-core[all]) into $WHEELHOUSE"
+    # One resolution for every path (rlx-core[all] covers cpu and conformance); setuptools and wheel
+    # are the build backend of `pip install ./rlx-acme`, also installed --no-index.
+    "$env/bin/python" -m pip download "${PIPQ[@]}" --find-links "$DIST" -d "$WHEELHOUSE" "$@" "rlx-core[all]" \
+      setuptools wheel \
       || die "pip download $* failed (the registry unreachable, or requirements/lock.txt out of date?)"
     rm -f "$WHEELHOUSE"/rlx_* "$WHEELHOUSE"/rlx-*  # ours come from dist/ only, never an old copy
     "${local_only[@]}" "$@" || die "pip install $* failed in $env"
@@ -142,7 +146,7 @@ if [[ " $PATHS " == *" author "* ]]; then
   mkdir -p "$WORK/author" && cd "$WORK/author"
   "$WORK/cpu/bin/rlx" new-backend acme >/dev/null || die "author: rlx new-backend acme failed"
   [ -f rlx-acme/pyproject.toml ] || die "author: rlx new-backend acme did not write ./rlx-acme"
-  "$WORK/cpu/bin/python" -m pip install "${PIPQ[@]}" --no-index --find-links "$DIST" --find-links "$WHEELHOUSE" \
+  "$WORK/cpu/bin/python" -m pip install "${PIPQ[@]}" --no-compile --no-index --find-links "$DIST" --find-links "$WHEELHOUSE" \
     ./rlx-acme || die "author: pip install ./rlx-acme failed"
   "$WORK/cpu/bin/rlx" conformance acme -q --json acme.json >conformance.log 2>&1 \
     || { cat conformance.log >&2; die "author: rlx conformance acme did not certify"; }
