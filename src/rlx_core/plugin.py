@@ -43,7 +43,9 @@ What is here, by role:
   (cached builds); ``Launch``, ``Allocator``, ``HostAllocator``, ``Runtime``, ``KitProgram``,
   ``Replay``, ``CtypesRuntime`` (running); ``cstyle`` (the C-style kernel library: templates and
   ``cstyle.launches`` lowering LIR steps, for any ``KernelDialect``), ``KERNEL_DIALECTS`` (Metal,
-  OpenCL; since 1.1);
+  OpenCL; since 1.1); ``glsl`` (the GLSL compute-shader library: templates, ``glsl.GlslProgram``
+  lowering LIR steps to dispatches, ``glsl.claims``, for any ``GlslFlavour``), ``GLSL_FLAVOURS``
+  (Vulkan, OpenGL; since 1.1);
 * quantized ops: ``register_quant_ops``, ``quantize_graph``, ``softmax_lut``, ``pool_geometry``;
 * exporters (``rlx export --target T``): ``export_options``, ``echo_json``, ``parse_pairs``,
   ``parse_bindings``, ``check_bindings``, ``load_model``, ``load_command_model``;
@@ -166,6 +168,9 @@ _LAZY: dict[str, str] = {
     "cstyle": "rlx_core.devicekit.cstyle:",
     "KernelDialect": "rlx_core.devicekit.cstyle",
     "KERNEL_DIALECTS": "rlx_core.devicekit.cstyle",
+    "glsl": "rlx_core.devicekit.glsl:",
+    "GlslFlavour": "rlx_core.devicekit.glsl",
+    "GLSL_FLAVOURS": "rlx_core.devicekit.glsl",
     "single_op_program": "rlx_core.devicekit",
     "program_of": "rlx_core.devicekit",
     "render_check": "rlx_core.devicekit",
@@ -231,6 +236,7 @@ __all__ = [
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
     "BufferBinding", "CapabilityError", "FusionRule", "Region", "cstyle", "KernelDialect", "KERNEL_DIALECTS",
+    "glsl", "GlslFlavour", "GLSL_FLAVOURS",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -273,6 +279,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         dtypes_in,
         elementwise_claims,
         fused_claim,
+        glsl,
         program_of,
         render_check,
         renders,
@@ -280,6 +287,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         tool_version,
     )
     from rlx_core.devicekit.cstyle import KERNEL_DIALECTS, KernelDialect
+    from rlx_core.devicekit.glsl import GLSL_FLAVOURS, GlslFlavour
     from rlx_core.dtypes import DType
     from rlx_core.errors import (
         BackendNotFoundError,

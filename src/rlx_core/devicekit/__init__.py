@@ -11,6 +11,9 @@ A kit backend is tinygrad's "device = allocator + renderer + program loader", on
 * **C-style kernels** (:mod:`.cstyle`): one kernel library (templates, lowering of LIR steps to
   launches) for every C-style device language, the language a :class:`~.cstyle.KernelDialect`
   (Metal, OpenCL): a new C-style target is a dialect plus a runtime shim;
+* **GLSL kernels** (:mod:`.glsl`): one compute-shader library (templates, lowering of LIR steps
+  to dispatches, claims) for every GLSL API, the API a :class:`~.glsl.GlslFlavour` (Vulkan,
+  OpenGL 4.3): a new GLSL target is a flavour plus a runtime shim;
 * **run** (:mod:`.program`): :class:`KitProgram` walks the LIR once (constants uploaded once, one
   arena laid out by the buffer plan, each step lowered to :class:`Launch` es by the backend), has the
   backend's :class:`Runtime` load and bind them, and per run copies inputs in, launches, copies
@@ -37,6 +40,7 @@ _HOME = {
     "CtypesRuntime": "program",
     "KitProgram": "program", "Replay": "program",
     "KernelDialect": "cstyle", "KERNEL_DIALECTS": "cstyle",
+    "GlslFlavour": "glsl", "GLSL_FLAVOURS": "glsl",
 }
 
 __all__ = sorted(_HOME)

@@ -18,29 +18,11 @@ from rlx_core.plugin import (
     BackendInfo,
     DeviceCaps,
     DeviceInfo,
-    DType,
     KernelClaim,
-    all_of,
-    dtypes_in,
-    elementwise_claims,
-    fused_claim,
     hookimpl,
-    normalize_axis,
-    render_check,
-    renders,
 )
 
 from . import __version__
-
-F32 = frozenset({DType.F32})
-I32 = frozenset({DType.I32})
-GEN = frozenset({DType.F32, DType.I32, DType.BOOL})
-W4 = frozenset({DType.F32, DType.I32})
-INDEX = frozenset({DType.I32, DType.I64})
-#: word-copied dtypes (8-byte ones as two words) and, for movement into contiguous outputs, bool
-W8 = frozenset({DType.F32, DType.I32, DType.I64})
-MOVE = W8 | {DType.BOOL}
-MAX_RANK = 8
 
 _CAPS = DeviceCaps(peak_flops={"f32": 5e10, "default": 5e10}, mem_bandwidth=1e10, launch_overhead=2e-5,
                    host_link_bandwidth=1e10, source="plugin estimate (software Vulkan class)")
@@ -101,79 +83,19 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 
 # -- claims ---------------------------------------------------------------------------------------
 
-def _glsl(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
-    from . import glsl
-
-    return glsl.elementwise(program, in_dtypes, out_dtype)
-
-
-def _wide_ok(src: str) -> str | None:
-    if "GL_ARB_gpu_shader_int64" in src and not _wide():
-        return "sin/cos/pow need shaderFloat64 + shaderInt64, which this device lacks"
-    return None
-
-
-#: the render check (device kit); the f64/i64 helpers also need the device's shader features
-_renderable = render_check(_glsl, "as GLSL", source_ok=_wide_ok)
-
-
-def _rank_ok(v: Any) -> str | None:
-    if any(t.rank > MAX_RANK for t in (*v.in_types, *v.out_types)):
-        return f"rank > {MAX_RANK}"
-    return None
-
-
 def _wide() -> bool:
     from .vk import context
 
     return context().wide
 
 
-#: storage dtypes first, then rank, then the render check (the order the reasons are reported in)
-_ew_pred = all_of(dtypes_in(lambda: GEN | ({DType.I64} if _wide() else set()), "no GLSL storage for"),
-                  _rank_ok, renders(_renderable))
-
-
-def _last_axis(v: Any) -> str | None:
-    t = v.in_types[0]
-    if t.rank == 0:
-        return "rank 0"
-    if normalize_axis(int(v.attrs["axis"]), t.rank) != t.rank - 1:
-        return "only the last axis (other axes run through the decomposition)"
-    return None
-
-
-def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
-    kw.setdefault("predicate", _rank_ok)
-    return KernelClaim(op, f"vulkan.{op}", dtypes=dtypes, **kw)
-
-
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
-    wide = GEN | {DType.I64}
-    claims = elementwise_claims("vulkan.", wide, _ew_pred, overrides={
-        "cast": {"dtypes": wide, "out_dtypes": wide, "constraint": "i64 results only from integers/bool"}})
-    claims += [
-        fused_claim("vulkan.fused_elementwise", _ew_pred,
-                    constraint="f32/i32/bool programs the shared GLSL renderer can emit"),
-        _claim("matmul", W4, constraint="tiled 16x16 shared-memory GLSL kernel (untiled on CPU devices)"),
-        _claim("linear", F32, constraint="one kernel: GEMM with the (pre-transposed constant) weight + bias"),
-        _claim("softmax", F32, predicate=_last_axis, constraint="last axis"),
-        _claim("log_softmax", F32, predicate=_last_axis, constraint="last axis"),
-        _claim("layer_norm", F32),
-        _claim("reduce_sum", W4), _claim("reduce_prod", W4), _claim("reduce_mean", F32),
-        _claim("reduce_max", W4), _claim("reduce_min", W4),
-        _claim("argmax", W4, out_dtypes=frozenset({DType.I64}), constraint="first extreme; NaN wins"),
-        _claim("argmin", W4, out_dtypes=frozenset({DType.I64}), constraint="first extreme; NaN wins"),
-        _claim("conv2d", W4, constraint="direct NCHW x OIHW (strides, pads, dilations, groups)"),
-        _claim("cumsum", W4, constraint="sequential per line, like the reference"),
-        _claim("reshape", MOVE, in_place=True), _claim("transpose", MOVE), _claim("expand", MOVE),
-        _claim("slice", MOVE), _claim("concat", W8), _claim("pad", W4),
-        _claim("gather", W8 | INDEX, out_dtypes=W8),
-        _claim("iota", frozenset({DType.F32, DType.I32, DType.I64}), out_dtypes=frozenset(
-            {DType.F32, DType.I32, DType.I64}), constraint="f32/i32/i64"),
-    ]
-    return claims
+    """The device kit's GLSL library claims (f32, plus i32/bool/i64 where natural; i64 values and
+    the f64-based sin/cos/pow only where the device has shaderFloat64 + shaderInt64)."""
+    from rlx_core.plugin import glsl
+
+    return list(glsl.claims(glsl.VULKAN, "vulkan.", _wide))
 
 
 @hookimpl
