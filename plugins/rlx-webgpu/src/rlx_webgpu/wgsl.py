@@ -209,6 +209,38 @@ fn rlx_cos(x: f32) -> f32 {
   if (q == 2) { return -rlx_cosp(r); }
   return rlx_sinp(r);
 }
+// Products are split with bit masks, not fma: lavapipe does not fuse fma, and the masks survive any
+// algebraic rewriting a driver may do. hi12(x) keeps the top 12 significant bits, x - hi12(x) the rest,
+// so products of the halves are exact.
+fn rlx_hi12(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) & 0xfffff000u); }
+fn rlx_prod_err(a: f32, b: f32, p: f32) -> f32 {  // a*b - p exactly (Dekker), for p = a*b rounded
+  let a1 = rlx_hi12(a); let a2 = a - a1; let b1 = rlx_hi12(b); let b2 = b - b1;
+  return ((a1 * b1 - p) + a1 * b2 + a2 * b1) + a2 * b2;
+}
+// log2(m) for finite m > 0 as e + hi + lo (returned as (e, hi, lo)), |error| ~ 2^-40: the drivers'
+// log2 may be off by 2^-21 (the Vulkan limit), which b * log2 would multiply into a 1e-5 pow error.
+// ln y = 2 atanh(z), z = (y - 1) / (y + 1), y in [sqrt(1/2), sqrt(2)), in double-f32 where it matters.
+fn rlx_log2x(m: f32) -> vec3<f32> {
+  let fe = frexp(m); var y = fe.fract; var e = f32(fe.exp);
+  if (y < 0.70710678) { y = y * 2.0; e = e - 1.0; }
+  let num = y - 1.0;  // exact (Sterbenz)
+  // y + 1 exactly as dh + dl (a rounded y + 1 loses a bit; (y + 1) - 1 would be folded back to y)
+  let yh = rlx_hi12(y); let dl = y - yh; let dh = yh + 1.0; let den = dh + dl;
+  let zh = num / den;
+  let p1 = zh * dh; let p2 = zh * dl;
+  let zl = (((num - p1) - p2) - rlx_prod_err(zh, dh, p1) - rlx_prod_err(zh, dl, p2)) / den;
+  let w = zh * zh;
+  let p = 0.33333333333 + w * (0.2 + w * (0.14285714286 + w * (0.11111111111 + w * (0.09090909091
+          + w * (0.07692307692 + w * 0.06666666667)))));
+  let ah = 2.0 * zh; let al = 2.0 * zl + 2.0 * zh * w * p;  // ln y = ah + al
+  let ch = 1.44269502162933349609375; let cl = 1.925962991126617468e-08;  // 1/ln 2
+  let lh = ah * ch; let ll = rlx_prod_err(ah, ch, lh) + (ah * cl + al * ch);
+  return vec3<f32>(e, lh, ll);
+}
+fn rlx_exp2p(x: f32) -> f32 {  // 2^x on [-1/2, 1/2] (Cephes exp2f, ~1 ulp): exp2 may be approximate
+  return 1.0 + x * (6.931472028550421e-1 + x * (2.402264791363012e-1 + x * (5.550332471162809e-2
+         + x * (9.618437357674640e-3 + x * (1.339887440266574e-3 + x * 1.535336188319500e-4)))));
+}
 fn rlx_pow(a: f32, b: f32) -> f32 {
   if (b == 0.0 || a == 1.0) { return 1.0; }
   if (rlx_isnan(a) || rlx_isnan(b)) { return rlx_nan(); }
@@ -223,15 +255,18 @@ fn rlx_pow(a: f32, b: f32) -> f32 {
   if (m == 0.0) { r = select(rlx_inf(), 0.0, b > 0.0); }
   else if (rlx_isinf(m)) { r = select(0.0, rlx_inf(), b > 0.0); }
   else {
-    let fe = frexp(m); let e = f32(fe.exp);
-    let th = b * e; let tl = fma(b, e, -th);  // b*e = th + tl exactly
-    let u = b * log2(fe.fract);
-    let s = th + u; let bv = s - th; let err = (th - (s - bv)) + (u - bv);  // two-sum
-    let n = floor(s); let f = (s - n) + (err + tl);
+    // b * log2 m = b*e + b*hi + b*lo as exact partial products; their integer parts and exact
+    // fractions are summed separately, so the exponent keeps ~2^-24 absolute accuracy for any |b|
+    let lg = rlx_log2x(m); let e = lg.x;
+    let b1 = rlx_hi12(b); let b2 = b - b1; let l1 = rlx_hi12(lg.y); let l2 = lg.y - l1;
+    let p1 = b1 * e; let p2 = b2 * e; let p3 = b1 * l1; let p4 = b1 * l2 + b2 * l1;
+    var n = floor(p1) + floor(p2) + floor(p3) + floor(p4);
+    var f = (p1 - floor(p1)) + (p2 - floor(p2)) + (p3 - floor(p3)) + (p4 - floor(p4)) + (b2 * l2 + b * lg.z);
+    let nf = round(f); n = n + nf; f = f - nf;  // f in [-1/2, 1/2]
     if (n > 130.0) { r = rlx_inf(); } else if (n < -160.0) { r = 0.0; }
     else {
       let ni = i32(n);
-      if (ni < -120) { r = ldexp(ldexp(exp2(f), ni + 60), -60); } else { r = ldexp(exp2(f), ni); }
+      if (ni < -120) { r = ldexp(ldexp(rlx_exp2p(f), ni + 60), -60); } else { r = ldexp(rlx_exp2p(f), ni); }
     }
   }
   return select(r, -r, neg && odd);
