@@ -774,7 +774,16 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         scores = qk if bias is None else qk + bias
         if mode not in (0, 1, 2, 3):
             raise imp.unsupported(f"Attention qk_matmul_output_mode={mode}", fix="use 0, 1, 2 or 3")
-        qk_out = {0: qk, 1: qk if softcap > 0 else None, 2: scores}.get(mode)
+        if wants_qk and ((mode == 0 and softcap > 0) or (mode == 2 and len(terms) > 0)):
+            # onnx's reference gives the softcapped scores for mode 0 and adds the causal/window/padding
+            # masks for mode 2; ONNX Runtime gives the raw scores and adds attn_mask only.
+            raise imp.unsupported(
+                f"Attention qk_matmul_output_mode={mode} with "
+                f"{'softcap' if mode == 0 else 'is_causal, a window or nonpad_kv_seqlen'} is ambiguous: "
+                f"onnx's reference and ONNX Runtime return different qk_matmul_output values",
+                fix="do not use the qk_matmul_output output (output 3) of this node, or use mode 1 "
+                    "(softcapped scores) or 3 (probabilities)")
+        qk_out = {0: qk, 1: qk, 2: scores}.get(mode)
         sm_in = scores
         if prec is not None:
             pdt = _onnx._ONNX_TO_DTYPE.get(int(prec))
@@ -800,11 +809,7 @@ def _attention(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         b, h, s, d = y.shape
         y = g.op("reshape", g.op("transpose", y, perm=(0, 2, 1, 3)),
                  shape=(b, s, h * d if isinstance(h, int) and isinstance(d, int) else -1))
-    outs: list[Any] = [y, present_k, present_v, qk_out]
-    if len(node.output) > 3 and node.output[3] and qk_out is None:
-        raise imp.unsupported("Attention qk_matmul_output_mode=1 without softcap is not supported",
-                              fix="use qk_matmul_output_mode 0, 2 or 3")
-    return outs
+    return [y, present_k, present_v, qk_out]
 
 
 # ---------------------------------------------------------------------------------------------
