@@ -159,6 +159,20 @@ def test_scatter_nd_reductions(red: str) -> None:
     check(m, {"x": np.arange(12, dtype=np.int32).reshape(3, 4), "i": i, "u": np.array([5, -2, 7], np.int32)})
 
 
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_kv_cache_write(mode: str) -> None:
+    """TensorScatter-24 against the operator's own loop (circular: the write wraps around)."""
+    cache = RNG.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    upd = RNG.standard_normal((2, 3, 2, 4)).astype(np.float32)
+    wi = np.array([1, 4 if mode == "circular" else 3], np.int64)
+    m = model(helper.make_node("TensorScatter", ["c", "u", "w"], ["y"], mode=mode),
+              [("c", F32, cache.shape), ("u", F32, upd.shape), ("w", I64, (2,))], opset=24)
+    ref = cache.copy()
+    for b, h, s in np.ndindex(2, 3, 2):
+        ref[b, h, (wi[b] + s) % 5 if mode == "circular" else wi[b] + s] = upd[b, h, s]
+    check(m, {"c": cache, "u": upd, "w": wi}, [ref])
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_topk(largest: int, axis: int) -> None:

@@ -258,6 +258,48 @@ def _scatter_nd(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     return [g.op("reshape", out, shape=ds)]
 
 
+@_handler("TensorScatter")
+def _tensor_scatter(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    """A KV-cache write: ``update`` goes into ``past_cache`` along ``axis`` from each batch row's
+    ``write_indices[b]`` on (modulo the axis for ``mode='circular'``): one ``scatter_reduce`` with
+    ``reduction='none'`` (so a circular wrap that writes a slot twice keeps the later value, as the
+    operator's loop does)."""
+    g = imp.g
+    cache, upd = imp.t(ins[0]), imp.t(ins[1])
+    mode = str(attrs.get("mode", "linear"))
+    if mode not in ("linear", "circular"):
+        raise imp.unsupported(f"TensorScatter mode={mode!r}", fix="use linear or circular")
+    cs = _static(imp, cache, "TensorScatter past_cache")
+    us = _static(imp, upd, "TensorScatter update")
+    r = len(cs)
+    axis = int(attrs.get("axis", -2))
+    if r < 2 or not -r <= axis < r or len(us) != r or (axis % r) == 0:
+        raise imp.unsupported(f"TensorScatter axis={axis} on past_cache {cs} and update {us}", fix=_MALFORMED)
+    axis %= r
+    if any(us[d] != cs[d] for d in range(r) if d != axis) or us[axis] > cs[axis]:
+        raise imp.unsupported(f"TensorScatter update {us} does not fit past_cache {cs} along axis {axis}",
+                              fix=_MALFORMED)
+    if math.prod(us) == 0:
+        return [cache]
+    n = cs[axis]
+    pos = g.op("iota", shape=us, axis=axis, dtype=DType.I64)
+    if len(ins) > 2 and ins[2] is not None:
+        wi = _i64(imp, ins[2])
+        if tuple(wi.shape) != (cs[0],):
+            raise imp.unsupported(f"TensorScatter write_indices {wi.shape} must have shape ({cs[0]},)",
+                                  fix=_MALFORMED)
+        pos = pos + g.op("reshape", wi, shape=(cs[0], *([1] * (r - 1))))
+    if mode == "circular":
+        cn = g.const(n, DType.I64)
+        rem = pos - (pos / cn) * cn
+        pos = g.op("where", g.op("less", rem, g.const(0, DType.I64)), rem + cn, rem)
+    if upd.dtype != cache.dtype:
+        upd = g.op("cast", upd, to=cache.dtype)
+    if cache.dtype is DType.BOOL or cache.dtype.is_complex:
+        raise imp.unsupported(f"TensorScatter on {cache.dtype}", fix="cast the cache to a real dtype")
+    return [g.op("scatter_reduce", cache, pos, upd, axis=axis, reduction="none")]
+
+
 # ---------------------------------------------------------------------------------------------
 # Masks and selections
 
