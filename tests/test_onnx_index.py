@@ -335,8 +335,13 @@ def test_einsum(eq: str, shapes: list[tuple[int, ...]]) -> None:
     check(m, dict(zip(names, arrays)), [np.asarray(ref)])
 
 
-def test_einsum_broadcasting_a_size_one_letter_is_refused() -> None:
-    m = model(helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,ij->ij"),
-              [("a", F32, (3, 4)), ("b", F32, (1, 4))])
-    with pytest.raises(UnsupportedOnnxError, match="broadcasts"):
-        load_onnx(m)
+def test_einsum_broadcasts_size_one_letters_and_refuses_mismatches() -> None:
+    m = model(helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik"),
+              [("a", F32, (3, 2, 4)), ("b", F32, (1, 4, 5))])
+    a = RNG.standard_normal((3, 2, 4)).astype(np.float32)
+    b = RNG.standard_normal((1, 4, 5)).astype(np.float32)
+    check(m, {"a": a, "b": b}, [np.einsum("bij,bjk->bik", a, b)])
+    bad = model(helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,ij->ij"),
+                [("a", F32, (3, 4)), ("b", F32, (2, 4))])
+    with pytest.raises(UnsupportedOnnxError, match="sizes 3 and 2"):
+        load_onnx(bad)

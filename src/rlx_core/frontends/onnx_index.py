@@ -549,13 +549,14 @@ def _einsum(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     size: dict[str, int] = {}
     for x, t in zip(xs, terms):
         for c, d in zip(t, _static(imp, x, "Einsum operand")):
-            if size.get(c, d) != d:
-                if size[c] == 1 or d == 1:
-                    raise imp.unsupported(f"Einsum {eq!r}: letter {c!r} broadcasts sizes {size[c]} and {d}",
-                                          fix="expand the operands to equal sizes before the Einsum")
+            if size.get(c, d) != d and 1 not in (size[c], d):
                 raise imp.unsupported(f"Einsum {eq!r}: letter {c!r} has sizes {size[c]} and {d}",
                                       fix=_MALFORMED)
-            size[c] = d
+            size[c] = max(size.get(c, d), d)
+    for i, (x, t) in enumerate(zip(xs, terms)):
+        full = tuple(size[c] for c in t)
+        if tuple(x.shape) != full:  # a size-1 letter broadcasts against the others' size
+            xs[i] = g.op("expand", x, shape=full)
 
     def reduce(x: Tensor, t: str, keep: set[str]) -> tuple[Tensor, str]:
         drop = [i for i, c in enumerate(t) if c not in keep]
