@@ -266,3 +266,19 @@ def test_pad_modes_and_cropping(mode: str) -> None:
                18, {"pads": np.array([0, 3, 0, 0], np.int64)})
     with pytest.raises(UnsupportedOnnxError, match="more than 2 per side"):
         load_onnx(m)
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("MaxPool", {"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 0, 0, 1]}),
+    ("AveragePool", {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "dilations": [1, 2, 1],
+                     "pads": [1, 1, 0, 0, 1, 1], "count_include_pad": 1, "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [3, 2, 2], "pads": [1, 0, 1, 1, 0, 0], "ceil_mode": 1,
+                     "strides": [2, 2, 2]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1,
+                     "count_include_pad": 1}),  # 2-D: the last window passes the padding
+    ("MaxPool", {"kernel_shape": [2, 2, 2], "strides": [2, 1, 2], "ceil_mode": 1}),
+])
+def test_nd_and_dilated_pooling(op: str, attrs: dict[str, Any]) -> None:
+    shape = [1, 2, 5, 6] if len(attrs["kernel_shape"]) == 2 else [1, 2, 5, 6, 7]
+    m = _model([h.make_node(op, ["x"], ["y"], **attrs)], [("x", T.FLOAT, shape)], ["y"], 19)
+    _check(m, {"x": RNG.standard_normal(shape).astype(np.float32)})

@@ -572,15 +572,12 @@ AttrRule = Callable[[Mapping[str, Any], int, Any], Refusal]
 def _spatial_rule(attrs: Mapping[str, Any], opset: int, node: Any) -> Refusal:
     op = node.op_type
     kernel = attrs.get("kernel_shape")
-    if kernel is not None and len(kernel) > 2:
-        kind = "pooling" if "Pool" in op else "convolution"
-        return (f"{len(kernel)}-D {kind} (kernel_shape {list(kernel)}) is not translated (1-D and 2-D only)",
-                "RLX has 1-D and 2-D convolutions and pools (NCL / NCHW)")
+    if kernel is not None and len(kernel) > 2 and op == "Conv":
+        return (f"{len(kernel)}-D convolution (kernel_shape {list(kernel)}) is not translated (1-D and 2-D "
+                f"only)", "RLX has 1-D and 2-D convolutions (NCL / NCHW)")
     auto = str(attrs.get("auto_pad", "NOTSET"))
     if auto not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         return f"auto_pad={auto!r} is not defined", "use NOTSET, VALID, SAME_UPPER or SAME_LOWER"
-    if "Pool" in op and any(int(d) != 1 for d in attrs.get("dilations", ())):
-        return f"dilated pooling (dilations {list(attrs['dilations'])}) is not translated", "use dilation 1"
     return None
 
 
@@ -1934,9 +1931,9 @@ def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
     g = imp.g
     x = imp.t(ins[0])
     nd = x.rank - 2
-    if nd not in (1, 2):
-        raise imp.unsupported(f"{node.op_type} with {nd} spatial dims (input {x.shape}) is not supported",
-                              fix="RLX pools 1-D and 2-D inputs (NCL / NCHW)")
+    if nd < 1:
+        raise imp.unsupported(f"{node.op_type} of a rank-{x.rank} input {x.shape}",
+                              fix="pooling takes (N, C, spatial...) inputs")
     if kind == "max" and x.dtype in (DType.U8, DType.I8):
         # MaxPool-12's 8-bit inputs: pooled in float32 (every 8-bit value is exact there) and cast
         # back; a max is always one of the inputs, so the result is exact.
@@ -1944,26 +1941,22 @@ def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
         return [g.op("cast", y, to=x.dtype)]
     kernel = [int(k) for k in attrs["kernel_shape"]]
     strides, dil, pads = _spatial(imp, attrs, x.shape[2:], kernel, nd, node.op_type)
-    if any(d != 1 for d in dil):
-        raise imp.unsupported(f"{node.op_type} with dilations {dil} is not supported",
-                              fix="use dilation 1 for pooling")
+    span_k = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]  # the window's extent with dilation
     include_pad = bool(int(attrs.get("count_include_pad", 0)))
+    ceil_ext = [0] * nd  # ceil_mode's extra end padding (never counted, even with count_include_pad)
     if int(attrs.get("ceil_mode", 0)):
         for i in range(nd):
             size = x.shape[2 + i]
             if not isinstance(size, int):
                 raise imp.symbolic(f"{node.op_type} ceil_mode needs static spatial dims")
-            span = size + pads[i] + pads[i + nd] - kernel[i]
+            span = size + pads[i] + pads[i + nd] - span_k[i]
             out = -(-span // strides[i]) + 1
             if (out - 1) * strides[i] >= size + pads[i]:
                 out -= 1  # the last window must start inside the input or the begin padding
-            extra = (out - 1) * strides[i] + kernel[i] - (size + pads[i] + pads[i + nd])
-            if extra > 0:
-                if kind == "avg" and include_pad:
-                    raise imp.unsupported("AveragePool with ceil_mode=1 and count_include_pad=1 whose last "
-                                          "window passes the padding is not supported",
-                                          fix="export with ceil_mode=False, or pad the input explicitly")
-                pads[i + nd] += extra
+            ceil_ext[i] = max(0, (out - 1) * strides[i] + span_k[i] - (size + pads[i] + pads[i + nd]))
+    if nd > 2 or any(d != 1 for d in dil) or (kind == "avg" and include_pad and any(ceil_ext)):
+        return [_pool_windows(imp, x, kind, kernel, strides, dil, pads, ceil_ext, include_pad)]
+    pads = pads[:nd] + [p + e for p, e in zip(pads[nd:], ceil_ext)]
     if nd == 1:
         x = g.op("reshape", x, shape=(x.shape[0], x.shape[1], 1, x.shape[2]))
         kernel, strides, pads = [1, kernel[0]], [1, strides[0]], [0, pads[0], 0, pads[1]]
@@ -1975,6 +1968,59 @@ def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
     if nd == 1:
         y = g.op("reshape", y, shape=(y.shape[0], y.shape[1], y.shape[3]))
     return [y]
+
+
+#: Most kernel positions a pooling written out as shifted slices may have (each is a graph node).
+_POOL_WINDOW_MAX = 512
+
+
+def _pool_windows(imp: _Importer, x: Tensor, kind: str, kernel: Sequence[int], strides: Sequence[int],
+                  dil: Sequence[int], pads: Sequence[int], ceil_ext: Sequence[int],
+                  include_pad: bool) -> Tensor:
+    """N-d and dilated pooling (RLX's pools are 2-D, undilated) written out exactly: one strided slice
+    of the padded input per kernel position, combined with maximum, or summed and divided by the
+    number of counted positions of each window (a constant: the shapes are static)."""
+    g = imp.g
+    nd = len(kernel)
+    if not all(isinstance(n, int) for n in x.shape[2:]):
+        raise imp.symbolic(f"{nd}-D or dilated pooling needs static spatial dims (input {x.shape})")
+    sizes = [int(n) for n in x.shape[2:]]
+    n_pos = math.prod(kernel)
+    if n_pos > _POOL_WINDOW_MAX:
+        raise imp.unsupported(f"pooling with a {list(kernel)} kernel ({n_pos} positions) written out as "
+                              f"slices would be too large a graph", fix="use a 1-D/2-D undilated pool")
+    if not x.dtype.is_float:
+        raise imp.unsupported(f"{nd}-D or dilated pooling of {x.dtype.value} is not translated",
+                              fix="cast to a float dtype before pooling")
+    end = [p + e for p, e in zip(pads[nd:], ceil_ext)]
+    full = [0, 0, *pads[:nd], 0, 0, *end]
+    fill = -math.inf if kind == "max" else 0.0
+    xp = g.op("pad", x, pads=tuple(full), value=fill) if any(full) else x
+    padded = [n + pads[i] + end[i] for i, n in enumerate(sizes)]
+    outs = [(padded[i] - ((kernel[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(nd)]
+    axes = tuple(range(2, 2 + nd))
+    acc: Tensor | None = None
+    for pos in np.ndindex(*kernel):
+        starts = tuple(j * d for j, d in zip(pos, dil))
+        stops = tuple(st + (o - 1) * s + 1 for st, o, s in zip(starts, outs, strides))
+        t = g.op("slice", xp, starts=starts, stops=stops, axes=axes, steps=tuple(strides))
+        acc = t if acc is None else g.op("maximum" if kind == "max" else "add", acc, t)
+    assert acc is not None
+    if kind == "max":
+        return acc
+    # The divisor per output position: kernel positions on the input (count_include_pad=0) or on the
+    # input and its explicit padding (=1); ceil_mode's extension is never counted.
+    mask = np.zeros(padded, np.float64)
+    if include_pad:
+        mask[tuple(slice(0, padded[i] - ceil_ext[i]) for i in range(nd))] = 1
+    else:
+        mask[tuple(slice(pads[i], pads[i] + sizes[i]) for i in range(nd))] = 1
+    count = np.zeros(outs, np.float64)
+    for pos in np.ndindex(*kernel):
+        count += mask[tuple(slice(j * d, j * d + (o - 1) * s + 1, s)
+                            for j, d, o, s in zip(pos, dil, outs, strides))]
+    divisor = imp.param(np.maximum(count, 1).astype(x.dtype.np).reshape(1, 1, *outs), None)
+    return acc / divisor
 
 
 @_handler("MaxPool")
