@@ -40,9 +40,9 @@ def test_three_paths_and_numbers(device: str) -> None:
     paths = _paths(exe.report)
     assert paths["matmul_0"] == NATIVE
     # rlx-cpu runs softmax natively; the test backend only through the core decomposition. Naming
-    # the output renamed the softmax node itself: no extra node.
+    # the output renamed the softmax's value, not its node: no extra node, the node keeps its name.
     assert "reshape" not in graph.op_counts()
-    assert paths["probs"] == (NATIVE if device == "cpu" else COMMON_IR)
+    assert paths["softmax_0"] == (NATIVE if device == "cpu" else COMMON_IR)
     if device == "whole":
         # The test backend only adds equal shapes: the bias broadcast is materialised (rewritten).
         assert paths["add_0"] == REWRITTEN
@@ -110,7 +110,7 @@ def test_multi_device_placement_reports_every_transfer() -> None:
     graph = g.build()
     exe = Session("whole,cpu", use_cache=False).compile(graph)
     devices = {e.node: e.device for e in exe.report.entries}
-    assert devices == {"matmul_0": "whole:0", "sin_0": "cpu:0", "z": "whole:0"}  # z: the exp node
+    assert devices == {"matmul_0": "whole:0", "sin_0": "cpu:0", "exp_0": "whole:0"}  # exp_0 computes z
     moves = {(t.value, t.src, t.dst) for t in exe.report.transfers}
     assert moves == {("matmul_0", "whole:0", "cpu:0"), ("sin_0", "cpu:0", "whole:0")}
     xv = RNG.standard_normal((2, 4)).astype(np.float32)
@@ -121,7 +121,7 @@ def test_report_text_and_json() -> None:
     exe = Session("cpu", use_cache=False).compile(_mlp())
     exe.run(x=np.zeros((2, 8), np.float32))
     text = exe.report.to_text()
-    assert "compile-ready: yes" in text and "probs" in text and "cpu.softmax" in text
+    assert "compile-ready: yes" in text and "softmax_0" in text and "cpu.softmax" in text
     js = exe.report.to_json()
     assert js["counts"]["native"] >= 3 and js["nodes"][0]["kernels"] == ["cpu.matmul"]
     assert js["estimated_seconds"]["total"] > 0

@@ -243,8 +243,8 @@ class GraphBuilder:
         for n in self._nodes:
             if old in n.outputs:
                 outs = tuple(name if o == old else o for o in n.outputs)
-                # A single-output node is named after its value (passes and reports rely on it).
-                n = Node(name if n.name == old else n.name, n.op, n.inputs, outs, n.attrs)
+                # The node keeps its name: errors and reports name the node the user wrote.
+                n = Node(n.name, n.op, n.inputs, outs, n.attrs)
             elif old in n.inputs:
                 n = Node(n.name, n.op, tuple(name if i == old else i for i in n.inputs), n.outputs, n.attrs)
             nodes.append(n)
