@@ -392,3 +392,16 @@ def test_grid_sample() -> None:
         m = make_model([helper.make_node("GridSample", ["x", "g"], ["y"], mode=mode, padding_mode=pad)],
                        [("x", F32, x3.shape), ("g", F32, grid3.shape)], [("y", F32)], opset=22)
         _check_ref(m, {"x": x3, "g": grid3})
+
+
+def test_resize_symbolic_batch_and_static_spatial_fix() -> None:
+    """A dynamic batch stays a symbol (only the resized axes must be static); a dynamic resized axis
+    is refused with the symbols fix, and fixing the size imports it."""
+    m = _resize_model(("N", 3, 4, 5), scales=(1, 1, 2, 2), mode="linear")
+    x = rand(2, 3, 4, 5)
+    close(rlx_run(m, {"x": x})[0], ort_run(m, {"x": x})[0], 1e-5, "symbolic batch")
+    m = _resize_model((1, 3, "H", 5), scales=(1, 1, 2, 2), mode="nearest")
+    with pytest.raises(UnsupportedOnnxError, match="symbolic") as e:
+        load_onnx(m)
+    assert "symbols=" in (e.value.fix or "")
+    load_onnx(m, symbols={"H": 4})

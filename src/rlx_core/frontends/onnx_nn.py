@@ -249,7 +249,6 @@ def _resize(imp: _Importer, node: Any, x: Tensor, *, mode: str, ctm: str, neares
     ax = list(range(r)) if axes is None else [a % r for a in axes]
     if len(set(ax)) != len(ax):
         raise imp.unsupported(f"{op} axes {axes} repeat an axis", fix="list each axis once")
-    in_dims = _static(imp, x, ax, op)
     k = len(ax)
     if (scales is not None and len(scales) != k) or (sizes is not None and len(sizes) != k):
         raise imp.unsupported(f"{op} has {len(scales if scales is not None else sizes or [])} scales/sizes "
@@ -260,6 +259,15 @@ def _resize(imp: _Importer, node: Any, x: Tensor, *, mode: str, ctm: str, neares
     if ctm == "tf_crop_and_resize" and not roi:
         raise imp.unsupported(f"{op} coordinate_transformation_mode='tf_crop_and_resize' needs roi",
                               fix="pass the region of interest as a constant roi input")
+    if scales is not None and ctm != "tf_crop_and_resize":
+        # A scale of exactly 1 leaves its axis as it is (both runtimes skip it), so that axis (e.g. a
+        # dynamic batch) need not be static.
+        keep = [j for j in range(k) if float(scales[j]) != 1.0]
+        ax, scales, k = [ax[j] for j in keep], [scales[j] for j in keep], len(keep)
+        roi = None
+        if not ax:
+            return x
+    in_dims = _static(imp, x, ax, op)
     if sizes is not None:
         sc = [s / d for s, d in zip(sizes, in_dims)]
         outs = list(sizes)
@@ -308,8 +316,8 @@ def _resize(imp: _Importer, node: Any, x: Tensor, *, mode: str, ctm: str, neares
                         "output length scale * input is a whole number")
         y = _resize_axis(imp, y, a, idx, coeffs)
         if extra is not None and extra.any():
-            keep = imp.param(_bcast(~extra, a, r))
-            y = imp.g.op("where", keep, y, imp.g.const(extrapolation, y.dtype))
+            inside = imp.param(_bcast(~extra, a, r))
+            y = imp.g.op("where", inside, y, imp.g.const(extrapolation, y.dtype))
     return y
 
 
