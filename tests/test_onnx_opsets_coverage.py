@@ -165,7 +165,7 @@ def _messy_model() -> Any:
              h.make_node("Cast", ["e8"], ["f"], name="back", to=T.FLOAT),
              h.make_node("LinearRegressor", ["f"], ["g"], name="ml", domain="ai.onnx.ml"),
              h.make_node("Mod", ["s", "s"], ["k"], name="folded_mod"),  # constant inputs: folded
-             h.make_node("MaxPool", ["g"], ["p", "idx"], name="pool", kernel_shape=[1, 1]),
+             h.make_node("BatchNormalization", ["g", "s", "s", "s", "s"], ["p", "mean"], name="bn_stats"),
              h.make_node("If", ["cond"], ["i"], name="branch", then_branch=then, else_branch=other),
              h.make_node("Add", ["p", "i"], ["y"], name="add")]
     return _model(nodes, [("x", T.FLOAT, [1, 3, 4, 4]), ("cond", T.BOOL, [])], ["y", "k"], 17,
@@ -180,7 +180,7 @@ def test_coverage_lists_every_problem_at_once() -> None:
                    ("operator", "Hardmax"): ["hm1", "hm2", "branch/inner_hardmax"],
                    ("attribute", "BatchNormalization"): ["bn"],
                    ("dtype", "Cast"): ["to_fp8"],
-                   ("output", "MaxPool"): ["pool"]}
+                   ("output", "BatchNormalization"): ["bn_stats"]}
     assert [p.kind for p in r.problems] == ["domain", "operator", "attribute", "dtype", "output"]
     text = r.to_text()
     assert "3 node(s): 'hm1', 'hm2', 'branch/inner_hardmax'" in text and "training_mode=1" in text
@@ -282,3 +282,18 @@ def test_nd_and_dilated_pooling(op: str, attrs: dict[str, Any]) -> None:
     shape = [1, 2, 5, 6] if len(attrs["kernel_shape"]) == 2 else [1, 2, 5, 6, 7]
     m = _model([h.make_node(op, ["x"], ["y"], **attrs)], [("x", T.FLOAT, shape)], ["y"], 19)
     _check(m, {"x": RNG.standard_normal(shape).astype(np.float32)})
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_max_pool_indices_match_onnxruntime(storage_order: int) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    node = h.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1],
+                       storage_order=storage_order)
+    m = _model([node], [("x", T.FLOAT, [2, 3, 5, 4])], ["y", "i"], 12)
+    m.graph.output[0].type.tensor_type.elem_type = T.FLOAT
+    m.graph.output[1].type.tensor_type.elem_type = T.INT64
+    x = RNG.integers(0, 4, (2, 3, 5, 4)).astype(np.float32)  # ties: the first maximum wins
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = RLXBackend.run_model(m, [x], freeze_inputs=False)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

@@ -613,7 +613,7 @@ _ATTR_RULES: dict[str, list[AttrRule]] = {
 }
 
 #: Operators whose trailing optional outputs the handler does not produce (how many it does).
-_MAX_OUTPUTS: dict[str, int] = {"MaxPool": 1, "BatchNormalization": 1}
+_MAX_OUTPUTS: dict[str, int] = {"BatchNormalization": 1}
 
 
 def _schema_attrs(op: str, opset: int) -> frozenset[str]:
@@ -1954,8 +1954,11 @@ def _pool(imp: _Importer, node: Any, ins: list, attrs: dict, kind: str) -> list:
             if (out - 1) * strides[i] >= size + pads[i]:
                 out -= 1  # the last window must start inside the input or the begin padding
             ceil_ext[i] = max(0, (out - 1) * strides[i] + span_k[i] - (size + pads[i] + pads[i + nd]))
-    if nd > 2 or any(d != 1 for d in dil) or (kind == "avg" and include_pad and any(ceil_ext)):
-        return [_pool_windows(imp, x, kind, kernel, strides, dil, pads, ceil_ext, include_pad)]
+    indices = kind == "max" and len(node.output) > 1 and bool(node.output[1])
+    column_major = bool(int(attrs.get("storage_order", 0)))
+    if indices or nd > 2 or any(d != 1 for d in dil) or (kind == "avg" and include_pad and any(ceil_ext)):
+        return _pool_windows(imp, x, kind, kernel, strides, dil, pads, ceil_ext, include_pad, indices,
+                             column_major)
     pads = pads[:nd] + [p + e for p, e in zip(pads[nd:], ceil_ext)]
     if nd == 1:
         x = g.op("reshape", x, shape=(x.shape[0], x.shape[1], 1, x.shape[2]))
@@ -1976,10 +1979,13 @@ _POOL_WINDOW_MAX = 512
 
 def _pool_windows(imp: _Importer, x: Tensor, kind: str, kernel: Sequence[int], strides: Sequence[int],
                   dil: Sequence[int], pads: Sequence[int], ceil_ext: Sequence[int],
-                  include_pad: bool) -> Tensor:
+                  include_pad: bool, indices: bool = False, column_major: bool = False) -> list[Tensor]:
     """N-d and dilated pooling (RLX's pools are 2-D, undilated) written out exactly: one strided slice
     of the padded input per kernel position, combined with maximum, or summed and divided by the
-    number of counted positions of each window (a constant: the shapes are static)."""
+    number of counted positions of each window (a constant: the shapes are static). MaxPool's
+    Indices (flat positions in the input: the spatial part row-major, or column-major for
+    storage_order=1, plus (n * C + c) * prod(spatial)) follow the first maximum in kernel order, as
+    ONNX Runtime's do."""
     g = imp.g
     nd = len(kernel)
     if not all(isinstance(n, int) for n in x.shape[2:]):
@@ -2000,14 +2006,38 @@ def _pool_windows(imp: _Importer, x: Tensor, kind: str, kernel: Sequence[int], s
     outs = [(padded[i] - ((kernel[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(nd)]
     axes = tuple(range(2, 2 + nd))
     acc: Tensor | None = None
+    idx: Tensor | None = None
+    grids = np.meshgrid(*[np.arange(o) for o in outs], indexing="ij")
     for pos in np.ndindex(*kernel):
         starts = tuple(j * d for j, d in zip(pos, dil))
         stops = tuple(st + (o - 1) * s + 1 for st, o, s in zip(starts, outs, strides))
         t = g.op("slice", xp, starts=starts, stops=stops, axes=axes, steps=tuple(strides))
+        if indices:
+            # This position's flat index in the unpadded input, per output element (padding is -inf,
+            # so it is never the maximum unless a window lies wholly in it: then ORT's index too is
+            # undefined, and such a window cannot occur without ceil_mode padding beyond the input).
+            coord = [grid * s + j * d - p for grid, s, j, d, p in zip(grids, strides, pos, dil, pads)]
+            flat = np.zeros(outs, np.int64)
+            for c, n in (zip(coord[::-1], sizes[::-1]) if column_major else zip(coord, sizes)):
+                flat = flat * n + c
+            here = imp.param(flat.reshape(1, 1, *outs), None)
+            if idx is None:
+                idx = g.op("expand", here, shape=tuple(t.shape))
+            else:
+                better = g.op("greater", t, acc)
+                idx = g.op("where", better, here, idx)
         acc = t if acc is None else g.op("maximum" if kind == "max" else "add", acc, t)
     assert acc is not None
     if kind == "max":
-        return acc
+        if idx is None:
+            return [acc]
+        # Add each (batch, channel)'s offset: (n * C + c) * prod(spatial).
+        bc = x.shape[:2]
+        if not all(isinstance(d, int) for d in bc):
+            raise imp.symbolic(f"MaxPool's Indices need a static batch and channel count (input {x.shape})")
+        off = (np.arange(int(bc[0]) * int(bc[1]), dtype=np.int64) * math.prod(sizes)).reshape(
+            int(bc[0]), int(bc[1]), *([1] * nd))
+        return [acc, idx + imp.param(off, None)]
     # The divisor per output position: kernel positions on the input (count_include_pad=0) or on the
     # input and its explicit padding (=1); ceil_mode's extension is never counted.
     mask = np.zeros(padded, np.float64)
@@ -2020,7 +2050,7 @@ def _pool_windows(imp: _Importer, x: Tensor, kind: str, kernel: Sequence[int], s
         count += mask[tuple(slice(j * d, j * d + (o - 1) * s + 1, s)
                             for j, d, o, s in zip(pos, dil, outs, strides))]
     divisor = imp.param(np.maximum(count, 1).astype(x.dtype.np).reshape(1, 1, *outs), None)
-    return acc / divisor
+    return [acc / divisor]
 
 
 @_handler("MaxPool")
