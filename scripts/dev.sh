@@ -146,6 +146,14 @@ case "$job" in
     log "distributions"
     build_dists
     bash scripts/dist_check.sh || die "the distributions do not install and run as README says"
+    # rlx export --target webgpu: tests run the ES-module loader under Deno's WebGPU (lavapipe); the deno
+    # npm package ships the binary. Without npm (or the registry) that test only syntax-checks the loader.
+    if ! command -v deno >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+      npm install --silent --no-audit --no-fund --prefix build/deno deno@2.9.6 >/dev/null 2>&1 \
+        || log "npm could not install deno: the webgpu export test will not run the loader"
+      dn=$(ls -d "$PWD"/build/deno/node_modules/@deno/*/ 2>/dev/null | head -1)
+      [ -n "$dn" ] && [ -x "$dn/deno" ] && export PATH="$dn:$PATH"
+    fi
     log "pytest"
     set +e
     RLX_CERT_DIR="$PWD/build/certificates" "$PY" -m pytest --benchmark-disable "${@:2}"
