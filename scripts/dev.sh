@@ -49,10 +49,10 @@ log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 # rlx-cpu with its oneDNN extra: the configuration the benchmarks and certificates are made with.
 "${PIP[@]}" -e . -e "plugins/rlx-cpu[onednn]" -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
   -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga \
-  -e plugins/rlx-webgpu -e plugins/rlx-opencl
+  -e plugins/rlx-webgpu -e plugins/rlx-opencl -e plugins/rlx-opengl
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl)
+CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl opengl)
 
 # certify DIR [--results]: certificates of every CI plugin in DIR; with --results also every check's
 # result (DIR/B.results.json), which the tests then reuse (RLX_CERT_DIR) instead of running the suite again.
@@ -109,6 +109,11 @@ case "$job" in
     # OpenCL: PoCL's CPU device through the ICD loader.
     ls /etc/OpenCL/vendors/pocl*.icd >/dev/null 2>&1 || need_apt+=(pocl-opencl-icd)
     ldconfig -p | grep -q libOpenCL.so.1 || need_apt+=(ocl-icd-libopencl1)
+    # OpenGL: Mesa's llvmpipe through headless EGL (the glvnd loaders, Mesa's EGL vendor, its DRI driver).
+    ldconfig -p | grep -q libEGL.so.1 || need_apt+=(libegl1)
+    ldconfig -p | grep -q libGL.so.1 || need_apt+=(libgl1)
+    ls /usr/share/glvnd/egl_vendor.d/*mesa*.json >/dev/null 2>&1 || need_apt+=(libegl-mesa0)
+    ls /usr/lib/*/dri/swrast_dri.so >/dev/null 2>&1 || need_apt+=(libgl1-mesa-dri)
     # FPGA RTL: simulated with Icarus Verilog, resources from yosys synthesis.
     command -v iverilog >/dev/null 2>&1 || need_apt+=(iverilog)
     command -v yosys >/dev/null 2>&1 || need_apt+=(yosys)

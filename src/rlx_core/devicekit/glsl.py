@@ -64,6 +64,8 @@ WG = 64
 TYPES = {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool", DType.I64: "int64_t"}
 ESIZE = {DType.F32: 4, DType.I32: 4, DType.BOOL: 1, DType.I64: 8}
 
+# rlx_tanh passes NaN through explicitly: tanh(NaN) is undefined in GLSL (llvmpipe's OpenGL path
+# gives -1, its Vulkan path NaN).
 HEADER = """%(version)s
 layout(local_size_x = %(wx)d, local_size_y = %(wy)d) in;
 layout(std430, %(set)sbinding = 0) buffer Arena { uint A[]; };
@@ -82,7 +84,7 @@ int rlx_idiv(int a, int b) {
   int s = ((a > 0) == (b > 0) || a == 0) ? 1 : -1;
   return int(q) * s;
 }
-float rlx_tanh(float x) { return abs(x) > 15.0 ? sign(x) : tanh(x); }
+float rlx_tanh(float x) { return x != x ? x : (abs(x) > 15.0 ? sign(x) : tanh(x)); }
 float rlx_exp(float x) { return x != x ? x : (x > 88.8 ? rlx_inf() : (x < -104.0 ? 0.0 : exp(x))); }
 float rlx_log(float x) {
   return x != x ? x : (x < 0.0 ? rlx_nan() : (x == 0.0 ? -rlx_inf() : (isinf(x) ? x : log(x))));
