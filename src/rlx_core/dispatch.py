@@ -226,7 +226,10 @@ def legalize(graph: Graph, dispatcher: Dispatcher) -> Legalized:
 
     for node in graph.nodes:
         plan = plans[node.name]
-        outs = emit(plan, [env[i] for i in node.inputs], node.name, plan.kind, node.name)
+        # A native node keeps its value's name (a named output stays addressable by that name in
+        # the program); its origin stays the node's name for reports.
+        keep = node.outputs[0] if len(node.outputs) == 1 else node.name
+        outs = emit(plan, [env[i] for i in node.inputs], node.name, plan.kind, keep)
         for o, t in zip(node.outputs, outs):
             env[o] = t
     out_map = tuple((o, env[o].name) for o in graph.outputs)
