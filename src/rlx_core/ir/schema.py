@@ -214,6 +214,11 @@ class OpSchema:
         if self.level == "hir" and self.decompose is None:
             raise IRError(f"HIR op {self.name!r} has no decomposition into MIR",
                           fix="every HIR op must provide decompose=...")
+        if len(set(self.dtypes)) != len(tuple(self.dtypes)):
+            # each dtype would get its conformance cases twice, under the same check ids
+            names = [getattr(d, "value", d) for d in self.dtypes]
+            raise IRError(f"op {self.name!r} lists a dtype twice: {names}",
+                          fix="list each accepted dtype once")
         for field_name, value, allowed in (("amp", self.amp, AMP_CLASSES),
                                            ("fusion", self.fusion, FUSION_CLASSES),
                                            ("accuracy", self.accuracy, ACCURACY_CLASSES)):

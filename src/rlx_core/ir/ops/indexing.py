@@ -147,7 +147,7 @@ register_op(OpSchema(
     attrs=(AttrSpec("axis", "int", default=0),
            AttrSpec("reduction", "str", default="none", choices=REDUCTIONS,
                     doc="none (last duplicate wins), add, mul, max or min")),
-    level="hir", category="movement", dtypes=REAL + INDEX_DTYPES, decompose=_dec_scatter_reduce,
+    level="hir", category="movement", dtypes=REAL, decompose=_dec_scatter_reduce,
     index_inputs=(IndexInput(1),), flops=lambda i, o, a: float(i[2].numel()), differentiable=False,
     doc="ONNX ScatterElements: out = x; out[.., indices[j], ..] = reduce(out[..], updates[j]) along "
         "axis; reduction none (the last of duplicate indices wins), add, mul, max or min. Indices follow "
