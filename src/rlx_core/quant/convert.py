@@ -411,7 +411,9 @@ def quantize_weights_int4(graph: Graph, *, group_size: int = 32, min_elements: i
                    group_size=group_size, name=f"{p.name}_dequantized")
         env[p.name] = b.op("transpose", deq, perm=(1, 0), name=f"{p.name}_t") if rhs else deq
     for n in graph.nodes:
-        res = b.op(n.op, *[env[i] for i in n.inputs], name=n.name, **dict(n.attrs))
+        # A single-output node's value keeps its name (a named graph output is a value name).
+        res = b.op(n.op, *[env[i] for i in n.inputs], name=n.outputs[0] if len(n.outputs) == 1 else n.name,
+                   **dict(n.attrs))
         for o, t in zip(n.outputs, res if isinstance(res, tuple) else (res,)):
             env[o] = t
     for o in graph.outputs:
