@@ -2,10 +2,10 @@
 
     python bench/onnx_zoo.py [--models a,b] [--all] [--reps 30] [--json PATH]
 
-Every model of tests/_zoo.py (random weights, tiny configs) is exported with dynamic axes, by the
-TorchScript exporter, else by the dynamo one (the first file that imports and matches ONNX Runtime
-within 1e-4 x output scale is timed); the same feeds run through ``Executable.run`` on rlx-cpu and
-``InferenceSession.run`` on ONNX Runtime's CPU provider (its default threads), interleaved, after
+Every model of tests/_zoo.py (random weights, tiny configs) is exported with static shapes at each
+batch, by the TorchScript exporter, else by the dynamo one (the first file that imports and matches
+ONNX Runtime within 1e-4 x output scale is timed); the same feeds run through ``Executable.run`` on
+rlx-cpu, then ``InferenceSession.run`` on ONNX Runtime's CPU provider (default threads), each after
 warm-up runs. Prints p50s and the RLX/ORT ratio per model and batch, and their geometric mean; a
 model that cannot run is listed with the reason. ``--all`` adds the zoo_slow models (Swin, RetinaNet).
 Exports are cached where the tests cache them (.pytest_cache/rlx-onnx-zoo/).
@@ -48,27 +48,31 @@ def bench_model(name: str, reps: int, cache: Path) -> dict[str, Any]:
     from rlx_core.frontends.onnx import load_onnx
     from rlx_core.runtime import Session
 
-    problems = []
-    for exporter in _zoo.EXPORTERS:
-        try:
-            path = _zoo.export(name, exporter, True, cache)
-            err = _zoo.compare(path, _zoo.check_feeds(name, True))
-        except Exception as e:  # reported per model; the run goes on
-            problems.append(f"{exporter}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-            continue
-        if err > _zoo.RTOL:
-            problems.append(f"{exporter}: max error {err:.3g} x scale")
-            continue
-        exe = Session("cpu").compile(load_onnx(path))
-        sess = _zoo.ort_session(path)
-        row: dict[str, Any] = {"model": name, "exporter": exporter, "file": path.name}
-        for b in BATCHES:
+    row: dict[str, Any] = {"model": name}
+    for b in BATCHES:
+        problems = []
+        for exporter in _zoo.EXPORTERS:
             feeds = _zoo.feeds(name, b)
+            try:
+                path = _zoo.export(name, exporter, False, cache, batch=b)
+                err = _zoo.compare(path, [feeds])
+            except Exception as e:  # reported per model; the run goes on
+                problems.append(f"{exporter}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                continue
+            if err > _zoo.RTOL:
+                problems.append(f"{exporter}: max error {err:.3g} x scale")
+                continue
+            exe = Session("cpu").compile(load_onnx(path))
+            sess = _zoo.ort_session(path)
             rlx = _p50(exe.run, feeds, reps)
             ort = _p50(lambda f, s=sess: s.run(None, f), feeds, reps)
-            row[f"b{b}"] = {"rlx_ms": rlx, "ort_ms": ort, "ratio": rlx / ort}
-        return row
-    return {"model": name, "skipped": "; ".join(problems)}
+            row[f"b{b}"] = {"exporter": exporter, "rlx_ms": rlx, "ort_ms": ort, "ratio": rlx / ort,
+                            "max_rel_error": err}
+            break
+        else:
+            row["skipped"] = "; ".join(problems)
+            return row
+    return row
 
 
 def main() -> None:
@@ -88,14 +92,14 @@ def main() -> None:
     cache = ROOT / ".pytest_cache" / "rlx-onnx-zoo"
     rows = []
     head = " ".join(f"{'b' + str(b) + ' rlx ms':>11} {'ort ms':>8} {'ratio':>6}" for b in BATCHES)
-    print(f"{'model':26} {'exporter':8} {head}", flush=True)
+    print(f"{'model':26} {head}", flush=True)
     for name in names:
         row = bench_model(name, args.reps, cache)
         rows.append(row)
         if "skipped" in row:
             print(f"{name:26} skipped: {row['skipped']}", flush=True)
             continue
-        print(f"{name:26} {row['exporter']:8} " + " ".join(
+        print(f"{name:26} " + " ".join(
             f"{row[f'b{b}']['rlx_ms']:11.3f} {row[f'b{b}']['ort_ms']:8.3f} {row[f'b{b}']['ratio']:6.2f}"
             for b in BATCHES), flush=True)
     geo = {}

@@ -574,19 +574,22 @@ def built(name: str) -> Built:
     return _BUILT[name]
 
 
-def export(name: str, exporter: str, dynamic: bool, root: Path) -> Path:
-    """Export ``name`` once (file cached under ``cache_dir(root)``); returns the .onnx path."""
+def export(name: str, exporter: str, dynamic: bool, root: Path, batch: int = EXPORT_BATCH) -> Path:
+    """Export ``name`` once (file cached under ``cache_dir(root)``); returns the .onnx path.
+
+    ``batch``: the example batch (a static file is fixed to it; bench/onnx_zoo.py exports 1 and 8)."""
     import torch
 
     model = ZOO[name]
     opset = model.opsets[EXPORTERS.index(exporter)]
     folder = cache_dir(root)
-    path = folder / f"{name}-{exporter}-{'dynamic' if dynamic else 'static'}-opset{opset}.onnx"
+    at = "" if batch == EXPORT_BATCH else f"-batch{batch}"
+    path = folder / f"{name}-{exporter}-{'dynamic' if dynamic else 'static'}-opset{opset}{at}.onnx"
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
     b = built(name)
-    example = b.inputs(EXPORT_BATCH, False)
+    example = b.inputs(batch, False)
     kw: dict[str, Any] = {"input_names": list(b.input_names), "output_names": list(b.output_names),
                           "opset_version": opset}
     if exporter == "dynamo":
