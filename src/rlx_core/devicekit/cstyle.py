@@ -590,7 +590,8 @@ def claims(kd: KernelDialect, prefix: str, *, extra_op_ok: OpOk | None = None) -
         claim("softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
         claim("log_softmax", F32, predicate=_last_axis, constraint="last axis, one thread per row"),
         claim("layer_norm", F32, constraint="one thread per row, two-pass statistics"),
-        claim("reduce_sum", F32), claim("reduce_mean", F32), claim("reduce_max", F32), claim("reduce_min", F32),
+        claim("reduce_sum", F32), claim("reduce_mean", F32), claim("reduce_max", F32),
+        claim("reduce_min", F32),
         claim("reshape", FIB, in_place=True), claim("transpose", FIB), claim("expand", FIB),
         claim("slice", FIB), claim("concat", FIB), claim("pad", FIB),
         claim("gather", FIB | INDEX, out_dtypes=FIB),
@@ -599,7 +600,7 @@ def claims(kd: KernelDialect, prefix: str, *, extra_op_ok: OpOk | None = None) -
     return out
 
 
-__all__ = ["KERNEL_DIALECTS", "METAL", "OPENCL", "KernelDialect", "claims", "copy_source", "elementwise_source",
-           "fill_source", "fits", "gather_source", "iota_source", "kernel_name", "launches",
-           "layer_norm_source", "literal", "matmul_source", "module", "op_ok", "program_ops", "reduce_source",
-           "softmax_source"]
+__all__ = ["KERNEL_DIALECTS", "METAL", "OPENCL", "KernelDialect", "claims", "copy_source",
+           "elementwise_source", "fill_source", "fits", "gather_source", "iota_source", "kernel_name",
+           "launches", "layer_norm_source", "literal", "matmul_source", "module", "op_ok", "program_ops",
+           "reduce_source", "softmax_source"]
