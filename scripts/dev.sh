@@ -146,7 +146,7 @@ case "$job" in
     # run; a busy machine makes it inconclusive, never a failure: see rlx_core/costmodel_check.py).
     log "cost model check"
     cost_rc=0
-    "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan --json build/costmodel.json || cost_rc=$?
+    "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan webgpu opencl opengl --json build/costmodel.json || cost_rc=$?
     # The README's install lines, from built distributions only (fresh venvs outside the repo).
     log "distributions"
     build_dists
