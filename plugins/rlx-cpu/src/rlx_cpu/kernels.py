@@ -82,11 +82,12 @@ def k_int_div(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attr
     o = outs[0]
 
     def run() -> None:
-        # C semantics (truncate toward zero) computed in i64 so |INT_MIN| cannot overflow first.
+        # C semantics (truncate toward zero), exact for every pair: a - fmod(a, b) is a multiple of b.
+        # (|a| // |b| overflowed for INT64_MIN.) A zero divisor gives 0, like the reference.
         a64, b64 = a.astype(np.int64), b.astype(np.int64)
-        q = np.abs(a64) // np.abs(b64)
-        neg = (a64 < 0) != (b64 < 0)
-        np.copyto(o, np.where(neg, -q, q), casting="unsafe")
+        with np.errstate(divide="ignore", over="ignore"):
+            q = (a64 - np.fmod(a64, b64)) // np.where(b64 == 0, 1, b64)
+        np.copyto(o, np.where(b64 == 0, 0, q), casting="unsafe")
     return run
 
 

@@ -180,25 +180,18 @@ def _p(dt: DType) -> str:
 
 
 def _int_div(em: Emit, a: str, b: str, dt: DType) -> str:
-    """The reference's integer division: sign(a)*sign(b) * (|a| // |b|) with NumPy's floor ``//``
-    on two's-complement absolute values, 0 for a zero divisor, computed in i64, wrapped back."""
+    """The reference's integer division: C semantics (truncate toward zero, what ``i64.div_s``
+    does), 0 for a zero divisor, and INT_MIN / -1 wrapping to INT_MIN (``div_s`` would trap on both);
+    computed in i64, wrapped back."""
     wide = dt is D.I64
     wa = em.let(a if wide else f"(i64.extend_i32_s {a})", "i64", "a")
     wb = em.let(b if wide else f"(i64.extend_i32_s {b})", "i64", "b")
-    aa = em.let(f"(select (i64.sub {i64(0)} {wa}) {wa} (i64.lt_s {wa} {i64(0)}))", "i64", "aa")
-    bb = em.let(f"(select {i64(1)} (select (i64.sub {i64(0)} {wb}) {wb} (i64.lt_s {wb} {i64(0)})) "
-                f"(i64.eqz {wb}))", "i64", "bb")
-    q = em.let(f"(i64.div_s {aa} {bb})", "i64", "q")
-    r = f"(i64.rem_s {aa} {bb})"
-    floor_adj = (f"(i64.extend_i32_u (i32.and (i64.ne {r} {i64(0)}) "
-                 f"(i32.xor (i64.lt_s {aa} {i64(0)}) (i64.lt_s {bb} {i64(0)}))))")
-    q = em.let(f"(i64.sub {q} {floor_adj})", "i64", "q")
-
-    def sgn(x: str) -> str:
-        return (f"(i64.sub (i64.extend_i32_u (i64.gt_s {x} {i64(0)})) "
-                f"(i64.extend_i32_u (i64.lt_s {x} {i64(0)})))")
-
-    res = f"(select {i64(0)} (i64.mul {q} (i64.mul {sgn(wa)} {sgn(wb)})) (i64.eqz {wb}))"
+    # A divisor that would trap (0, or -1 under INT64_MIN) is replaced by 1; the select fixes the result.
+    zero = f"(i64.eqz {wb})"
+    minus1 = f"(i32.and (i64.eq {wb} {i64(-1)}) (i64.eq {wa} {i64(-2**63)}))"
+    safe = em.let(f"(select {i64(1)} {wb} (i32.or {zero} {minus1}))", "i64", "bs")
+    q = f"(i64.div_s {wa} {safe})"
+    res = f"(select {i64(0)} {q} {zero})"
     return res if wide else canon(dt, f"(i32.wrap_i64 {res})")
 
 

@@ -241,9 +241,12 @@ unary("logical_not", np.logical_not, BOOL, "not x", expr=lambda d, x, dt: d.logi
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind in "iu":
-        q = np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64))
-        return (q * (np.sign(a).astype(np.int64) * np.sign(b).astype(np.int64))).astype(
-            np.result_type(a, b))
+        # C semantics (truncate toward zero), exact for every pair: a - fmod(a, b) is a multiple of b,
+        # so the floor division is exact. (|a| // |b| overflowed for INT64_MIN.) A zero divisor gives 0.
+        a64, b64 = a.astype(np.int64), b.astype(np.int64)
+        with np.errstate(divide="ignore", over="ignore"):
+            q = (a64 - np.fmod(a64, b64)) // np.where(b64 == 0, 1, b64)
+        return np.where(b64 == 0, 0, q).astype(np.result_type(a, b))
     return a / b
 
 
