@@ -45,7 +45,8 @@ What is here, by role:
   ``cstyle.launches`` lowering LIR steps, for any ``KernelDialect``), ``KERNEL_DIALECTS`` (Metal,
   OpenCL; since 1.1); ``glsl`` (the GLSL compute-shader library: templates, ``glsl.GlslProgram``
   lowering LIR steps to dispatches, ``glsl.claims``, for any ``GlslFlavour``), ``GLSL_FLAVOURS``
-  (Vulkan, OpenGL; since 1.1); ``vulkan`` (the Vulkan runtime: context, buffers, SPIR-V pipelines,
+  (Vulkan, OpenGL; since 1.1); ``hlsl`` (the HLSL compute-shader library: ``hlsl.HlslProgram``,
+  ``hlsl.claims``, ``hlsl.translate``); ``vulkan`` (the Vulkan runtime: context, buffers, SPIR-V pipelines,
   command-buffer record + replay, ``vulkan.SpirvCompiler``);
 * quantized ops: ``register_quant_ops``, ``quantize_graph``, ``softmax_lut``, ``pool_geometry``;
 * exporters (``rlx export --target T``): ``export_options``, ``echo_json``, ``parse_pairs``,
@@ -172,6 +173,7 @@ _LAZY: dict[str, str] = {
     "glsl": "rlx_core.devicekit.glsl:",
     "GlslFlavour": "rlx_core.devicekit.glsl",
     "GLSL_FLAVOURS": "rlx_core.devicekit.glsl",
+    "hlsl": "rlx_core.devicekit.hlsl:",
     "vulkan": "rlx_core.devicekit.vulkan:",
     "single_op_program": "rlx_core.devicekit",
     "program_of": "rlx_core.devicekit",
@@ -238,7 +240,7 @@ __all__ = [
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
     "BufferBinding", "CapabilityError", "FusionRule", "Region", "cstyle", "KernelDialect", "KERNEL_DIALECTS",
-    "glsl", "GlslFlavour", "GLSL_FLAVOURS", "vulkan",
+    "glsl", "GlslFlavour", "GLSL_FLAVOURS", "hlsl", "vulkan",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -282,6 +284,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
         elementwise_claims,
         fused_claim,
         glsl,
+        hlsl,
         program_of,
         render_check,
         renders,

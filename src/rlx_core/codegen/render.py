@@ -69,6 +69,12 @@ def _c_lit(v: float, dt: DType) -> str:
     return s + ("f" if dt is DType.F32 else "")
 
 
+def _hlsl_lit(v: float, dt: DType) -> str:
+    s = repr(float(v))
+    bits = {"inf": "0x7f800000u", "-inf": "0xff800000u", "nan": "0x7fc00000u"}.get(s)
+    return f"asfloat({bits})" if bits else s
+
+
 _CTYPES = {DType.F32: "float", DType.F64: "double", DType.I32: "int", DType.I64: "long long",
            DType.I8: "signed char", DType.I16: "short", DType.U8: "unsigned char", DType.BOOL: "bool"}
 
@@ -86,6 +92,10 @@ DIALECTS: dict[str, Dialect] = {
     "glsl": Dialect("glsl", {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool"},
                     lambda op, dt: {"round": "roundEven"}.get(op, op), cast="{type}({x})",
                     has_erf=False, literal=lambda v, dt: repr(float(v))),
+    # HLSL (Shader Model 5/6): C casts as constructors, round() is round-half-to-even, no inf/nan
+    # literals (bit patterns instead), no erf (the polynomial); a backend adds its helpers on top.
+    "hlsl": Dialect("hlsl", {DType.F32: "float", DType.I32: "int", DType.BOOL: "bool"},
+                    lambda op, dt: op, cast="{type}({x})", has_erf=False, literal=_hlsl_lit),
     "wgsl": Dialect("wgsl", {DType.F32: "f32", DType.I32: "i32", DType.BOOL: "bool"},
                     lambda op, dt: op, statement="let {name}: {type} = {expr};",
                     ternary="select({b}, {a}, {c})", cast="{type}({x})", has_erf=False,
