@@ -49,10 +49,10 @@ log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 # rlx-cpu with its oneDNN extra: the configuration the benchmarks and certificates are made with.
 "${PIP[@]}" -e . -e "plugins/rlx-cpu[onednn]" -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
   -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga \
-  -e plugins/rlx-webgpu -e plugins/rlx-opencl -e plugins/rlx-opengl
+  -e plugins/rlx-webgpu -e plugins/rlx-opencl -e plugins/rlx-opengl -e plugins/rlx-directx
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl opengl)
+CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl opengl directx)
 
 # certify DIR [--results]: certificates of every CI plugin in DIR; with --results also every check's
 # result (DIR/B.results.json), which the tests then reuse (RLX_CERT_DIR) instead of running the suite again.
@@ -146,7 +146,7 @@ case "$job" in
     # run; a busy machine makes it inconclusive, never a failure: see rlx_core/costmodel_check.py).
     log "cost model check"
     cost_rc=0
-    "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan webgpu opencl opengl --json build/costmodel.json || cost_rc=$?
+    "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan webgpu opencl opengl directx --json build/costmodel.json || cost_rc=$?
     # The README's install lines, from built distributions only (fresh venvs outside the repo).
     log "distributions"
     build_dists
