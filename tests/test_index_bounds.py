@@ -22,7 +22,7 @@ from rlx_core.errors import BackendNotFoundError, DispatchError, InputError, IRE
 from rlx_core.ir.reference import evaluate
 
 SENTINEL = 12345.0
-BACKENDS = ("cpu", "wasm", "vulkan", "metal", "webgpu", "opengl")
+BACKENDS = ("cpu", "wasm", "vulkan", "metal", "webgpu", "opengl", "directx")
 #: Backends whose kernels flag a device-side out-of-range index (an InputError) instead of giving 0.
 FLAGS = frozenset({"cpu", "wasm"})
 
