@@ -17,7 +17,7 @@ from ._hub import hub as get_hub
 from .costmodel import kernel_cost, transfer_cost
 from .dispatch import Dispatcher, Legalized, Plan, legalize
 from .errors import BackendNotFoundError, CapabilityError, DispatchError, InputError, PluginError
-from .execution import DEFAULT_MAX_SPECIALIZATIONS, bind_inputs
+from .execution import DEFAULT_MAX_SPECIALIZATIONS, InputBinder, bind_inputs
 from .execution import SpecCache as _SpecCache
 from .execution import report_entry as _entry
 from .ir.graph import Graph
@@ -341,6 +341,10 @@ class Executable:
         self.report: DispatchReport | None = None
         self._specs = _SpecCache(getattr(session, "max_specializations", DEFAULT_MAX_SPECIALIZATIONS))
         self._lock = threading.Lock()
+        self._binder = InputBinder(graph)
+        #: the one specialisation of a graph without symbols (its run skips the cache lookup)
+        self._static: tuple[Any, Program, threading.Lock] | None = None
+        self._where = f"graph {graph.name!r} on {self.device.name}"
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -364,14 +368,16 @@ class Executable:
             self.report = self.session.report_for(legal, program, bindings, cached)
             entry = (compiled, program, threading.Lock())
             self._specs.put(key, entry)
+            if not self.graph.symbols:
+                self._static = entry
             return entry
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
         feed = dict(inputs or {})
         feed.update(kw)
-        where = f"graph {self.graph.name!r} on {self.device.name}"
-        arrays, bindings = bind_inputs(self.graph, feed, where)
-        compiled, program, lock = self._specialise(bindings)
+        where = self._where
+        arrays, bindings = self._binder.bind(feed, where)
+        compiled, program, lock = self._static or self._specialise(bindings)
         with lock:
             try:
                 raw = compiled.run(arrays)
