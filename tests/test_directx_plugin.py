@@ -68,19 +68,21 @@ def test_mlp_matches_reference_natively(device: Any) -> None:
 def test_i64_word_pairs_and_bool(device: Any) -> None:
     """i64 values are (low, high) uint2 pairs in the HLSL library: wrap-around, signed order, casts."""
     g = GraphBuilder("dx_i64")
-    a = g.input("a", "i64", (6,))
-    b = g.input("b", "i64", (6,))
+    a = g.input("a", "i64", (8,))
+    b = g.input("b", "i64", (8,))
     g.output(g.add(g.mul(a, b), g.neg(a)), "mix")
     g.output(g.less(a, b), "lt")
     g.output(g.maximum(a, b), "hi")
     g.output(g.cast(a, to="i32"), "low")
+    g.output(g.cast(a, to="f32"), "f")  # rounded once, to nearest even
     big = np.iinfo(np.int64)
-    av = np.array([3, -7, big.max, big.min, 1 << 33, -(1 << 40) + 5], np.int64)
-    bv = np.array([-2, -7, 2, -1, (1 << 31) + 3, 1 << 20], np.int64)
+    av = np.array([3, -7, big.max, big.min, 1 << 33, -(1 << 40) + 5, (1 << 40) + (1 << 16) + 1,
+                   -((1 << 56) + (1 << 32))], np.int64)
+    bv = np.array([-2, -7, 2, -1, (1 << 31) + 3, 1 << 20, 5, -3], np.int64)
     feed = {"a": av, "b": bv}
     got = Session("directx", use_cache=False).compile(g.build()).run(feed)
     want = evaluate(g.build(), feed)
-    for k in ("mix", "lt", "hi", "low"):
+    for k in ("mix", "lt", "hi", "low", "f"):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 

@@ -134,6 +134,20 @@ uint2 l_sel(bool c, uint2 a, uint2 b) { if (c) return a; return b; }
 uint2 l_max(uint2 a, uint2 b) { if (l_lt(a, b)) return b; return a; }
 uint2 l_min(uint2 a, uint2 b) { if (l_lt(b, a)) return b; return a; }
 uint2 l_of(int x) { return uint2(uint(x), x < 0 ? 0xffffffffu : 0u); }
+// i64 -> f32 rounded once (to nearest even): the top 32 bits from the leading one, the bits below
+// folded into bit 0 (below the rounding bit), converted, scaled by a power of two (exact)
+float l_tof(uint2 a) {
+  bool neg = int(a.y) < 0;
+  uint2 m = l_sel(neg, l_neg(a), a);
+  if (m.y == 0u) return neg ? -float(m.x) : float(m.x);
+  uint sh = 31u - firstbithigh(m.y);
+  uint v = m.y;
+  if (sh != 0u) v = (m.y << sh) | (m.x >> (32u - sh));
+  if ((m.x << sh) != 0u) v |= 1u;
+  // times 2^(32-sh) written by its bits: ldexp gave inf here (glslang 12, lavapipe)
+  float r = float(v) * asfloat((127u + 32u - sh) << 23);
+  return neg ? -r : r;
+}
 """
 _L_BINARY = {"add": "l_add({a}, {b})", "sub": "l_sub({a}, {b})", "mul": "l_mul({a}, {b})",
              "maximum": "l_max({a}, {b})", "minimum": "l_min({a}, {b})", "equal": "l_eq({a}, {b})",
@@ -149,7 +163,7 @@ def _rule64(op: str, args: Sequence[str], in_types: Sequence[DType], out: DType,
     if op == "cast":
         src = in_types[0]
         if src is DType.I64:
-            conv = {DType.I64: args[0], DType.I32: f"int({args[0]}.x)",
+            conv = {DType.I64: args[0], DType.I32: f"int({args[0]}.x)", DType.F32: f"l_tof({args[0]})",
                     DType.BOOL: f"(({args[0]}.x | {args[0]}.y) != 0u)"}
         else:
             conv = {DType.I64: {DType.I32: f"l_of({args[0]})",
