@@ -86,6 +86,23 @@ def test_i64_word_pairs_and_bool(device: Any) -> None:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
+def test_sin_cos_pow_accurate_for_large_and_special_arguments(device: Any) -> None:
+    """The library's Payne-Hanek sin/cos (32-bit words + a double) and pow, against float64 NumPy."""
+    g = GraphBuilder("dx_trig")
+    x = g.input("x", "f32", (7,))
+    y = g.input("y", "f32", (7,))
+    g.output(g.sin(x), "s")
+    g.output(g.cos(x), "c")
+    g.output(g.pow(g.abs(x), y), "p")
+    xv = np.array([3.0e30, -1.0e10, 7.0, 0.5, 1.0e-40, 123456.78, -3.4e38], np.float32)
+    yv = np.array([0.0, -0.5, 2.5, 3.0, 0.25, -1.5, 0.125], np.float32)
+    out = Session("directx", use_cache=False).compile(g.build()).run({"x": xv, "y": yv})
+    x64 = xv.astype(np.float64)
+    np.testing.assert_allclose(out["s"], np.sin(x64), rtol=0, atol=2e-7)
+    np.testing.assert_allclose(out["c"], np.cos(x64), rtol=0, atol=2e-7)
+    np.testing.assert_allclose(out["p"], np.abs(x64) ** yv.astype(np.float64), rtol=3e-7)
+
+
 def _elementwise_ops() -> list[tuple[str, int, Any]]:
     from rlx_core.plugin import REGISTRY, DType
 
@@ -102,8 +119,8 @@ def _elementwise_ops() -> list[tuple[str, int, Any]]:
 
 def test_hlsl_dialect_renders_every_elementwise_op(tmp_path: Path) -> None:
     """Every elementwise op in the shared renderer's plain "hlsl" dialect, for each of f32/i32/bool it
-    takes, inside one shader that glslang's HLSL front end must accept (sin/cos/pow included: the
-    dialect renders them; only the kit library refuses them for accuracy)."""
+    takes, inside one shader that glslang's HLSL front end must accept (sin/cos/pow as the plain
+    dialect's built-ins; the kit library replaces them with its accurate helpers)."""
     from rlx_core.plugin import DType, render_program, single_op_program, vulkan
 
     exe = vulkan.glslang()

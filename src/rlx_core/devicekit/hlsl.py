@@ -91,17 +91,111 @@ def entry(wx: int = WG, wy: int = 1) -> str:
 
 
 _HLSL = DIALECTS["hlsl"]
-#: built-ins replaced by the helpers in :data:`HEADER` (drivers' built-ins differ on special values)
-HELPERS = {"exp": "rlx_exp", "log": "rlx_log", "tanh": "rlx_tanh"}
-#: ops whose HLSL built-ins are not accurate enough over the f32 range (large-argument sin/cos,
-#: pow's special cases): refused, so they run through decompositions or stay unclaimed
-REFUSED = frozenset({"sin", "cos", "pow"})
+#: built-ins replaced by the helpers in :data:`HEADER` and :data:`WIDE` (drivers' built-ins differ
+#: on special values and lose accuracy for large sin/cos arguments)
+HELPERS = {"exp": "rlx_exp", "log": "rlx_log", "tanh": "rlx_tanh", "sin": "rlx_sin", "cos": "rlx_cos",
+           "pow": "rlx_pow"}
+
+#: sin/cos/pow as the GLSL library computes them (its WIDE helpers): Payne-Hanek reduction by 2/pi,
+#: here with 32-bit words (16-bit partial products: no 64-bit integers in glslang's HLSL) and a
+#: double for the reduced angle (the device's shaderFloat64), then Cephes polynomials on
+#: [-pi/4, pi/4]; pow through a double log2 product, with frexp/ldexp done on the bits (powers of
+#: two as bit patterns: ldexp gave inf on glslang 12 + lavapipe). Branches rather than ?: where an
+#: operand would index past an array.
+WIDE = """static const uint TWO_OVER_PI[10] = {
+  0xA2F9836Eu, 0x4E441529u, 0xFC2757D1u, 0xF534DDC0u, 0xDB629599u,
+  0x3C439041u, 0xFE5163ABu, 0xDEBBC561u, 0xB7246E3Au, 0x424DD2E0u};
+uint rlx_bits32(int j) {  // bits j..j+31 of 2/pi (bit j has weight 2^-j; bits j <= 0 are 0)
+  int p = j - 1;
+  if (p < 0) { int n = -p; if (n >= 32) return 0u; return TWO_OVER_PI[0] >> uint(n); }
+  int w = p >> 5; uint o = uint(p & 31);
+  uint hi = 0u, lo = 0u;
+  if (w < 10) hi = TWO_OVER_PI[w];
+  if (w + 1 < 10) lo = TWO_OVER_PI[w + 1];
+  if (o == 0u) return hi;
+  return (hi << o) | (lo >> (32u - o));
+}
+uint2 rlx_mul32(uint a, uint b) {  // the full 64-bit product (low, high)
+  uint a0 = a & 0xffffu, a1 = a >> 16, b0 = b & 0xffffu, b1 = b >> 16;
+  uint p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0;
+  uint mid = (p00 >> 16) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return uint2((p00 & 0xffffu) | (mid << 16), a1 * b1 + (p01 >> 16) + (p10 >> 16) + (mid >> 16));
+}
+// |x| * 2/pi mod 4 exactly: quadrant q and the angle r in [-pi/4, pi/4]
+float rlx_reduce(float x, out int q) {
+  uint u = asuint(abs(x));
+  int E = int(u >> 23); uint mant = (u & 0x7fffffu) | (E > 0 ? 0x800000u : 0u);
+  if (E == 0) E = 1;
+  int j0 = E - 152;
+  uint2 p = rlx_mul32(mant, rlx_bits32(j0 + 33));
+  p.y += mant * rlx_bits32(j0 + 1);
+  uint t = rlx_mul32(mant, rlx_bits32(j0 + 65)).y;
+  uint lo = p.x + t; uint hi = p.y + (lo < p.x ? 1u : 0u);
+  q = int(hi >> 30);
+  double f = double(hi & 0x3fffffffu) * 9.313225746154785e-10L + double(lo) * 2.168404344971009e-19L;
+  if (f >= 0.5L) { f -= 1.0L; q += 1; }
+  return float(f * 1.5707963267948966192L);
+}
+float rlx_sinp(float r) {
+  float z = r * r;
+  return r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * (-1.9515295891e-4)));
+}
+float rlx_cosp(float r) {
+  float z = r * r;
+  return 1.0 - 0.5 * z
+         + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+}
+float rlx_sin(float x) {
+  if (isnan(x) || isinf(x)) return rlx_nan();
+  if (abs(x) <= 0.78539816) return rlx_sinp(x);
+  int q; float r = rlx_reduce(x, q); q &= 3;
+  float v = q == 0 ? rlx_sinp(r) : q == 1 ? rlx_cosp(r) : q == 2 ? -rlx_sinp(r) : -rlx_cosp(r);
+  return x < 0.0 ? -v : v;
+}
+float rlx_cos(float x) {
+  if (isnan(x) || isinf(x)) return rlx_nan();
+  if (abs(x) <= 0.78539816) return rlx_cosp(x);
+  int q; float r = rlx_reduce(x, q); q &= 3;
+  return q == 0 ? rlx_cosp(r) : q == 1 ? -rlx_sinp(r) : q == 2 ? -rlx_cosp(r) : rlx_sinp(r);
+}
+float rlx_p2(int k) { return asfloat(uint(k + 127) << 23); }  // 2^k for k in [-126, 127]
+float rlx_pow(float a, float b) {
+  if (b == 0.0 || a == 1.0) return 1.0;
+  if (isnan(a) || isnan(b)) return rlx_nan();
+  if (isinf(b)) {
+    float am = abs(a); if (am == 1.0) return 1.0;
+    return ((am > 1.0) == (b > 0.0)) ? rlx_inf() : 0.0;
+  }
+  bool bint = floor(b) == b; bool odd = bint && fmod(abs(b), 2.0) == 1.0;
+  bool neg = (asuint(a) >> 31) != 0u;
+  if (neg && a != 0.0 && !isinf(a) && !bint) return rlx_nan();
+  float m = abs(a); float r;
+  if (m == 0.0) r = b > 0.0 ? 0.0 : rlx_inf();
+  else if (isinf(m)) r = b > 0.0 ? rlx_inf() : 0.0;
+  else {
+    uint u = asuint(m); int e = 0;
+    if ((u >> 23) == 0u) { u = asuint(m * 16777216.0); e = -24; }  // subnormal: scaled by 2^24
+    e += int(u >> 23) - 126;
+    float fm = asfloat((u & 0x7fffffu) | 0x3f000000u);  // m = fm * 2^e, fm in [0.5, 1)
+    double t = double(b) * double(e) + double(b * log2(fm));
+    if (t >= 131.0L) r = rlx_inf();
+    else if (t < -160.0L) r = 0.0;
+    else {
+      int ni = int(t); if (double(ni) > t) ni -= 1;  // floor(t)
+      float x = exp2(float(t - double(ni)));
+      if (ni > 127) r = x * rlx_p2(127) * rlx_p2(ni - 127);
+      else if (ni < -120) r = x * rlx_p2(ni + 60) * rlx_p2(-60);  // one rounding into subnormals
+      else r = x * rlx_p2(ni);
+    }
+  }
+  return neg && odd ? -r : r;
+}
+"""
 
 
 def _math(op: str, dt: DType) -> str:
-    if op in REFUSED:
-        raise IRError(f"{op} has no accurate HLSL rule in this library",
-                      fix="it runs through the core's decomposition or on another backend")
+    if op == "pow" and not dt.is_float:
+        raise IRError("integer pow has no HLSL rule", fix="compute pow in f32")
     return HELPERS.get(op) or _HLSL.math(op, dt)
 
 
@@ -207,7 +301,8 @@ def elementwise(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
     if rdt is not out_dtype:
         raise IRError(f"program yields {rdt}, the node {out_dtype}", fix="check the fused program")
     ot = TYPES[out_dtype]
-    src = [header() + (I64_HELPERS if i64 else ""), f"{ot} value_at(uint i) {{",
+    trig = any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines)
+    src = [header() + (I64_HELPERS if i64 else "") + (WIDE if trig else ""), f"{ot} value_at(uint i) {{",
            "  int B = pc.base; int rank = M[B + 1];"]
     src += [f"  int e{k} = 0; int p{k} = B + 4 + rank + {k} * (rank + 2);" for k in range(nin)]
     src += ["  uint rem = i;", "  for (int d = rank - 1; d >= 0; --d) {",
@@ -318,28 +413,34 @@ GEN = frozenset({DType.F32, DType.I32, DType.BOOL})
 _PREDICATES: dict[Callable[[], bool], Any] = {}
 
 
-def elementwise_predicate(wide: Callable[[], bool]) -> Any:
-    """Elementwise ops and fused programs: f32/i32/bool storage (i64 too where ``wide()``: the device
-    has 64-bit integers in shaders), rank, then the HLSL render check (memoised per ``wide``)."""
-    pred = _PREDICATES.get(wide)
+def elementwise_predicate(doubles: Callable[[], bool]) -> Any:
+    """Elementwise ops and fused programs: f32/i32/bool/i64 storage, rank, then the HLSL render check
+    (sin/cos/pow only where ``doubles()``: the device runs doubles in shaders; memoised per
+    ``doubles``)."""
+    pred = _PREDICATES.get(doubles)
     if pred is None:
         from .claims import all_of, dtypes_in, render_check, renders
 
-        check = render_check(elementwise, "as HLSL")
-        pred = _PREDICATES[wide] = all_of(
-            dtypes_in(lambda: GEN | ({DType.I64} if wide() else set()), "no HLSL storage for"),
-            glsl._rank_ok, renders(check))
+        def source_ok(src: str) -> str | None:
+            if "rlx_reduce" in src and not doubles():
+                return "sin/cos/pow need doubles in shaders (shaderFloat64), which this device lacks"
+            return None
+
+        check = render_check(elementwise, "as HLSL", source_ok=source_ok)
+        pred = _PREDICATES[doubles] = all_of(dtypes_in(GEN | {DType.I64}, "no HLSL storage for"),
+                                             glsl._rank_ok, renders(check))
     return pred
 
 
-def claims(prefix: str, wide: Callable[[], bool], keep: Callable[[str], bool] = lambda op: True) -> list[Any]:
+def claims(prefix: str, doubles: Callable[[], bool], keep: Callable[[str], bool] = lambda op: True
+           ) -> list[Any]:
     """The claim list of a backend running this library, claim names ``prefix + op``: elementwise ops
-    and fused programs with the HLSL render check (i64 values only where ``wide()``), and the GLSL
+    and fused programs with the HLSL render check (sin/cos/pow only where ``doubles()``), and the GLSL
     library's template claims (the same lowering, translated); ``keep(op)`` filters template ops a
     target has not certified."""
     from .claims import elementwise_claims, fused_claim
 
-    pred = elementwise_predicate(wide)
+    pred = elementwise_predicate(doubles)
     wide_dts = GEN | {DType.I64}
     cast = {"dtypes": wide_dts, "out_dtypes": wide_dts, "constraint": "i64 results only from integers/bool"}
     out: list[Any] = elementwise_claims(prefix, wide_dts, pred, overrides={"cast": cast})
@@ -347,7 +448,7 @@ def claims(prefix: str, wide: Callable[[], bool], keep: Callable[[str], bool] = 
                            constraint="f32/i32/bool (i64 where the device has it) programs the shared "
                                       "HLSL renderer can emit"))
     elementwise_ops = {c.op for c in out}
-    for c in glsl.claims(SOURCE, prefix, wide):
+    for c in glsl.claims(SOURCE, prefix, doubles):
         if c.op not in elementwise_ops and c.op != "fused_elementwise" and keep(c.op):
             out.append(c)
     return out

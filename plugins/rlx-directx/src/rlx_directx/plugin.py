@@ -86,15 +86,17 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     """The device kit's HLSL library claims: f32/i32/bool elementwise ops and fused programs the
-    HLSL renderer emits (no sin/cos/pow; i64 values as word pairs), and the template ops."""
+    HLSL renderer emits (i64 values as word pairs; sin/cos where the device has doubles in shaders;
+    no pow), and the template ops."""
     from rlx_core.plugin import hlsl
 
-    return list(hlsl.claims("directx.", _wide))
+    return list(hlsl.claims("directx.", _doubles))
 
 
-def _wide() -> bool:
-    # i64 values are word pairs (uint2) in the HLSL library: no device feature needed
-    return True
+def _doubles() -> bool:
+    from .program import context
+
+    return bool(context().wide)
 
 
 @hookimpl
