@@ -86,8 +86,8 @@ def rlx_probe_devices() -> list[DeviceInfo]:
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     """The device kit's HLSL library claims: f32/i32/bool elementwise ops and fused programs the
-    HLSL renderer emits (i64 values as word pairs; sin/cos where the device has doubles in shaders;
-    no pow), and the template ops."""
+    HLSL renderer emits (i64 values as word pairs; sin/cos/pow where the device has doubles in
+    shaders), and the template ops."""
     from rlx_core.plugin import hlsl
 
     return list(hlsl.claims("directx.", _doubles))
