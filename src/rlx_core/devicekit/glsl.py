@@ -748,8 +748,10 @@ def meta_block(launches: Sequence[Launch]) -> tuple[np.ndarray, list[int]]:
     return np.asarray(meta or [0], np.int32), bases
 
 
-class GlslProgram(KitProgram):
-    """A :class:`KitProgram` whose steps lower to this library's shaders in flavour ``flavour``.
+class ShaderProgram(KitProgram):
+    """A :class:`KitProgram` whose LIR steps lower to compute-shader dispatches of this library's
+    template set, in whatever shading language :meth:`source` returns them (GLSL here; WGSL in
+    rlx-webgpu, HLSL in :mod:`.hlsl`): one lowering, many languages.
 
     Launches carry no buffers (every shader binds arena, constants and ``M`` the same way); their
     ``params`` are the dispatch's words of ``M`` (:func:`meta_block` lays them out) and their ``grid``
@@ -758,9 +760,12 @@ class GlslProgram(KitProgram):
     shaders loop over the rest). Claim names are ``prefix + op``.
     """
 
-    def __init__(self, program: Program, allocator: Allocator, runtime: Runtime, flavour: GlslFlavour, *,
+    #: dtypes stored several to a 32-bit word by the elementwise shaders (one invocation per word)
+    PACKED: dict[DType, int] = {DType.BOOL: 4}
+
+    def __init__(self, program: Program, allocator: Allocator, runtime: Runtime, *,
                  prefix: str, cpu_device: bool, max_groups: int) -> None:
-        self.flavour, self.prefix = flavour, prefix
+        self.prefix = prefix
         self.cpu_device, self.max_groups = cpu_device, max_groups
         #: constant linear weights, uploaded once more transposed to (in, out): contiguous loads
         self.transposed: dict[str, str] = {}
@@ -791,6 +796,12 @@ class GlslProgram(KitProgram):
         getattr(self, "_k_" + s.kernel[len(self.prefix):])(s)
         return self._out
 
+    def source(self, name: str, *args: Any) -> str:
+        """The shader ``name`` of the template set (``copy8``, ``copy32``, ``fill32``, ``elementwise``,
+        ``matmul``, ``matmul_simple``, ``matmul_4x4``, ``linear``, ``reduce``, ``rows``, ``gather``,
+        ``scan``, ``argext``, ``conv2d``, ``iota``) for ``args``, in this program's language."""
+        raise NotImplementedError
+
     # -- helpers ----------------------------------------------------------------------------------
     def emit(self, src: str, meta: list[int], n: int | None = None,
              groups: tuple[int, int, int] | None = None) -> None:
@@ -805,27 +816,27 @@ class GlslProgram(KitProgram):
     def _copy(self, n: int, shape: list[int], src: str, in_base: int, ist: list[int], out_off: int,
               ost: list[int]) -> None:
         """Strided copy of ``shape`` elements (strides in elements) of ``src``'s dtype."""
-        fl = self.flavour
         b, off = self.locate(src)
         dt = self.types[src].dtype
         if dt is DType.BOOL:  # bytes; the output is contiguous (claims guarantee it)
-            self.emit(copy8(fl), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost], -(-n // 4))
+            self.emit(self.source("copy8"), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost],
+                      -(-n // 4))
             return
         if dt.np.itemsize == 8:  # two words per element: one more (innermost) dim of 2
             shape, ist, ost = [*shape, 2], [2 * x for x in ist] + [1], [2 * x for x in ost] + [1]
             n, in_base = 2 * n, 2 * in_base
-        self.emit(copy32(fl), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost], n)
+        self.emit(self.source("copy32"), [n, len(shape), b, off, out_off, in_base, *shape, *ist, *ost], n)
 
     # -- kernels ----------------------------------------------------------------------------------
     def _elementwise(self, s: Step, program: str) -> None:
         out = self.shape(s.outputs[0])
         n = math.prod(out)
         dts = tuple(self.types[i].dtype for i in s.inputs)
-        src = elementwise(self.flavour, program, dts, self.types[s.outputs[0]].dtype)
+        src = self.source("elementwise", program, dts, self.types[s.outputs[0]].dtype)
         meta = [n, len(out), self.locate(s.outputs[0])[1], 0, *out]
         for i in s.inputs:
             meta += [*self.locate(i), *bstrides(self.shape(i), out)]
-        self.emit(src, meta, -(-n // 4) if self.types[s.outputs[0]].dtype is DType.BOOL else n)
+        self.emit(src, meta, -(-n // self.PACKED.get(self.types[s.outputs[0]].dtype, 1)))
 
     def _k_fused_elementwise(self, s: Step) -> None:
         self._elementwise(s, str(s.attrs["program"]))
@@ -843,14 +854,13 @@ class GlslProgram(KitProgram):
         meta = [M, N, K, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]), self.locate(s.outputs[0])[1],
                 len(batch), *batch, *ast, *bst]
         dt = self.types[s.outputs[0]].dtype
-        fl = self.flavour
+        bufs = "".join("AW"[self.locate(v)[0]] for v in s.inputs)  # buffers baked into the shader
         if self.cpu_device and M % 4 == 0 and N % 4 == 0:  # 4x4 register blocks, no barriers
-            bufs = "".join("AW"[self.locate(v)[0]] for v in s.inputs)  # buffers baked into the shader
-            self.emit(matmul_4x4(fl, dt, bufs), meta, groups=(-(-N // (4 * WG)), M // 4, nb))
+            self.emit(self.source("matmul_4x4", dt, bufs), meta, groups=(-(-N // (4 * WG)), M // 4, nb))
         elif self.cpu_device:  # lavapipe & co: no shared-memory tiles (barriers are costly there)
-            self.emit(matmul_simple(fl, dt), meta, groups=(-(-N // WG), -(-M // 4), nb))
+            self.emit(self.source("matmul_simple", dt, bufs), meta, groups=(-(-N // WG), -(-M // 4), nb))
         else:
-            self.emit(matmul(fl, dt), meta, groups=(-(-N // 16), -(-M // 16), nb))
+            self.emit(self.source("matmul", dt), meta, groups=(-(-N // 16), -(-M // 16), nb))
 
     def _k_linear(self, s: Step) -> None:
         x, w = self.shape(s.inputs[0]), self.shape(s.inputs[1])
@@ -859,7 +869,7 @@ class GlslProgram(KitProgram):
         wname = self.transposed.get(s.inputs[1], s.inputs[1])
         meta = [R, N, K, *self.locate(s.inputs[0]), *self.locate(wname), *self.locate(s.inputs[2]),
                 self.locate(s.outputs[0])[1], 1 if wname != s.inputs[1] else 0]
-        self.emit(linear(self.flavour), meta, groups=(-(-N // WG), R, 1))
+        self.emit(self.source("linear"), meta, groups=(-(-N // WG), R, 1))
 
     def _reduce(self, s: Step) -> None:
         x = self.shape(s.inputs[0])
@@ -873,7 +883,7 @@ class GlslProgram(KitProgram):
                 math.prod(r for r, _ in red)]
         for k in kept + red:
             meta += list(k)
-        self.emit(reduce(self.flavour, s.op, self.types[s.inputs[0]].dtype), meta, n)
+        self.emit(self.source("reduce", s.op, self.types[s.inputs[0]].dtype), meta, n)
 
     _k_reduce_sum = _k_reduce_prod = _k_reduce_mean = _k_reduce_max = _k_reduce_min = _reduce
 
@@ -885,7 +895,7 @@ class GlslProgram(KitProgram):
         gb = self.locate(s.inputs[1]) if len(s.inputs) > 1 else (0, 0)
         bb = self.locate(s.inputs[2]) if len(s.inputs) > 2 else (0, 0)
         meta = [nrows, cols, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1], eps, *gb, *bb]
-        self.emit(rows(self.flavour, s.op), meta, nrows if cols else 0)
+        self.emit(self.source("rows", s.op), meta, nrows if cols else 0)
 
     _k_softmax = _k_log_softmax = _k_layer_norm = _rows
 
@@ -949,7 +959,7 @@ class GlslProgram(KitProgram):
         v = _float(s, "value", 0.0)
         bits = f2i(v) if self.types[s.outputs[0]].dtype is DType.F32 else int(np.int32(int(v)))
         n = math.prod(out)
-        self.emit(fill32(self.flavour), [n, o, bits], n)
+        self.emit(self.source("fill32"), [n, o, bits], n)
         co = cstrides(out)
         off = o + 4 * sum(int(pads[i]) * co[i] for i in range(r))
         self._copy(math.prod(x), list(x), s.inputs[0], 0, cstrides(x), off, co)
@@ -964,7 +974,7 @@ class GlslProgram(KitProgram):
         n *= words
         meta = [n, math.prod(idx), math.prod(x[ax + 1:]) * words, x[ax], *self.locate(s.inputs[0]),
                 *self.locate(s.inputs[1]), self.locate(s.outputs[0])[1]]
-        self.emit(gather(self.flavour, esz), meta, n)
+        self.emit(self.source("gather", esz), meta, n)
 
     def _axis_split(self, s: Step) -> tuple[int, int, int]:
         x = self.shape(s.inputs[0]) or (1,)
@@ -976,13 +986,13 @@ class GlslProgram(KitProgram):
         n = outer * inner
         meta = [n, d, inner, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1],
                 int(bool(s.attrs.get("exclusive"))), int(bool(s.attrs.get("reverse")))]
-        self.emit(scan(self.flavour, self.types[s.inputs[0]].dtype), meta, n)
+        self.emit(self.source("scan", self.types[s.inputs[0]].dtype), meta, n)
 
     def _argext(self, s: Step) -> None:
         outer, d, inner = self._axis_split(s)
         n = outer * inner
         meta = [n, d, inner, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1]]
-        self.emit(argext(self.flavour, s.op, self.types[s.inputs[0]].dtype), meta, n)
+        self.emit(self.source("argext", s.op, self.types[s.inputs[0]].dtype), meta, n)
 
     _k_argmax = _k_argmin = _argext
 
@@ -997,13 +1007,13 @@ class GlslProgram(KitProgram):
         meta = [n, c, h, w, o, cg, kh, kw, out[2], out[3], st[0], st[1], pads[0], pads[1], dil[0], dil[1],
                 o // groups, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]),
                 self.locate(s.outputs[0])[1]]
-        self.emit(conv2d(self.flavour, self.types[s.inputs[0]].dtype), meta, n)
+        self.emit(self.source("conv2d", self.types[s.inputs[0]].dtype), meta, n)
 
     def _k_iota(self, s: Step) -> None:
         out = self.shape(s.outputs[0]) or (1,)
         ax = normalize_axis(_int(s, "axis"), len(out))
         n = math.prod(out)
-        self.emit(iota(self.flavour, self.types[s.outputs[0]].dtype),
+        self.emit(self.source("iota", self.types[s.outputs[0]].dtype),
                   [n, math.prod(out[ax + 1:]), out[ax], self.locate(s.outputs[0])[1]], n)
 
     def __getattr__(self, name: str) -> Any:
@@ -1012,6 +1022,28 @@ class GlslProgram(KitProgram):
                 self._elementwise(s, single_op_program(s.op, len(s.inputs), dict(s.attrs)))
             return k
         raise AttributeError(name)
+
+
+class GlslProgram(ShaderProgram):
+    """:class:`ShaderProgram` over this module's GLSL templates in flavour ``flavour``."""
+
+    def __init__(self, program: Program, allocator: Allocator, runtime: Runtime, flavour: GlslFlavour, *,
+                 prefix: str, cpu_device: bool, max_groups: int) -> None:
+        self.flavour = flavour
+        super().__init__(program, allocator, runtime, prefix=prefix, cpu_device=cpu_device,
+                         max_groups=max_groups)
+
+    def source(self, name: str, *args: Any) -> str:
+        if name == "matmul_simple":  # the GLSL one reads its buffers through the arena/constants switch
+            args = args[:1]
+        return str(TEMPLATES[name](self.flavour, *args))
+
+
+#: The GLSL template set by name (what :meth:`GlslProgram.source` serves).
+TEMPLATES: dict[str, Callable[..., str]] = {
+    "copy8": copy8, "copy32": copy32, "fill32": fill32, "elementwise": elementwise, "matmul": matmul,
+    "matmul_simple": matmul_simple, "matmul_4x4": matmul_4x4, "linear": linear, "reduce": reduce,
+    "rows": rows, "gather": gather, "scan": scan, "argext": argext, "conv2d": conv2d, "iota": iota}
 
 
 # -- claims -----------------------------------------------------------------------------------------
@@ -1104,7 +1136,7 @@ def claims(fl: GlslFlavour, prefix: str, wide: Callable[[], bool]) -> list[Any]:
     return out
 
 
-__all__ = ["GLSL", "GLSL64", "GLSL_FLAVOURS", "OPENGL", "VULKAN", "WG", "GlslFlavour", "GlslProgram",
-           "argext", "bstrides", "claims", "conv2d", "copy8", "copy32", "cstrides", "elementwise",
-           "elementwise_predicate", "fill32", "gather", "header", "iota", "linear", "matmul", "matmul_4x4",
-           "matmul_simple", "meta_block", "reduce", "rows", "scan"]
+__all__ = ["GLSL", "GLSL64", "GLSL_FLAVOURS", "GlslFlavour", "GlslProgram", "OPENGL", "ShaderProgram",
+           "TEMPLATES", "VULKAN", "WG", "argext", "bstrides", "claims", "conv2d", "copy32", "copy8",
+           "cstrides", "elementwise", "elementwise_predicate", "fill32", "gather", "header", "iota",
+           "linear", "matmul", "matmul_4x4", "matmul_simple", "meta_block", "reduce", "rows", "scan"]

@@ -390,21 +390,10 @@ class HlslProgram(glsl.GlslProgram):
         super().__init__(program, allocator, runtime, SOURCE, prefix=prefix, cpu_device=cpu_device,
                          max_groups=max_groups)
 
-    def emit(self, src: str, meta: list[int], n: int | None = None,
-             groups: tuple[int, int, int] | None = None) -> None:
-        super().emit(src if src.startswith(HEADER) else translate(src), meta, n, groups)
-
-    def _elementwise(self, s: Any, program: str) -> None:
-        import math
-
-        out = self.shape(s.outputs[0])
-        n = math.prod(out)
-        dts = tuple(self.types[i].dtype for i in s.inputs)
-        src = elementwise(program, dts, self.types[s.outputs[0]].dtype)
-        meta = [n, len(out), self.locate(s.outputs[0])[1], 0, *out]
-        for i in s.inputs:
-            meta += [*self.locate(i), *glsl.bstrides(self.shape(i), out)]
-        self.emit(src, meta, -(-n // 4) if self.types[s.outputs[0]].dtype is DType.BOOL else n)
+    def source(self, name: str, *args: Any) -> str:
+        if name == "elementwise":
+            return elementwise(*args)
+        return translate(super().source(name, *args))
 
 
 # -- claims -----------------------------------------------------------------------------------------
