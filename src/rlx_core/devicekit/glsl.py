@@ -1097,26 +1097,18 @@ def elementwise_predicate(fl: GlslFlavour, wide: Callable[[], bool]) -> Any:
     return pred
 
 
-def claims(fl: GlslFlavour, prefix: str, wide: Callable[[], bool]) -> list[Any]:
-    """The claim list of a backend running this library in flavour ``fl``, claim names
-    ``prefix + op``: f32 (plus i32/bool, and i64 where natural) elementwise ops and fused programs
-    that render, and every template op. ``wide()`` says whether the device runs 64-bit integer and
-    double arithmetic in shaders (i64 values, Payne-Hanek sin/cos, the accurate pow)."""
+def template_claims(prefix: str, language: str) -> list[Any]:
+    """The claims of the template ops (everything but elementwise kernels), named ``prefix + op``:
+    the same for every language :class:`ShaderProgram` lowers to (GLSL, HLSL, WGSL)."""
     from ..records import KernelClaim
-    from .claims import elementwise_claims, fused_claim
 
     def claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
         kw.setdefault("predicate", _rank_ok)
         return KernelClaim(op, f"{prefix}{op}", dtypes=dtypes, **kw)
 
-    pred = elementwise_predicate(fl, wide)
-    wide_dts = GEN | {DType.I64}
-    cast = {"dtypes": wide_dts, "out_dtypes": wide_dts, "constraint": "i64 results only from integers/bool"}
-    out: list[Any] = elementwise_claims(prefix, wide_dts, pred, overrides={"cast": cast})
-    out += [
-        fused_claim(f"{prefix}fused_elementwise", pred,
-                    constraint="f32/i32/bool programs the shared GLSL renderer can emit"),
-        claim("matmul", W4, constraint="tiled 16x16 shared-memory GLSL kernel (untiled on CPU devices)"),
+    return [
+        claim("matmul", W4,
+              constraint=f"tiled 16x16 shared-memory {language} kernel (untiled on CPU devices)"),
         claim("linear", F32, constraint="one kernel: GEMM with the (pre-transposed constant) weight + bias"),
         claim("softmax", F32, predicate=_last_axis, constraint="last axis"),
         claim("log_softmax", F32, predicate=_last_axis, constraint="last axis"),
@@ -1133,10 +1125,26 @@ def claims(fl: GlslFlavour, prefix: str, wide: Callable[[], bool]) -> list[Any]:
         claim("iota", frozenset({DType.F32, DType.I32, DType.I64}), out_dtypes=frozenset(
             {DType.F32, DType.I32, DType.I64}), constraint="f32/i32/i64"),
     ]
-    return out
+
+
+def claims(fl: GlslFlavour, prefix: str, wide: Callable[[], bool]) -> list[Any]:
+    """The claim list of a backend running this library in flavour ``fl``, claim names
+    ``prefix + op``: f32 (plus i32/bool, and i64 where natural) elementwise ops and fused programs
+    that render, and every template op. ``wide()`` says whether the device runs 64-bit integer and
+    double arithmetic in shaders (i64 values, Payne-Hanek sin/cos, the accurate pow)."""
+    from .claims import elementwise_claims, fused_claim
+
+    pred = elementwise_predicate(fl, wide)
+    wide_dts = GEN | {DType.I64}
+    cast = {"dtypes": wide_dts, "out_dtypes": wide_dts, "constraint": "i64 results only from integers/bool"}
+    out: list[Any] = elementwise_claims(prefix, wide_dts, pred, overrides={"cast": cast})
+    out.append(fused_claim(f"{prefix}fused_elementwise", pred,
+                           constraint="f32/i32/bool programs the shared GLSL renderer can emit"))
+    return out + template_claims(prefix, "GLSL")
 
 
 __all__ = ["GLSL", "GLSL64", "GLSL_FLAVOURS", "GlslFlavour", "GlslProgram", "OPENGL", "ShaderProgram",
            "TEMPLATES", "VULKAN", "WG", "argext", "bstrides", "claims", "conv2d", "copy32", "copy8",
            "cstrides", "elementwise", "elementwise_predicate", "fill32", "gather", "header", "iota",
-           "linear", "matmul", "matmul_4x4", "matmul_simple", "meta_block", "reduce", "rows", "scan"]
+           "linear", "matmul", "matmul_4x4", "matmul_simple", "meta_block", "reduce", "rows", "scan",
+           "template_claims"]

@@ -24,22 +24,16 @@ from rlx_core.plugin import (
     dtypes_in,
     elementwise_claims,
     fused_claim,
+    glsl,
     hookimpl,
-    normalize_axis,
     render_check,
     renders,
 )
 
 from . import __version__
 
-F32 = frozenset({DType.F32})
 GEN = frozenset({DType.F32, DType.I32, DType.BOOL})
-W4 = frozenset({DType.F32, DType.I32})
 HALVES = frozenset({DType.F16, DType.BF16})
-INDEX = frozenset({DType.I32, DType.I64})
-#: word-copied dtypes (8-byte ones as two words) and, for movement into contiguous outputs, bool
-W8 = frozenset({DType.F32, DType.I32, DType.I64})
-MOVE = W8 | {DType.BOOL}
 MAX_RANK = 8
 
 _CAPS = DeviceCaps(peak_flops={"f32": 5e12, "default": 1e12}, mem_bandwidth=2e11, launch_overhead=2e-5,
@@ -118,20 +112,6 @@ _ew_pred = all_of(dtypes_in(GEN | {DType.I64} | HALVES, "no WGSL storage for"), 
                   renders(_renderable))
 
 
-def _last_axis(v: Any) -> str | None:
-    t = v.in_types[0]
-    if t.rank == 0:
-        return "rank 0"
-    if normalize_axis(int(v.attrs["axis"]), t.rank) != t.rank - 1:
-        return "only the last axis (other axes run through the decomposition)"
-    return None
-
-
-def _claim(op: str, dtypes: frozenset[DType] | None, **kw: Any) -> KernelClaim:
-    kw.setdefault("predicate", _rank_ok)
-    return KernelClaim(op, f"webgpu.{op}", dtypes=dtypes, **kw)
-
-
 @hookimpl
 def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     wide = GEN | {DType.I64}
@@ -140,27 +120,10 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
         "cast": {"dtypes": casts, "out_dtypes": casts,
                  "constraint": "i64 results only from integers/bool; f16/bf16 from/to f32/i32/bool, "
                                "rounded to nearest even (their other ops: compute_f16_in_f32)"}})
-    claims += [
-        fused_claim("webgpu.fused_elementwise", _ew_pred,
-                    constraint="f32/i32/bool programs the shared WGSL renderer can emit"),
-        _claim("matmul", W4,
-               constraint="tiled 16x16 workgroup-memory WGSL kernel (untiled on CPU adapters)"),
-        _claim("linear", F32, constraint="one kernel: GEMM with the (pre-transposed constant) weight + bias"),
-        _claim("softmax", F32, predicate=_last_axis, constraint="last axis"),
-        _claim("log_softmax", F32, predicate=_last_axis, constraint="last axis"),
-        _claim("layer_norm", F32),
-        _claim("reduce_sum", W4), _claim("reduce_prod", W4), _claim("reduce_mean", F32),
-        _claim("reduce_max", W4), _claim("reduce_min", W4),
-        _claim("argmax", W4, out_dtypes=frozenset({DType.I64}), constraint="first extreme; NaN wins"),
-        _claim("argmin", W4, out_dtypes=frozenset({DType.I64}), constraint="first extreme; NaN wins"),
-        _claim("conv2d", W4, constraint="direct NCHW x OIHW (strides, pads, dilations, groups)"),
-        _claim("cumsum", W4, constraint="sequential per line, like the reference"),
-        _claim("reshape", MOVE, in_place=True), _claim("transpose", MOVE), _claim("expand", MOVE),
-        _claim("slice", MOVE), _claim("concat", W8), _claim("pad", W4),
-        _claim("gather", W8 | INDEX, out_dtypes=W8),
-        _claim("iota", frozenset({DType.F32, DType.I32, DType.I64}), out_dtypes=frozenset(
-            {DType.F32, DType.I32, DType.I64}), constraint="f32/i32/i64"),
-    ]
+    claims.append(fused_claim("webgpu.fused_elementwise", _ew_pred,
+                              constraint="f32/i32/bool programs the shared WGSL renderer can emit"))
+    # The template ops: the same lowering as every kit shader language (rlx_core.plugin.glsl).
+    claims += glsl.template_claims("webgpu.", "WGSL")
     return claims
 
 
