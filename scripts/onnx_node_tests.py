@@ -111,7 +111,8 @@ def human_reason(r: ob.CaseResult, clamped: ob.CaseResult | None = None) -> str:
                 "are frozen the importer folds it, so nothing would run on RLX")
     m = re.match(r"(\w+) with (\d) spatial dims", msg)
     if m:
-        return f"{m.group(1)}: {m.group(2)}-D pooling is not translated by the importer (1-D/2-D only)"
+        kind = "convolution" if "Conv" in m.group(1) else "pooling"
+        return f"{m.group(1)}: {m.group(2)}-D {kind} is not translated by the importer (1-D/2-D only)"
     m = re.match(r"(\w+) with dilations", msg)
     if m:
         return f"{m.group(1)}: dilated pooling is not translated by the importer"

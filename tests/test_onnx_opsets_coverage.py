@@ -153,13 +153,13 @@ def test_pad_value_computed_at_run_time() -> None:
 # -- the coverage report ------------------------------------------------------------------------
 
 def _messy_model() -> Any:
-    then = h.make_graph([h.make_node("Hardmax", ["x"], ["t"], name="inner_hardmax")], "then", [],
+    then = h.make_graph([h.make_node("Atan", ["x"], ["t"], name="inner_atan")], "then", [],
                         [h.make_tensor_value_info("t", T.FLOAT, None)])
     other = h.make_graph([h.make_node("Relu", ["x"], ["e"])], "else", [],
                          [h.make_tensor_value_info("e", T.FLOAT, None)])
     nodes = [h.make_node("Relu", ["x"], ["a"], name="relu"),
-             h.make_node("Hardmax", ["a"], ["b"], name="hm1"),
-             h.make_node("Hardmax", ["b"], ["c"], name="hm2"),
+             h.make_node("Atan", ["a"], ["b"], name="hm1"),
+             h.make_node("Atan", ["b"], ["c"], name="hm2"),
              h.make_node("BatchNormalization", ["c", "s", "s", "s", "s"], ["d"], name="bn", training_mode=1),
              h.make_node("Cast", ["d"], ["e8"], name="to_fp8", to=T.FLOAT8E4M3FN),
              h.make_node("Cast", ["e8"], ["f"], name="back", to=T.FLOAT),
@@ -177,15 +177,15 @@ def test_coverage_lists_every_problem_at_once() -> None:
     assert not r.ok and r.opset == 17 and r.nodes == 13 and r.folded == 1  # 11 + 2 in the If branches
     got = {(p.kind, p.op): p.nodes for p in r.problems}
     assert got == {("domain", "ai.onnx.ml.LinearRegressor"): ["ml"],
-                   ("operator", "Hardmax"): ["hm1", "hm2", "branch/inner_hardmax"],
+                   ("operator", "Atan"): ["hm1", "hm2", "branch/inner_atan"],
                    ("attribute", "BatchNormalization"): ["bn"],
                    ("dtype", "Cast"): ["to_fp8"],
                    ("output", "BatchNormalization"): ["bn_stats"]}
     assert [p.kind for p in r.problems] == ["domain", "operator", "attribute", "dtype", "output"]
     text = r.to_text()
-    assert "3 node(s): 'hm1', 'hm2', 'branch/inner_hardmax'" in text and "training_mode=1" in text
+    assert "3 node(s): 'hm1', 'hm2', 'branch/inner_atan'" in text and "training_mode=1" in text
     data = r.to_json()
-    assert data["ok"] is False and data["unsupported_nodes"] == 7 and data["ops"]["Hardmax"] == 3
+    assert data["ok"] is False and data["unsupported_nodes"] == 7 and data["ops"]["Atan"] == 3
 
 
 def test_coverage_opset_problems_and_a_clean_model() -> None:
@@ -208,7 +208,7 @@ def test_rlx_explain_coverage(tmp_path: Path) -> None:
     onnx.save(_model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, [2])], ["y"], 17), str(good))
     res = CliRunner().invoke(cli, ["explain", str(bad), "--coverage"])
     assert res.exit_code == 1, res.output
-    assert "[operator] Hardmax" in res.output and "[domain] ai.onnx.ml.LinearRegressor" in res.output
+    assert "[operator] Atan" in res.output and "[domain] ai.onnx.ml.LinearRegressor" in res.output
     res = CliRunner().invoke(cli, ["explain", str(bad)])  # the import's first error points here
     assert res.exit_code == 1 and "--coverage lists every unsupported node" in res.output
     res = CliRunner().invoke(cli, ["explain", str(good), "--coverage", "--json"])

@@ -2640,6 +2640,7 @@ def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 
 from . import onnx_index as _onnx_index  # noqa: E402,F401  (indexing/integer handlers register here)
 from . import onnx_nn as _onnx_nn  # noqa: E402,F401  (Resize, Attention, norms, losses register here)
+from . import onnx_quant as _onnx_quant  # noqa: E402,F401  (quantized operators register here)
 from . import onnx_rnn as _onnx_rnn  # noqa: E402,F401  (RNN, GRU, LSTM register here)
 
 #: The ONNX operators (default domain) this importer translates.

@@ -960,3 +960,322 @@ def _grid_sample(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         acc = v if acc is None else acc + v
     assert acc is not None
     return [acc]
+
+
+# ---------------------------------------------------------------------------------------------
+# ConvTranspose
+
+_onnx._OP_SINCE.update({"ConvTranspose": 1})
+
+
+def _conv_transpose_pads(imp: _Importer, attrs: dict, in_hw: Sequence[int], kernel: Sequence[int],
+                         strides: Sequence[int], dil: Sequence[int], out_pad: Sequence[int],
+                         ) -> list[int]:
+    """Pads (begins then ends) as onnx's reference resolves them from auto_pad / output_shape."""
+    nd = len(in_hw)
+    auto = str(attrs.get("auto_pad", "NOTSET"))
+    out_shape = attrs.get("output_shape")
+    if auto not in ("SAME_UPPER", "SAME_LOWER") and out_shape is None:
+        given = attrs.get("pads")
+        return [int(p) for p in given] if given is not None and auto == "NOTSET" else [0] * (2 * nd)
+    # output_shape (or SAME's input*stride) fixes the total padding; as ONNX Runtime splits it.
+    out_shape = [int(s) for s in (out_shape if out_shape is not None else
+                                  [in_hw[i] * strides[i] for i in range(nd)])][-nd:]
+    total = [strides[i] * (in_hw[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - out_shape[i]
+             for i in range(nd)]
+    if auto == "SAME_UPPER":
+        return [t // 2 for t in total] + [t - t // 2 for t in total]
+    return [t - t // 2 for t in total] + [t // 2 for t in total]
+
+
+@_handler("ConvTranspose")
+def _conv_transpose(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    """The transposed convolution as a direct one: the input with stride-1 zeros inserted between its
+    elements, padded by (k-1)*dilation less the pads, convolved with the spatially flipped kernel whose
+    in/out channels are swapped per group."""
+    g = imp.g
+    x = imp.t(ins[0])
+    _float_input(imp, x, "ConvTranspose")
+    nd = x.rank - 2
+    w_val = ins[1]
+    w_shape = tuple(w_val.array.shape) if isinstance(w_val, _Const) else imp.t(w_val).shape
+    if nd not in (1, 2) or len(w_shape) != x.rank:
+        raise imp.unsupported(f"ConvTranspose with {nd} spatial dims (input {x.shape}) is not supported",
+                              fix="RLX translates 1-D and 2-D transposed convolutions (NCL / NCHW)")
+    in_hw = _static(imp, x, range(2, x.rank), "ConvTranspose")
+    kernel = [int(k) for k in attrs.get("kernel_shape", w_shape[2:])]
+    if list(w_shape[2:]) != kernel:
+        raise imp.unsupported(f"ConvTranspose kernel_shape {kernel} differs from the weight's "
+                              f"{list(w_shape[2:])}",
+                              fix="the model is malformed; export it again")
+    strides = [int(s) for s in attrs.get("strides", [1] * nd)]
+    dil = [int(d) for d in attrs.get("dilations", [1] * nd)]
+    out_pad = [int(p) for p in attrs.get("output_padding", [0] * nd)]
+    group = int(attrs.get("group", 1))
+    pads = _conv_transpose_pads(imp, attrs, in_hw, kernel, strides, dil, out_pad)
+    c_in, c_out_g = int(w_shape[0]), int(w_shape[1])
+    if c_in != x.shape[1] or c_in % group:
+        raise imp.unsupported(f"ConvTranspose weight {list(w_shape)} does not fit input channels "
+                              f"{x.shape[1]} in {group} group(s)",
+                              fix="the model is malformed; export it again")
+    # The direct convolution's weight: (group, C_in/g, C_out/g, k...) -> (C_out, C_in/g, k...), flipped.
+    wshape5 = (group, c_in // group, c_out_g, *kernel)
+    perm = (0, 2, 1, *range(3, 3 + nd))
+    flat = (group * c_out_g, c_in // group, *kernel)
+    if isinstance(w_val, _Const):
+        arr = w_val.array.astype(x.dtype.np).reshape(wshape5).transpose(perm).reshape(flat)
+        w = imp.param(np.ascontiguousarray(arr[(Ellipsis,) + (slice(None, None, -1),) * nd]), None)
+    else:
+        w = g.op("transpose", g.op("reshape", imp.t(w_val, x.dtype), shape=wshape5), perm=perm)
+        w = g.op("reshape", w, shape=flat)
+        axes = tuple(range(2, 2 + nd))
+        w = g.op("slice", w, starts=(-1,) * nd, stops=(-(2 ** 62),) * nd, axes=axes, steps=(-1,) * nd)
+    # Zero insertion: (N, C, H, W) -> (N, C, H, 1, W, 1) -> padded to (N, C, H, s, W, s) -> (N, C, H*s, W*s);
+    # the s-1 trailing zeros of each axis come off through the right padding below.
+    n, c = x.shape[0], x.shape[1]
+    if any(s > 1 for s in strides):
+        inter = [n, c]
+        for h in in_hw:
+            inter += [h, 1]
+        z = g.op("reshape", x, shape=tuple(inter))
+        zpads = [0] * (2 * len(inter))
+        for i, s in enumerate(strides):
+            zpads[len(inter) + 3 + 2 * i] = s - 1
+        z = g.op("pad", z, pads=tuple(zpads))
+        z = g.op("reshape", z, shape=(n, c, *[h * s for h, s in zip(in_hw, strides)]))
+    else:
+        z = x
+    before = [(k - 1) * d - p for k, d, p in zip(kernel, dil, pads[:nd])]
+    after = [(k - 1) * d - p + op - (s - 1)
+             for k, d, p, op, s in zip(kernel, dil, pads[nd:], out_pad, strides)]
+    if any(b < 0 for b in before) or any(a < 0 for a in after):  # pads beyond the kernel crop the input
+        sizes = [h * s for h, s in zip(in_hw, strides)]
+        z = g.op("slice", z, starts=tuple(max(-b, 0) for b in before),
+                 stops=tuple(sz - max(-a, 0) for sz, a in zip(sizes, after)),
+                 axes=tuple(range(2, 2 + nd)), steps=(1,) * nd)
+    zp = [max(b, 0) for b in before] + [max(a, 0) for a in after]
+    if nd == 1:
+        z = g.op("reshape", z, shape=(z.shape[0], z.shape[1], 1, z.shape[2]))
+        w = g.op("reshape", w, shape=(w.shape[0], w.shape[1], 1, w.shape[2]))
+        zp, dil2 = [0, zp[0], 0, zp[1]], [1, dil[0]]
+    else:
+        dil2 = list(dil)
+    kw: dict[str, Any] = dict(strides=(1, 1), pads=tuple(zp), dilations=tuple(dil2), groups=group)
+    b = ins[2] if len(ins) > 2 else None
+    y = g.op("conv2d_bias", z, w, imp.t(b, x.dtype), **kw) if b is not None else g.op("conv2d", z, w, **kw)
+    if nd == 1:
+        y = g.op("reshape", y, shape=(y.shape[0], y.shape[1], y.shape[3]))
+    return [y]
+
+
+# ---------------------------------------------------------------------------------------------
+# Small activations, hyperbolic/trigonometric functions and layout ops, written with existing ops
+
+def _where_small(imp: _Importer, x: Tensor, small: Tensor, big: Tensor, bound: float = 0.1) -> Tensor:
+    """``small`` (a series) where |x| < bound, else ``big``: closed forms like (e^x - e^-x)/2 lose
+    every digit near 0 to cancellation, the series is exact to rounding there."""
+    g = imp.g
+    return g.op("where", g.op("less", g.op("abs", x), g.const(bound, x.dtype)), small, big)
+
+
+def _unary_float(fn: Any) -> Any:
+    def h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+        x = imp.t(ins[0])
+        _float_input(imp, x, node.op_type)
+        return [fn(imp, x, attrs)]
+    return h
+
+
+def _k(imp: _Importer, v: float, x: Tensor) -> Tensor:
+    return imp.g.const(v, x.dtype)
+
+
+def _sinh(imp: _Importer, x: Tensor, attrs: dict) -> Tensor:
+    g = imp.g
+    x2 = x * x
+    series = x * (_k(imp, 1.0, x) + x2 * (_k(imp, 1 / 6, x) + x2 * _k(imp, 1 / 120, x)))
+    return _where_small(imp, x, series, (g.op("exp", x) - g.op("exp", g.op("neg", x))) * _k(imp, 0.5, x))
+
+
+def _asinh(imp: _Importer, x: Tensor, attrs: dict) -> Tensor:
+    g = imp.g
+    a, x2 = g.op("abs", x), x * x
+    big = g.op("sign", x) * g.op("log", a + g.op("sqrt", x2 + _k(imp, 1.0, x)))
+    series = x * (_k(imp, 1.0, x) + x2 * (_k(imp, -1 / 6, x) + x2 * _k(imp, 3 / 40, x)))
+    return _where_small(imp, x, series, big)
+
+
+def _atanh(imp: _Importer, x: Tensor, attrs: dict) -> Tensor:
+    g = imp.g
+    one, x2 = _k(imp, 1.0, x), x * x
+    big = g.op("log", (one + x) / (one - x)) * _k(imp, 0.5, x)
+    series = x * (one + x2 * (_k(imp, 1 / 3, x) + x2 * _k(imp, 1 / 5, x)))
+    return _where_small(imp, x, series, big)
+
+
+_onnx._OP_REVIEWED.update({"Celu": 28, "SpaceToDepth": 28, "DepthToSpace": 28})
+
+_SIMPLE_FLOAT: dict[str, Any] = {
+    "Tan": lambda imp, x, a: imp.g.op("sin", x) / imp.g.op("cos", x),
+    "Sinh": _sinh,
+    "Cosh": lambda imp, x, a: (imp.g.op("exp", x) + imp.g.op("exp", imp.g.op("neg", x))) * _k(imp, 0.5, x),
+    "Asinh": _asinh,
+    "Acosh": lambda imp, x, a: imp.g.op("log", x + imp.g.op("sqrt", x * x - _k(imp, 1.0, x))),
+    "Atanh": _atanh,
+    "Swish": lambda imp, x, a: x * imp.g.op("sigmoid", x * _k(imp, float(a.get("alpha", 1.0)), x)),
+    "ThresholdedRelu": lambda imp, x, a: imp.g.op(
+        "where", imp.g.op("greater", x, _k(imp, float(a.get("alpha", 1.0)), x)), x, _k(imp, 0.0, x)),
+}
+for _name, _fn in _SIMPLE_FLOAT.items():
+    _handler(_name)(_unary_float(_fn))
+
+
+@_handler("Celu")
+def _celu(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "Celu")
+    g, alpha = imp.g, float(attrs.get("alpha", 1.0))
+    neg = (g.op("exp", x / _k(imp, alpha, x)) - _k(imp, 1.0, x)) * _k(imp, alpha, x)
+    return [g.op("maximum", x, _k(imp, 0.0, x)) + g.op("minimum", neg, _k(imp, 0.0, x))]
+
+
+@_handler("Shrink")
+def _shrink(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "Shrink")
+    g = imp.g
+    bias, lambd = float(attrs.get("bias", 0.0)), float(attrs.get("lambd", 0.5))
+    hi = g.op("where", g.op("greater", x, _k(imp, lambd, x)), x - _k(imp, bias, x), _k(imp, 0.0, x))
+    return [g.op("where", g.op("less", x, _k(imp, -lambd, x)), x + _k(imp, bias, x), hi)]
+
+
+@_handler("IsInf")
+def _isinf(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "IsInf")
+    g = imp.g
+    pos = g.op("equal", x, _k(imp, math.inf, x))
+    neg = g.op("equal", x, _k(imp, -math.inf, x))
+    want = [t for t, on in ((pos, attrs.get("detect_positive", 1)), (neg, attrs.get("detect_negative", 1)))
+            if int(on)]
+    if not want:
+        return [g.op("logical_and", pos, neg)]  # detects nothing: never both +inf and -inf
+    return [want[0] if len(want) == 1 else g.op("logical_or", *want)]
+
+
+def _block(imp: _Importer, x: Tensor, attrs: dict, op: str) -> tuple[int, int, int, int, int]:
+    if x.rank != 4:
+        raise imp.unsupported(f"{op} of a rank-{x.rank} input", fix=f"{op} takes NCHW input")
+    n, c, h, w = _static(imp, x, range(4), op)
+    b = int(attrs.get("blocksize", 0))
+    if b <= 0:
+        raise imp.unsupported(f"{op} blocksize {b}", fix="blocksize must be a positive integer")
+    return n, c, h, w, b
+
+
+@_handler("SpaceToDepth")
+def _space_to_depth(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    n, c, h, w, b = _block(imp, x, attrs, "SpaceToDepth")
+    if h % b or w % b:
+        raise imp.unsupported(f"SpaceToDepth of {h}x{w} by blocksize {b}", fix="H and W must divide by it")
+    mode = attrs.get("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("DCR", "CRD"):
+        raise imp.unsupported(f"SpaceToDepth mode {mode!r}", fix="use mode 'DCR' or 'CRD'")
+    g = imp.g
+    y = g.op("reshape", x, shape=(n, c, h // b, b, w // b, b))
+    # The inverse of DepthToSpace: DCR puts the block offset outermost in the channels, CRD innermost.
+    y = g.op("transpose", y, perm=(0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4))
+    return [g.op("reshape", y, shape=(n, c * b * b, h // b, w // b))]
+
+
+@_handler("DepthToSpace")
+def _depth_to_space(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    n, c, h, w, b = _block(imp, x, attrs, "DepthToSpace")
+    if c % (b * b):
+        raise imp.unsupported(f"DepthToSpace of {c} channels by blocksize {b}",
+                              fix="the channels must divide by blocksize**2")
+    mode = attrs.get("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    g = imp.g
+    cb = c // (b * b)
+    if mode == "DCR":
+        y = g.op("transpose", g.op("reshape", x, shape=(n, b, b, cb, h, w)), perm=(0, 3, 4, 1, 5, 2))
+    elif mode == "CRD":
+        y = g.op("transpose", g.op("reshape", x, shape=(n, cb, b, b, h, w)), perm=(0, 1, 4, 2, 5, 3))
+    else:
+        raise imp.unsupported(f"DepthToSpace mode {mode!r}", fix="use mode 'DCR' or 'CRD'")
+    return [g.op("reshape", y, shape=(n, c // (b * b), h * b, w * b))]
+
+
+@_handler("LpNormalization")
+def _lp_normalization(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "LpNormalization")
+    g = imp.g
+    axis, p = int(attrs.get("axis", -1)) % max(x.rank, 1), int(attrs.get("p", 2))
+    if p == 1:
+        norm = g.op("reduce_sum", g.op("abs", x), axes=(axis,), keepdims=True)
+    elif p == 2:
+        norm = g.op("sqrt", g.op("reduce_sum", x * x, axes=(axis,), keepdims=True))
+    else:
+        raise imp.unsupported(f"LpNormalization with p={p}", fix="p must be 1 or 2")
+    # An all-zero slice has norm 0 and is defined to stay 0 (no 0/0).
+    zero = _k(imp, 0.0, x)
+    return [x / g.op("where", g.op("equal", norm, zero), _k(imp, 1.0, x), norm)]
+
+
+@_handler("MeanVarianceNormalization")
+def _mvn(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "MeanVarianceNormalization")
+    g = imp.g
+    axes = tuple(int(a) % x.rank for a in attrs.get("axes", [0, 2, 3]))
+    # As ONNX's function body: (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9).
+    mean = g.op("reduce_mean", x, axes=axes, keepdims=True)
+    var = g.op("reduce_mean", x * x, axes=axes, keepdims=True) - mean * mean
+    return [(x - mean) / (g.op("sqrt", var) + _k(imp, 1e-9, x))]
+
+
+@_handler("LRN")
+def _lrn(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "LRN")
+    if x.rank < 3:
+        raise imp.unsupported(f"LRN of a rank-{x.rank} input", fix="LRN takes (N, C, D1, ...) input")
+    c = _static(imp, x, [1], "LRN")[0]
+    size = int(attrs["size"]) if "size" in attrs else 0
+    if size <= 0:
+        raise imp.unsupported("LRN without a positive size", fix="the model is malformed; export it again")
+    alpha, beta, bias = (float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
+                         float(attrs.get("bias", 1.0)))
+    g = imp.g
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = x * x
+    pads = [0] * (2 * x.rank)
+    pads[1], pads[1 + x.rank] = lo, hi
+    padded = g.op("pad", sq, pads=tuple(pads))
+    total = None
+    for i in range(size):  # the channel window, one shifted slice per tap
+        part = g.op("slice", padded, starts=(i,), stops=(i + c,), axes=(1,), steps=(1,))
+        total = part if total is None else total + part
+    assert total is not None
+    denom = g.op("pow", _k(imp, bias, x) + total * _k(imp, alpha / size, x), _k(imp, beta, x))
+    return [x / denom]
+
+
+@_handler("Hardmax")
+def _hardmax(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    x = imp.t(ins[0])
+    _float_input(imp, x, "Hardmax")
+    if imp.opset < 13:
+        raise imp.unsupported("Hardmax before opset 13 (over a flattened 2-D view) is not translated",
+                              fix="convert the model to opset 13 or newer")
+    g = imp.g
+    axis = int(attrs.get("axis", -1)) % x.rank
+    shape = tuple(_static(imp, x, range(x.rank), "Hardmax"))
+    idx = g.op("argmax", x, axis=axis, keepdims=True)
+    pos = g.op("iota", shape=shape, axis=axis, dtype=idx.dtype)
+    return [g.op("cast", g.op("equal", pos, idx), to=x.dtype)]
