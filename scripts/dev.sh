@@ -49,7 +49,8 @@ log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 # rlx-cpu with its oneDNN extra: the configuration the benchmarks and certificates are made with.
 "${PIP[@]}" -e . -e "plugins/rlx-cpu[onednn]" -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
   -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga \
-  -e plugins/rlx-webgpu -e plugins/rlx-opencl -e plugins/rlx-opengl -e plugins/rlx-directx
+  -e plugins/rlx-webgpu -e plugins/rlx-opencl -e plugins/rlx-opengl -e plugins/rlx-directx \
+  -e plugins/rlx-rocm
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
 CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl opengl directx)
@@ -117,6 +118,11 @@ case "$job" in
     # FPGA RTL: simulated with Icarus Verilog, resources from yosys synthesis.
     command -v iverilog >/dev/null 2>&1 || need_apt+=(iverilog)
     command -v yosys >/dev/null 2>&1 || need_apt+=(yosys)
+    # rlx-rocm's offline build (HIP to amdgcn code objects) and rlx-hexagon's (C to Hexagon/HVX objects):
+    # clang's AMDGPU and Hexagon back ends, lld, and llvm-readelf/objdump to check the objects.
+    command -v clang-19 >/dev/null 2>&1 || need_apt+=(clang-19)
+    command -v ld.lld-19 >/dev/null 2>&1 || need_apt+=(lld-19)
+    command -v llvm-readelf-19 >/dev/null 2>&1 || need_apt+=(llvm-19)
     if ((${#need_apt[@]})); then
       command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
       log "installing system packages: ${need_apt[*]}"
