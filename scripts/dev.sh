@@ -50,10 +50,11 @@ log "installing rlx-core, rlx-cpu, rlx-wasm and rlx-conformance (editable)"
 "${PIP[@]}" -e . -e "plugins/rlx-cpu[onednn]" -e conformance -e plugins/rlx-wasm -e plugins/rlx-cuda \
   -e plugins/rlx-cortexm -e plugins/rlx-metal -e plugins/rlx-vulkan -e plugins/rlx-fpga \
   -e plugins/rlx-webgpu -e plugins/rlx-opencl -e plugins/rlx-opengl -e plugins/rlx-directx \
-  -e plugins/rlx-rocm
+  -e plugins/rlx-rocm -e plugins/rlx-onnxruntime -e plugins/rlx-mlx -e plugins/rlx-oneapi -e plugins/rlx-ane \
+  -e plugins/rlx-xla -e plugins/rlx-hexagon
 
 # Plugins whose hardware (or a software implementation of it) exists on a CPU-only machine.
-CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl opengl directx)
+CI_PLUGINS=(cpu wasm cortexm metal vulkan fpga webgpu opencl opengl directx onnxruntime mlx oneapi)
 
 # certify DIR [--results]: certificates of every CI plugin in DIR; with --results also every check's
 # result (DIR/B.results.json), which the tests then reuse (RLX_CERT_DIR) instead of running the suite again.
@@ -123,6 +124,11 @@ case "$job" in
     command -v clang-19 >/dev/null 2>&1 || need_apt+=(clang-19)
     command -v ld.lld-19 >/dev/null 2>&1 || need_apt+=(lld-19)
     command -v llvm-readelf-19 >/dev/null 2>&1 || need_apt+=(llvm-19)
+    # rlx-hexagon's generated C executed as scalar Hexagon code: QEMU's user-mode hexagon emulator.
+    command -v qemu-hexagon >/dev/null 2>&1 || need_apt+=(qemu-user)
+    # Collectives and `rlx launch`: Open MPI over TCP/shared memory on one host (mpi4py loads libmpi).
+    command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+    ls /usr/lib/*/libmpi.so >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
     if ((${#need_apt[@]})); then
       command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
       log "installing system packages: ${need_apt[*]}"
@@ -152,7 +158,7 @@ case "$job" in
     # run; a busy machine makes it inconclusive, never a failure: see rlx_core/costmodel_check.py).
     log "cost model check"
     cost_rc=0
-    "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan webgpu opencl opengl directx --json build/costmodel.json || cost_rc=$?
+    "$PY" -m rlx_core.costmodel_check cpu wasm metal vulkan webgpu opencl opengl directx onnxruntime mlx --json build/costmodel.json || cost_rc=$?
     # The README's install lines, from built distributions only (fresh venvs outside the repo).
     log "distributions"
     build_dists

@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: generated firmware (rlx-cortexm), and the marker file hostile-name tests look for.
 NOT_SETTINGS = frozenset({"RLX_ARENA_BYTES", "RLX_INBOX", "RLX_INBOX_BYTES", "RLX_INBOX_DATA",
                           "RLX_STACK_SIZE", "RLX_MODEL_H", "RLX_CUDA_PREAMBLE", "RLX_PWNED",
-                          "RLX_MYDEV_THREADS"})  # the last: the example in the docs of declare()
+                          "RLX_MYDEV_THREADS",  # the example in the docs of declare()
+                          # macros and symbols in generated HIP / Hexagon C / CUDA source
+                          "RLX_A", "RLX_CONSTANT_BYTES", "RLX_HIP_OFFLINE", "RLX_GID", "RLX_FULL"})
 
 
 def _doc_script() -> ModuleType:

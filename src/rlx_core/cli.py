@@ -64,6 +64,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "embed": ("rlx_core.models.minilm:embed_command", "Embed sentences with all-MiniLM-L6-v2."),
     "bench": ("rlx_core.train_bench:bench_group",
               "Benchmark RLX against ONNX Runtime, PyTorch and NumPy (infer, train-mlp, plot)."),
+    "launch": ("rlx_core.distributed.launch:launch_command", "Run a command on N ranks (Open MPI)."),
     "export": ("rlx_core.export_cmd:export_command",
                "Export a model as a standalone artifact (targets come from plugins: rlx export -h)."),
     "plugins": ("rlx_core.plugins_cmd:plugins_command",

@@ -76,6 +76,10 @@ class DispatchError(RLXError):
         super().__init__(what, where=where, fix=fix)
 
 
+class CollectiveError(RLXError):
+    """A collective (all_reduce, send, recv ...) failed or timed out on this rank."""
+
+
 class InputError(RLXError):
     """Inputs given to ``Executable.run`` do not match the graph's inputs."""
 

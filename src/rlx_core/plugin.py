@@ -48,6 +48,8 @@ What is here, by role:
   (Vulkan, OpenGL; since 1.1); ``hlsl`` (the HLSL compute-shader library: ``hlsl.HlslProgram``,
   ``hlsl.claims``, ``hlsl.translate``); ``vulkan`` (the Vulkan runtime: context, buffers, SPIR-V pipelines,
   command-buffer record + replay, ``vulkan.SpirvCompiler``);
+* linear algebra: ``linalg`` (the CSR/solver/factorization ops' shared definitions: ``csr_rows``,
+  ``sign_fix``, ``lu_reference``, ``cg_reference`` ..., so kernels follow the references' conventions);
 * quantized ops: ``register_quant_ops``, ``quantize_graph``, ``softmax_lut``, ``pool_geometry``;
 * exporters (``rlx export --target T``): ``export_options``, ``echo_json``, ``parse_pairs``,
   ``parse_bindings``, ``check_bindings``, ``load_model``, ``load_command_model``;
@@ -193,6 +195,8 @@ _LAZY: dict[str, str] = {
     "Runtime": "rlx_core.devicekit",
     "KitProgram": "rlx_core.devicekit",
     "Replay": "rlx_core.devicekit",
+    # linear algebra (the op family module: CSR helpers and the factorizations' conventions)
+    "linalg": "rlx_core.ir.ops.linalg:",
     # quantized ops
     "quantize_graph": "rlx_core.quant",
     "softmax_lut": "rlx_core.quant.fixedpoint",
@@ -213,6 +217,10 @@ _LAZY: dict[str, str] = {
     "parse_device": "rlx_core._hub",
     # provisional demo models
     "MiniLM": "rlx_core.models.minilm",
+    # collectives (issue 22): the process group collective kernels talk through
+    "collective_world": "rlx_core.distributed.runtime:world",
+    "CollectiveError": "rlx_core.errors",
+    "run_world_conformance": "rlx_core.distributed.conformance:run_world",
     "split_digits": "rlx_core.quant.examples",
     "train_mlp": "rlx_core.quant.examples",
     "train_cnn": "rlx_core.quant.examples",
@@ -235,12 +243,13 @@ __all__ = [
     "FUSIBLE", "encode_fused", "decode_fused", "quantize_graph", "softmax_lut", "pool_geometry",
     "export_options", "echo_json", "parse_pairs", "parse_bindings", "check_bindings", "load_model",
     "load_command_model", "Session", "Executable", "Hub", "Backend", "parse_device",
+    "collective_world", "CollectiveError", "run_world_conformance",
     "REQUIRED", "HIR_OPS", "MASK_KINDS", "to_reference", "MiniLM", "split_digits", "train_mlp", "train_cnn",
     "single_op_program", "program_of", "render_check", "check_ops", "renders", "dtypes_in", "all_of",
     "elementwise_claims", "fused_claim", "Compiler", "tool_version", "Launch", "Allocator",
     "HostAllocator", "Runtime", "KitProgram", "Replay", "CtypesRuntime",
     "BufferBinding", "CapabilityError", "FusionRule", "Region", "cstyle", "KernelDialect", "KERNEL_DIALECTS",
-    "glsl", "GlslFlavour", "GLSL_FLAVOURS", "hlsl", "vulkan",
+    "glsl", "GlslFlavour", "GLSL_FLAVOURS", "hlsl", "vulkan", "linalg",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports lazily
@@ -294,11 +303,14 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     )
     from rlx_core.devicekit.cstyle import KERNEL_DIALECTS, KernelDialect
     from rlx_core.devicekit.glsl import GLSL_FLAVOURS, GlslFlavour
+    from rlx_core.distributed.conformance import run_world as run_world_conformance
+    from rlx_core.distributed.runtime import world as collective_world
     from rlx_core.dtypes import DType
     from rlx_core.errors import (
         BackendNotFoundError,
         CalibrationError,
         CapabilityError,
+        CollectiveError,
         DispatchError,
         DTypeError,
         InputError,
@@ -320,6 +332,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.ir.hir import HIR_OPS, MASK_KINDS, masked_score
     from rlx_core.ir.indices import device_error
     from rlx_core.ir.mir import slice_params
+    from rlx_core.ir.ops import linalg
     from rlx_core.ir.reference import evaluate, to_reference
     from rlx_core.ir.schema import REGISTRY, REQUIRED, AttrSpec, OpSchema, get_op, register_op
     from rlx_core.ir.types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis

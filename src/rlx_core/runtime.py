@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,18 +28,31 @@ from .placement import MultiDeviceExecutable, place
 from .records import BufferBinding, FusionRule, KernelClaim, NodeVariant
 from .report import DispatchReport, TransferEntry
 
+if TYPE_CHECKING:
+    from .distributed.mesh import Mesh
+    from .distributed.session import DistributedSession
+
 
 class Session:
     """Compiles graphs for one device (``"cpu"``, ``"cuda:1"``) or, when several are named, places
     each node on the first device that can run it and reports every cross-device transfer.
 
     ``device=None`` picks the default backend (``RLX_BACKENDS`` order, else cpu).
+
+    ``mesh`` (a :class:`rlx_core.distributed.Mesh`, e.g. ``Mesh(tp=2)``): this process is one rank
+    of a launch of ``mesh.size`` processes (started by ``rlx launch -n N``, through Open MPI's
+    mpirun), and :meth:`compile` forwards to :class:`rlx_core.distributed.DistributedSession`
+    (``self.distributed``): it compiles this rank's tensor-parallel program of the graph
+    (Megatron-style split of the attention heads and FFN, ``all_reduce`` between the ranks), whose
+    outputs are the whole graph's on every rank. For pipeline stages, call
+    ``self.distributed.compile(graph, cuts=[...])``. MPI (mpi4py) is loaded only when a mesh is given.
     """
 
     def __init__(self, device: str | Sequence[str] | None = None, *, hub: Hub | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool | None = None,
                  shape_hints: Mapping[str, int] | None = None, fusion: bool | None = None,
-                 lower_only: bool = False, max_specializations: int | None = None) -> None:
+                 lower_only: bool = False, max_specializations: int | None = None,
+                 mesh: Mesh | None = None) -> None:
         """``lower_only``: the session only dispatches and lowers (:meth:`lower`, :meth:`check`:
         whole-program code generators such as ``rlx export``), so its device may be one that
         cannot run here (its toolchain or hardware is missing); :meth:`compile` then refuses.
@@ -72,6 +86,12 @@ class Session:
         self.shape_hints = dict(shape_hints or {})
         self._dispatchers: dict[str, Dispatcher] = {}
         self.max_specializations = _max_specializations(max_specializations)
+        self.mesh = mesh
+        self.distributed: DistributedSession | None = None
+        if mesh is not None:  # compiles per-rank programs through a mesh-less copy of this session
+            from .distributed.session import DistributedSession
+
+            self.distributed = DistributedSession(device, mesh, session=copy.copy(self))
 
     @property
     def device_names(self) -> list[str]:
@@ -206,7 +226,10 @@ class Session:
         """Dispatch now (so illegal graphs fail here); specialise symbolic dims on first run.
 
         ``carry``: input -> output pairs the caller feeds back between runs through
-        :meth:`Executable.buffers` (training state); the memory plan keeps them safe to copy."""
+        :meth:`Executable.buffers` (training state); the memory plan keeps them safe to copy.
+        With a ``mesh``: this rank's program of ``graph`` (see the class docstring)."""
+        if self.distributed is not None:
+            return self.distributed.compile(graph, carry=carry)
         for _, d in self.devices:
             if not d.available:
                 raise BackendNotFoundError(f"device {d.name} is unavailable: {d.reason}",

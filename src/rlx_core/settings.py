@@ -264,6 +264,10 @@ BENCH_THREADS = declare(
     "RLX_BENCH_THREADS", "int", None,
     "Threads `rlx bench` and the bench/micro microbenchmarks give every engine they compare.", min=1,
     default_text="the CPU count")
+COLLECTIVE_TIMEOUT = declare(
+    "RLX_COLLECTIVE_TIMEOUT", "float", 300.0,
+    "Seconds a collective (all_reduce, send, recv ...) may wait for its peer ranks before it fails with "
+    "an error naming the rank and the collective.", min=0.001)
 REQUIRE_SIGNATURE = declare(
     "RLX_REQUIRE_SIGNATURE", "path", None,
     "A public key: `rlx run`/`rlx explain` refuse a model without a valid signature by it.")

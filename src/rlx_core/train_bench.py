@@ -305,8 +305,9 @@ def default_threads() -> int:
 
 
 @contextmanager
-def thread_limits(threads: int) -> Iterator[dict[str, Any]]:
-    """BLAS (through threadpoolctl, when installed) and torch intra-op threads set to ``threads``."""
+def thread_limits(threads: int, torch_threads: bool = True) -> Iterator[dict[str, Any]]:
+    """BLAS (through threadpoolctl, when installed) and (``torch_threads``) torch intra-op threads
+    set to ``threads``."""
     info: dict[str, Any] = {"threads": threads}
     ctl: Any = None
     try:
@@ -318,6 +319,8 @@ def thread_limits(threads: int) -> Iterator[dict[str, Any]]:
         info["blas"] = "default (threadpoolctl not installed)"
     prev_torch = None
     try:
+        if not torch_threads:  # not imported at all: seconds saved on every rank of --data-parallel
+            raise ImportError
         import torch
 
         prev_torch = torch.get_num_threads()
@@ -362,6 +365,8 @@ def make_runtime(runtime: str, arch: Sequence[int], params: Params, batch: int, 
         return RlxMLP(arch, params, batch, lr, momentum, device, fusion=fusion)
     if runtime == "rlx-trainer":
         return _OptimTrainerMLP(arch, params, batch, lr, momentum, device)
+    if runtime == "rlx-dp":
+        return DataParallelMLP(arch, params, batch, lr, momentum, device)
     if runtime == "numpy":
         return NumpyMLP(arch, params, batch, lr, momentum)
     if runtime == "torch":
@@ -391,6 +396,39 @@ class _OptimTrainerMLP(RlxMLP):
 
     def params(self) -> Params:
         v = self.plain.values
+        return [(np.array(v[f"w{k}"]), np.array(v[f"b{k}"])) for k in range(len(self.arch) - 1)]
+
+
+class DataParallelMLP(RlxMLP):
+    """``--data-parallel N``: one of N ranks of a launch, each holding the whole MLP and training on
+    1/N of every global batch (:class:`rlx_core.distributed.DataParallelTrainer`: gradients averaged
+    with bucketed ``all_reduce(mean)`` in the train-step graph), so every rank takes the
+    single-process step on the global batch and reports the global loss."""
+
+    name = "rlx-dp"
+
+    def __init__(self, arch: Sequence[int], params: Params, batch: int, lr: float, momentum: float,
+                 device: str = "cpu") -> None:
+        from .distributed import DataParallelTrainer, world
+        from .optim import SGD
+
+        self.arch = tuple(arch)
+        self.device = device
+        self.world = world().size
+        if batch % self.world:
+            raise click.UsageError(f"--batch {batch} does not split over {self.world} data-parallel ranks; "
+                                   f"use a multiple of {self.world}")
+        t0 = time.perf_counter()
+        # the rank's graph is built for its static share of the batch: one specialisation, no symbols
+        self.dp = DataParallelTrainer(mlp_graph(arch, params, batch // self.world), "loss",
+                                      SGD(lr=lr, momentum=momentum), param_names(len(params)), device=device)
+        self.compile_s = time.perf_counter() - t0
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        return self.dp.step(x=x, y=y)
+
+    def params(self) -> Params:
+        v = self.dp.values
         return [(np.array(v[f"w{k}"]), np.array(v[f"b{k}"])) for k in range(len(self.arch) - 1)]
 
 
@@ -500,8 +538,15 @@ def train_mlp(arch: str | Sequence[int] | None = None, *, batch: int | None = No
               peers: Sequence[str] = PEERS, steps: int | None = None, epochs: int | None = None,
               dataset: str = "random", lr: float = 0.02, momentum: float = 0.9, seed: int = 0,
               threads: int | None = None, n_images: int = 60000, warmup: int = 3,
-              extra_runtimes: Sequence[str] = (), fusion: bool | str = "auto") -> dict[str, Any]:
-    """Run the benchmark and return its results as JSON-able data (what ``--json`` writes)."""
+              extra_runtimes: Sequence[str] = (), fusion: bool | str = "auto",
+              data_parallel: int = 1) -> dict[str, Any]:
+    """Run the benchmark and return its results as JSON-able data (what ``--json`` writes).
+
+    ``data_parallel=N``: this process is one of the N ranks of a launch (``rlx launch -n N``);
+    every rank first trains ``rlx-dp`` (:class:`DataParallelMLP`, the same global batches), then
+    rank 0 alone runs the single-process runtimes and returns the whole result, with the two loss
+    curves under ``"data_parallel"``; the other ranks return only ``{"rank": r, "results": {"rlx-dp": ...}}``.
+    """
     if dataset not in DATASETS:
         raise click.UsageError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
     sizes = parse_arch(arch or DEFAULT_ARCH[dataset]) if arch is None or isinstance(arch, str) \
@@ -509,6 +554,20 @@ def train_mlp(arch: str | Sequence[int] | None = None, *, batch: int | None = No
     for p in peers:
         if p not in PEERS:
             raise click.UsageError(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
+    rank = 0
+    if data_parallel > 1:
+        from .distributed import world
+
+        w = world()
+        if w.size != data_parallel:
+            raise click.UsageError(f"data_parallel={data_parallel} but this launch has {w.size} rank(s); "
+                                   f"start it with `rlx launch -n {data_parallel}` (or the CLI's "
+                                   f"--data-parallel {data_parallel}, which does)")
+        rank = w.rank
+        # the ranks share the host's cores: a rank's fair share is one thread unless told otherwise
+        from .settings import BENCH_THREADS
+
+        threads = threads or BENCH_THREADS.get() or 1
     threads = threads or default_threads()
     batch = batch or DEFAULT_BATCH[dataset]
     t_data = time.perf_counter()
@@ -527,20 +586,30 @@ def train_mlp(arch: str | Sequence[int] | None = None, *, batch: int | None = No
     data_s = time.perf_counter() - t_data
     params = init_params(sizes, seed)
     runtimes = ["rlx", *extra_runtimes, *peers]
+    if data_parallel > 1:
+        runtimes.insert(0, "rlx-dp")
     load_before = _loadavg()
     results: dict[str, RunResult] = {}
-    with thread_limits(threads) as tinfo:
+    with thread_limits(threads, torch_threads="torch" in runtimes) as tinfo:
         for r in runtimes:
             res, rt = run_one(r, sizes, params, xtr, ytr, sel, batch, lr, momentum, device, warmup, fusion)
             if xte is not None and yte is not None:
                 res.accuracy = accuracy(rt, xte, yte)
             results[r] = res
+            if rank != 0:  # the collective part is over: rank 0 alone runs the single-process ones
+                return {"rank": rank, "results": {r: res.to_json()}}
     load_after = _loadavg()
     rlx = results["rlx"]
     ratios = {f"rlx/{p}": rlx.images_per_s / results[p].images_per_s for p in runtimes if p != "rlx"}
     k = min(len(r.losses) for r in results.values())
     agree = {p: float(np.max(np.abs(np.subtract(rlx.losses[:min(k, 10)], results[p].losses[:min(k, 10)]))))
              for p in runtimes if p != "rlx"}
+    dp: dict[str, Any] | None = None
+    if data_parallel > 1:
+        dpl = results["rlx-dp"].losses
+        dp = {"ranks": data_parallel, "global_batch": batch, "rank_batch": batch // data_parallel,
+              "losses": dpl, "rlx_losses": rlx.losses,
+              "max_abs_loss_diff_vs_rlx": float(np.max(np.abs(np.subtract(dpl, rlx.losses))))}
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"platform": platform.platform(), "machine": platform.machine(),
@@ -553,6 +622,7 @@ def train_mlp(arch: str | Sequence[int] | None = None, *, batch: int | None = No
         "results": {r: v.to_json() for r, v in results.items()},
         "ratios": ratios,
         "first10_max_abs_loss_diff_vs_rlx": agree,
+        "data_parallel": dp,
     }
 
 
@@ -594,6 +664,13 @@ def format_report(res: dict[str, Any]) -> str:
                      f"{rl['compile_s']:.2f} s, fusion {'on' if rl.get('fusion') else 'off'} ({how}); state "
                      f"resident: {rl.get('resident')}, tensors copied back per step: "
                      f"{rl.get('carried_copies')}, inputs read in place: {rl.get('bound_inputs') or 'none'}")
+    dp = res.get("data_parallel")
+    if dp:
+        d = res["results"]["rlx-dp"]
+        lines.append(f"rlx-dp: data-parallel over {dp['ranks']} ranks (Open MPI, one host), each on "
+                     f"{dp['rank_batch']} of every batch of {dp['global_batch']}, gradients all-reduced; "
+                     f"compiled in {d.get('compile_s', float('nan')):.2f} s; loss vs single-process rlx over "
+                     f"{len(dp['losses'])} steps: max |diff| {dp['max_abs_loss_diff_vs_rlx']:.2e}")
     if res["first10_max_abs_loss_diff_vs_rlx"]:
         lines.append("loss agreement over the first 10 steps (max |diff| vs rlx): " + ", ".join(
             f"{k} {v:.2e}" for k, v in res["first10_max_abs_loss_diff_vs_rlx"].items())
@@ -625,9 +702,18 @@ def format_report(res: dict[str, Any]) -> str:
                    "and keeps the faster (on rlx-cpu neither wins everywhere).")
 @click.option("--with-trainer", is_flag=True, help="Also time rlx_core.optim.Trainer (copies in/out).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write results as JSON.")
+@click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Also train data-parallel (runtime rlx-dp) on N processes (ranks) that Open MPI's mpirun "
+                   "starts on this host (as `rlx launch -n N` does): each rank trains on 1/N of every "
+                   "batch and the gradients are all-reduced, so the loss follows the single-process "
+                   "curve; rank 0 then runs the single-process runtimes and prints the report. "
+                   "Under `rlx launch -n N` it uses that launch's ranks. --batch must be a multiple of "
+                   "N; --threads defaults to 1 per rank. Needs Open MPI and mpi4py.")
 def train_mlp_command(arch: str | None, batch: int | None, device: str, peers: str, steps: int | None,
                       epochs: int | None, dataset: str, images: int, lr: float, momentum: float, seed: int,
-                      threads: int | None, fusion: str, with_trainer: bool, json_path: str | None) -> None:
+                      threads: int | None, fusion: str, with_trainer: bool, json_path: str | None,
+                      data_parallel: int) -> None:
     """Train an MLP with RLX, a hand-written NumPy+BLAS loop and PyTorch eager, in one run.
 
     \b
@@ -635,14 +721,26 @@ def train_mlp_command(arch: str | None, batch: int | None, device: str, peers: s
       rlx bench train-mlp --arch 784-128-10 --batch 128 --device cpu
       rlx bench train-mlp --arch 784-512-256-10 --peers numpy,torch --json out.json
       rlx bench train-mlp --dataset digits
+      rlx bench train-mlp --data-parallel 2 --peers numpy
     """
     if steps is not None and steps < 1:
         raise click.BadParameter("--steps must be >= 1")
     peer_list = [p.strip() for p in peers.split(",") if p.strip()]
+    if data_parallel > 1:
+        b = batch or DEFAULT_BATCH[dataset]
+        if b % data_parallel:  # checked before starting N processes
+            raise click.BadParameter(f"batch {b} does not split over {data_parallel} ranks; use a multiple "
+                                     f"of {data_parallel}", param_hint="--batch")
+        from .distributed.session import relaunch
+
+        # outside a launch this re-runs the command line on N ranks and exits with their status
+        relaunch(data_parallel, command="train-mlp")
     res = train_mlp(arch, batch=batch, device=device, peers=peer_list, steps=steps, epochs=epochs,
                     dataset=dataset, lr=lr, momentum=momentum, seed=seed, threads=threads, n_images=images,
                     extra_runtimes=("rlx-trainer",) if with_trainer else (),
-                    fusion="auto" if fusion == "auto" else fusion == "on")
+                    fusion="auto" if fusion == "auto" else fusion == "on", data_parallel=data_parallel)
+    if res.get("rank", 0) != 0:  # rank 0 reports for every rank
+        return
     click.echo(format_report(res))
     if json_path:
         Path(json_path).write_text(json.dumps(res, indent=2))
@@ -673,6 +771,6 @@ bench_group.add_command(train_mlp_command)
 bench_group.add_command(plot_command)
 
 
-__all__ = ["DATASETS", "PEERS", "NumpyMLP", "ResidentTrainer", "RlxMLP", "TorchMLP", "bench_group",
-           "digits_split", "format_report", "init_params", "mlp_graph", "parse_arch", "random_mnist",
-           "train_mlp", "train_mlp_command"]
+__all__ = ["DATASETS", "PEERS", "DataParallelMLP", "NumpyMLP", "ResidentTrainer", "RlxMLP", "TorchMLP",
+           "bench_group", "digits_split", "format_report", "init_params", "mlp_graph", "parse_arch",
+           "random_mnist", "train_mlp", "train_mlp_command"]

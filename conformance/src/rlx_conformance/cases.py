@@ -40,7 +40,9 @@ import numpy as np
 
 from rlx_core.plugin import REGISTRY, REQUIRED, DType, Graph, OpSchema, RLXError, TensorType, normalize_axis
 
+from .linalg_cases import GENERATORS as LINALG_GENERATORS
 from .quant_cases import GENERATORS as QUANT_GENERATORS
+from .splat_cases import GENERATORS as SPLAT_GENERATORS
 
 Shape = tuple[int, ...]
 #: ``maker(rng, shape, dtype) -> array`` generates one operand in storage dtype.
@@ -1230,6 +1232,10 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
     **{op: _gen_pool for op in ("max_pool2d", "avg_pool2d")},
     # the quantized ops (rlx_core.quant registers them; their generators are in quant_cases)
     **QUANT_GENERATORS,
+    # the linear algebra ops (rlx_core.ir.ops.linalg; generators in linalg_cases)
+    **LINALG_GENERATORS,
+    # the Gaussian splatting ops (rlx_core.ir.ops.splat; generators in splat_cases)
+    **SPLAT_GENERATORS,
 }
 
 
@@ -1517,6 +1523,10 @@ def accumulation(case: OpCase, graph: Graph | None = None) -> tuple[int, float]:
         return hir_condition(case.op, refs, graph.nodes[0].attrs)
     node = graph.nodes[0]
     ins = dict(case.inputs)
+    condition = REGISTRY.get(case.op).extra.get("condition") if case.op in REGISTRY else None
+    if condition is not None:
+        # The op states its own error bound (solvers, factorizations: ``n * kappa`` ulps).
+        return condition([to_reference(ins[v.name], v.type.dtype) for v in graph.inputs], node.attrs)
     shapes = {n: a.shape for n, a in case.inputs}
     attrs = node.attrs
     op = case.op

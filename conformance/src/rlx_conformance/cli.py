@@ -21,8 +21,11 @@ import click
               help="Expected-failure manifest (default: the plugin's conformance-xfails.txt).")
 @click.option("--list", "list_only", is_flag=True, help="List the check ids and exit.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("--world", type=int, default=None,
+              help="Run the collective ops' cases across N ranks (through mpirun) instead of the suite.")
 def conformance(backend: str, json_path: Path | None, md_path: Path | None, results_path: Path | None,
-                keyword: str | None, xfails: Path | None, list_only: bool, quiet: bool) -> None:
+                keyword: str | None, xfails: Path | None, list_only: bool, quiet: bool,
+                world: int | None = None) -> None:
     """Certify BACKEND (e.g. `cpu` or `cuda:1`) with the shared conformance suite.
 
     Runs every op x dtype x generated case, the model graphs and the contract checks; prints a
@@ -42,6 +45,12 @@ def conformance(backend: str, json_path: Path | None, md_path: Path | None, resu
     from .checks import collect
     from .runner import keyword_filter, open_context, run_suite
 
+    if world is not None:  # the collective cases live with the ops, their runner in rlx_core.distributed
+        from rlx_core.plugin import run_world_conformance
+
+        code = run_world_conformance(backend, world, keyword=keyword,
+                                     md_path=str(md_path) if md_path else None, quiet=quiet)
+        raise SystemExit(code)
     out = Console()
     if list_only:
         open_context(backend)  # the plugin's own ops (rlx_ops) have checks too

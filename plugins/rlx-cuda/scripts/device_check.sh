@@ -10,7 +10,8 @@
 #   plugins/rlx-cuda/.carry/minilm-f16/  all-MiniLM-L6-v2 as f16 (the f32 package is over 64 MiB)
 #   plugins/rlx-cuda/.carry/wheels/      wheels for rlx-core's dependencies, only if the machine lacks them
 # Environment: PYTHON (default python3), OUT; STAGES (default "doctor tests bench conformance": name a
-# subset to split the work over several calls); BUDGET (seconds for the whole script, default 570,
+# subset to split the work over several calls); GPU_TESTS (pytest arguments of the tests stage, default
+# plugins/rlx-cuda/tests/test_cuda_gpu.py); BUDGET (seconds for the whole script, default 570,
 # under the device tool's 600 s per call) and per-stage caps T_TESTS (180), T_BENCH (180): each stage
 # gets at most what is left of BUDGET, conformance (last) everything that remains.
 set -uo pipefail
@@ -91,7 +92,7 @@ fi
 stage doctor 120 "${RLX[@]}" doctor
 [[ "$STAGES" == *" doctor "* ]] && { "${RLX[@]}" doctor --json > "$OUT/doctor.json" 2>/dev/null || true; }
 stage tests "${T_TESTS:-180}" "$PY" -m pytest -q -rs -p no:cacheprovider \
-  --junitxml="$OUT/gpu-tests.xml" plugins/rlx-cuda/tests/test_cuda_gpu.py
+  --junitxml="$OUT/gpu-tests.xml" ${GPU_TESTS:-plugins/rlx-cuda/tests/test_cuda_gpu.py}
 stage bench "${T_BENCH:-180}" "$PY" plugins/rlx-cuda/bench/bench_cuda.py --json "$OUT/cuda-bench.json"
 stage conformance 100000 "${RLX[@]}" conformance cuda -q \
   --json "$OUT/cuda-cert.json" --markdown "$OUT/cuda-cert.md"

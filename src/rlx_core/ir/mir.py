@@ -19,8 +19,10 @@ from .indices import normalize as normalize_indices
 # argmin) and data movement (reshape, transpose, expand, slice, concat, pad) are declared once each,
 # with all their facts, in their family's module: importing it registers them.
 from .ops import elementwise as _elementwise  # noqa: F401
+from .ops import linalg as _linalg  # noqa: F401  (CSR sparse, solvers, dense factorizations)
 from .ops import movement as _movement  # noqa: F401
 from .ops import reduction as _reduction  # noqa: F401
+from .ops import splat as _splat  # noqa: F401  (3D Gaussian splatting: project, SH colour, rasterize)
 from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED  # noqa: F401  (re-exported)
 from .ops._common import check_dtypes as _check_dtypes
 from .ops._common import same_dtype as _same_dtype
@@ -257,3 +259,4 @@ def _collect() -> tuple[str, ...]:
 
 
 MIR_OPS = _collect()
+from .ops import collective as _collective  # noqa: E402,F401  (after MIR_OPS: the compute primitives)

@@ -246,9 +246,16 @@ def _short(s: str, n: int = 60) -> str:
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sentences per batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+@click.option("--tensor-parallel", "tensor_parallel", type=click.IntRange(min=1), default=1,
+              show_default=True, metavar="N",
+              help="Split the model over N processes (ranks) that Open MPI's mpirun starts on this host "
+                   "(as `rlx launch -n N` does): each rank holds 1/N of the attention heads and FFN "
+                   "weights and the ranks all-reduce after each block; rank 0 prints the same result "
+                   "as one process. Under `rlx launch -n N` it uses that launch's ranks. Needs Open MPI "
+                   "and mpi4py, and a device whose backend runs collectives (cpu: MPI; cuda: NCCL).")
 @quiet_option()
 def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, batch_size: int,
-                  as_json: bool, quiet: bool) -> None:
+                  as_json: bool, tensor_parallel: int, quiet: bool) -> None:
     """Embed sentences with all-MiniLM-L6-v2 (384-d, unit norm).
 
     Prints a short preview and the norm of each embedding, and with two or more sentences their
@@ -260,6 +267,7 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
       rlx embed "A man is eating food." "Someone is having a meal."
       rlx embed --file sentences.txt --json
       rlx embed "hello world" --device cpu
+      rlx embed "hello world" --tensor-parallel 2
     """
     from ..cli import console
     from ..cliutil import Progress, echo_json
@@ -267,13 +275,31 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
     texts = list(sentences) + (_read_sentences(file) if file is not None else [])
     if not texts:
         raise click.UsageError("give at least one sentence, or --file PATH with one sentence per line")
+    rank = 0
+    if tensor_parallel > 1:
+        from ..distributed.session import relaunch
+
+        # outside a launch this re-runs the command line on N ranks and exits with their status
+        # (--file - would need stdin on every rank: mpirun forwards it to rank 0 only)
+        if file is not None and getattr(file, "name", None) == "<stdin>":
+            raise click.UsageError("--tensor-parallel cannot read sentences from stdin (--file -): "
+                                   "mpirun gives stdin to rank 0 only; pass a file path")
+        rank = relaunch(tensor_parallel, command="embed")
+        quiet = quiet or rank != 0
     progress = Progress(quiet)
     t0 = time.perf_counter()
     with progress.step(f"loading {MODEL_NAME}"):
         model = MiniLM.default()
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with progress.step(f"compiling for {device or 'the default device'}"):
+    with progress.step(f"compiling for {device or 'the default device'}"
+                       + (f", tensor-parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else "")):
+        if tensor_parallel > 1:
+            from .._hub import hub
+            from ..distributed.session import install_tensor_parallel
+
+            device = device or hub().default_backend()  # the key embed() looks the executable up by
+            install_tensor_parallel(model, device)
         exe = model.executable(device)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -281,6 +307,8 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
     with progress.step(f"embedding {len(texts)} sentence(s)"):
         vecs = model.embed(texts, device=device, batch_size=batch_size)
     embed_s = time.perf_counter() - t0
+    if rank != 0:  # every rank computed the same embeddings: one prints them
+        return
     dev = ",".join(exe.session.device_names)  # one name, or each of a multi-device session's
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     sim = vecs.astype(np.float64) @ vecs.astype(np.float64).T if len(texts) > 1 else None
@@ -289,6 +317,7 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
             "model": MODEL_NAME, "device": dev, "dim": int(vecs.shape[1]), "sentences": texts,
             "embeddings": vecs.astype(np.float64).tolist(), "norms": norms.tolist(),
             "seconds": {"load": load_s, "compile": compile_s, "embed": embed_s},
+            "tensor_parallel": tensor_parallel,
         }
         if sim is not None:
             data["similarity"] = sim.tolist()
@@ -299,7 +328,8 @@ def embed_command(sentences: tuple[str, ...], file: Any, device: str | None, bat
     from rich.table import Table
 
     con = console()
-    con.print(f"[bold]{MODEL_NAME}[/] on {dev}: {len(texts)} sentence(s) -> {vecs.shape[1]}-d, "
+    tp = f" x {tensor_parallel} tensor-parallel ranks" if tensor_parallel > 1 else ""
+    con.print(f"[bold]{MODEL_NAME}[/] on {dev}{tp}: {len(texts)} sentence(s) -> {vecs.shape[1]}-d, "
               f"embedded in {embed_s * 1e3:.1f} ms (model load {load_s * 1e3:.0f} ms, compile "
               f"{compile_s * 1e3:.0f} ms)")
     table = Table(show_edge=False, pad_edge=False)

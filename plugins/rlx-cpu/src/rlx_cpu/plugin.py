@@ -81,6 +81,15 @@ def factories() -> dict[str, Any]:
         from . import index_kernels as ik
 
         out.update({"cpu.scatter_reduce": ik.k_scatter_reduce, "cpu.topk_indices": ik.k_topk_indices})
+        from . import splat  # Gaussian splatting (Numba when bound)
+
+        out.update(splat.FACTORIES)
+        from .collectives import FACTORIES as COLLECTIVE_FACTORIES  # MPI only when a kernel binds
+
+        out.update(COLLECTIVE_FACTORIES)
+        from . import linalg  # CSR, solvers, LAPACK (claimed in linalg.claims)
+
+        out.update(linalg.FACTORIES)
         out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
                     "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
                     "cpu.attention": hk.k_attention})
@@ -186,6 +195,9 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     claims += [KernelClaim("scatter_reduce", "cpu.scatter_reduce", dtypes=real, out_dtypes=real),
                KernelClaim("topk_indices", "cpu.topk_indices", dtypes=real,
                            out_dtypes=frozenset({DType.I64}))]
+    from .linalg import claims as linalg_claims
+
+    claims += linalg_claims()
     return claims
 
 
@@ -210,8 +222,11 @@ def _fused_pred(v: Any) -> str | None:
 
 
 def factories_ops() -> list[str]:
+    from . import linalg  # its ops' index operands need claims of their own (linalg.claims)
+
     return [name[4:] for name in factories()
-            if name not in ("cpu.div_int", "cpu.fused_elementwise") and REGISTRY.get(name[4:]).level == "mir"]
+            if name not in ("cpu.div_int", "cpu.fused_elementwise") and name not in linalg.FACTORIES
+            and REGISTRY.get(name[4:]).level == "mir"]
 
 
 @hookimpl

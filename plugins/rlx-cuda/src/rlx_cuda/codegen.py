@@ -90,16 +90,12 @@ __device__ __forceinline__ float rlx_odd(long long x) {
     "fused chains).") + _register_half(
     "__nv_bfloat16", "b", "bf16 in a register, for when the shared dialect names a bf16 type (today "
     "it has none).", "  __device__ __nv_bfloat16(half x) : v(rlx_b2f(rlx_f2b(x.v))) {}\n") + \
-    r"""/* Integer division as the MIR reference defines it: |a| // |b| (floor, wrapping int64 for i64;
-   exact in int64 for narrower types) times sign(a) * sign(b); 0 for a zero divisor. */
+    r"""/* Integer division as the MIR reference defines it: C's truncation toward zero, 0 for a zero
+   divisor, and INT64_MIN / -1 wrapping to INT64_MIN (in C that one quotient is undefined). */
 __device__ __forceinline__ long long rlx_idiv(long long a, long long b) {
-  const long long aa = (long long)(a < 0 ? 0ull - (unsigned long long)a : (unsigned long long)a);
-  const long long bb = (long long)(b < 0 ? 0ull - (unsigned long long)b : (unsigned long long)b);
-  if (bb == 0) return 0;
-  long long q = aa / bb;
-  if (aa % bb != 0 && ((aa < 0) != (bb < 0))) q -= 1;
-  const long long s = (long long)((a > 0) - (a < 0)) * (long long)((b > 0) - (b < 0));
-  return (long long)((unsigned long long)q * (unsigned long long)s);
+  if (b == 0) return 0;
+  if (b == -1) return (long long)(0ull - (unsigned long long)a);
+  return a / b;
 }
 template <typename T> __device__ __forceinline__ T rlx_idiv(T a, T b) {
   return b == 0 ? (T)0 : (T)((long long)a / (long long)b);

@@ -847,6 +847,15 @@ def factories() -> dict[str, Callable[[Bound], Run]]:
         "cuda.gather": k_gather, "cuda.scatter_add": k_scatter_add, "cuda.iota": k_iota,
         "cuda.cumsum": k_cumsum,
     })
+    from . import splat
+
+    f.update(splat.FACTORIES)
+    from . import linalg  # CSR, CG, cuSOLVER
+
+    f.update(linalg.FACTORIES)
+    from . import collectives  # NCCL
+
+    f.update(collectives.FACTORIES)
     return f
 
 

@@ -213,7 +213,23 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
         _claim("iota", STORE - {DType.BOOL}),
         _claim("cumsum", SUM_DTS),
     ]
+    # 3D Gaussian splatting (rlx_cuda.splat): NVRTC kernels; the rasterizer runs a tile per block
+    claims += [_claim(op, F, predicate=_splat_tile if "rasterize" in op else None,
+                      constraint="tile_size <= 32" if "rasterize" in op else "")
+               for op in ("splat_project", "splat_project_grad", "splat_sh_color", "splat_sh_color_grad",
+                          "splat_rasterize", "splat_rasterize_grad")]
+    from .linalg import claims as linalg_claims  # no CuPy import: the claims are plain records
+
+    claims += linalg_claims()
+    from .collectives import claims as collective_claims  # NCCL; no CuPy import either
+
+    claims += collective_claims()
     return claims
+
+
+def _splat_tile(v: Any) -> str | None:
+    t = int(v.attrs["tile_size"])
+    return None if 1 <= t <= 32 else f"tile_size {t} > 32 (one thread per pixel of a tile, at most 1024)"
 
 
 @hookimpl

@@ -67,7 +67,8 @@ class CudaProgram:
                                   self._bind(st, ins[k], outs[k], factories) for k, st in enumerate(steps))
             self.stream.synchronize()
         self.kernel_names = tuple(s.kernel for s in program.kernels)
-        self.use_graph = graphs_enabled()
+        # A run that synchronises with the host (linalg solvers: convergence tests) cannot be captured.
+        self.use_graph = graphs_enabled() and not any(getattr(r, "host_sync", False) for r in self.runs)
         self.graph: Any = None
         self.graph_error = ""
         self._graph_pool: Any = None

@@ -1,0 +1,30 @@
+"""Running one graph on several processes (issue 22): meshes, the sharding passes that turn a graph
+into per-rank programs (tensor, pipeline and data parallel), simulated ranks for the float64
+reference, and the launch glue (``rlx launch -n N``). The transport is a backend's business:
+rlx-cpu claims the collective ops with MPI (mpi4py), rlx-cuda with NCCL.
+
+Names are imported lazily so ``import rlx_core`` does not pull the passes in."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Mesh": "mesh", "simulate": "simulate", "tensor_parallel": "sharding", "megatron_plan": "sharding",
+    "Split": "sharding", "Replicated": "sharding", "pipeline_stages": "sharding",
+    "PipelineRunner": "sharding", "DataParallelTrainer": "data_parallel",
+    "dp_train_step_graph": "data_parallel", "DistributedSession": "session", "world": "runtime",
+    "CollectiveError": "runtime",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rlx_core.distributed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
