@@ -1,7 +1,8 @@
 """rlx-oneapi on the OpenVINO runtime's CPU device (oneDNN): device probing, whole programs as one
 OpenVINO model against the float64 reference, the semantics OpenVINO differs on (NaN through
-max/exp/comparisons, bf16 hints), the compiled-model memo, hostile names, and all-MiniLM-L6-v2
-against rlx-cpu. A missing OpenVINO FAILS these tests (it does not skip): CI installs it through
+max/exp/comparisons, bf16 hints), the compiled-model memo, hostile names, all-MiniLM-L6-v2
+against rlx-cpu, and `rlx export --target oneapi` (OpenVINO IR read back and run by OpenVINO
+alone). A missing OpenVINO FAILS these tests (it does not skip): CI installs it through
 the ``oneapi`` extra. Op-level correctness is the conformance suite's (`rlx conformance oneapi`)."""
 
 from __future__ import annotations
@@ -174,3 +175,105 @@ def test_minilm_matches_cpu(device: Any) -> None:
     assert cos.min() >= 0.99999, cos
     report = m.executable("oneapi,cpu").report.to_text()  # type: ignore[union-attr]
     assert "oneapi.linear" in report and "oneapi.layer_norm" in report and "oneapi.gelu" in report
+
+
+# -- rlx export --target oneapi: OpenVINO IR + manifest -------------------------------------------
+
+
+def _read_back(out: Any) -> tuple[Any, dict[str, Any]]:
+    """The exported IR read and compiled by a fresh OpenVINO core on the CPU, with the manifest's
+    compile configuration (f32), and the manifest."""
+    import json
+
+    import openvino as ov
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    core = ov.Core()
+    model = core.read_model(str(out / manifest["xml"]), str(out / manifest["bin"]))
+    return core.compile_model(model, "CPU", manifest["compile_config"]), manifest
+
+
+def test_export_mlp_reads_back_and_matches(device: Any, tmp_path: Any) -> None:
+    """`rlx export --target oneapi` writes f32 IR that OpenVINO reads, compiles and runs on its own,
+    matching the float64 reference and rlx-cpu; the manifest describes its inputs and outputs."""
+    import openvino as ov
+    from click.testing import CliRunner
+
+    from rlx_core.cli import cli
+    from rlx_core.ir.serialize import save
+
+    graph, inputs = _mlp()
+    save(graph, tmp_path / "mlp.rlx")
+    out = tmp_path / "ir"
+    res = CliRunner().invoke(cli, ["export", str(tmp_path / "mlp.rlx"), "--target", "oneapi", "-o", str(out),
+                                   "--bind", "batch=5"], prog_name="rlx")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.bin", "model.xml"]
+    # f32 weights, not OpenVINO's default fp16 compression: w1, b1, w2, b2, gamma, beta.
+    assert (out / "model.bin").stat().st_size >= 4 * (33 * 20 + 33 + 7 * 33 + 7 + 33 + 33)
+    compiled, manifest = _read_back(out)
+    assert manifest["openvino"] == ov.__version__ and manifest["rlx"] and manifest["precision"] == "f32"
+    assert manifest["bindings"] == {"batch": 5}
+    assert manifest["inputs"] == [{"index": 0, "name": "input_0", "rlx_name": "x", "dtype": "f32",
+                                   "element_type": "f32", "shape": [5, 20]}]
+    outs = [(o["name"], o["rlx_name"], o["shape"]) for o in manifest["outputs"]]
+    assert outs == [("output_0", "probs", [5, 7])]
+    got = compiled({"input_0": inputs["x"]})[compiled.output("output_0")]
+    assert got.dtype == np.float32 and got.shape == (5, 7)
+    ref = evaluate(graph, inputs)["probs"]
+    cpu = Session("cpu").compile(graph).run(**inputs)["probs"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-7)
+
+
+def test_export_hostile_names_stay_in_the_manifest(device: Any, tmp_path: Any) -> None:
+    """Names from the model never reach the IR (XML markup, quotes, newlines, bidi overrides): the
+    IR uses generated names, the manifest keeps the model's, JSON-escaped, and they round-trip."""
+    from rlx_oneapi.export import export_graph
+
+    evil = 'x"/><layer id="99" type="Parameter" name="\u202epwn">\n</net>&amp;'
+    g = GraphBuilder("g" + evil)
+    x = g.input(evil, "f32", (2, 3))
+    w = g.param(evil + "w", np.arange(12, dtype=np.float32).reshape(4, 3) / 7)
+    y = g.op("matmul", x, g.op("transpose", w, perm=(1, 0)))
+    g.output(y, "y" + evil)
+    g.output(g.op("neg", y), evil + "<neg>")
+    g.output(y, "again" + evil)  # one value, two outputs: each keeps its own generated name
+    graph = g.build()
+    export_graph(graph, tmp_path)
+    xml = (tmp_path / "model.xml").read_text(encoding="utf-8")
+    text = (tmp_path / "manifest.json").read_text(encoding="utf-8")
+    for leak in ("pwn", "\u202e", "</net>&", "99", "again", "<neg>"):
+        assert leak not in xml, leak
+    assert text.isascii() and "\u202e" not in text and "\\u202e" in text
+    compiled, manifest = _read_back(tmp_path)
+    assert manifest["graph"] == graph.name
+    assert [i["rlx_name"] for i in manifest["inputs"]] == [evil]
+    assert [o["rlx_name"] for o in manifest["outputs"]] == ["y" + evil, evil + "<neg>", "again" + evil]
+    xv = np.array([[1, -2, 3], [0.5, 4, -1]], np.float32)
+    res = compiled({"input_0": xv})
+    ref = evaluate(graph, {evil: xv})
+    for o in manifest["outputs"]:
+        np.testing.assert_allclose(res[compiled.output(o["name"])], ref[o["rlx_name"]], rtol=1e-5,
+                                   err_msg=o["name"])
+
+
+def test_export_refuses_unclaimed_ops(device: Any, tmp_path: Any) -> None:
+    """argmax and f64 arithmetic are not claimed by rlx-oneapi: the export fails naming each node and
+    op, writes nothing, and nothing is placed on rlx-cpu behind the user's back."""
+    from rlx_oneapi.export import export_graph
+
+    from rlx_core.plugin import DispatchError
+
+    g = GraphBuilder("oneapi_unclaimed")
+    x = g.input("x", "f32", (3, 4))
+    d = g.input("d", "f64", (2,))
+    g.output(g.op("relu", x), "fine")
+    g.output(g.op("argmax", x, axis=1, name="pick_best"), "best")
+    g.output(g.op("add", d, d, name="wide_sum"), "wide")
+    with pytest.raises(DispatchError) as err:
+        export_graph(g.build(), tmp_path / "ir")
+    msg = str(err.value)
+    assert "'pick_best'" in msg and "argmax" in msg and "'wide_sum'" in msg and "f64" in msg, msg
+    assert "oneapi" in msg and "relu" not in msg.split("\n", 1)[1], msg
+    assert not (tmp_path / "ir").exists()

@@ -203,7 +203,8 @@ def _function_command(info: ExporterInfo) -> click.Command:
         if as_json:
             echo_json(summary)
             return
-        click.echo(f"exported {graph.name} for {info.target} to {out_dir}")
+        # repr: a model's name is untrusted and must not drive the terminal (newlines, bidi controls)
+        click.echo(f"exported {graph.name!r} for {info.target} to {out_dir}")
         for k, v in summary.items():
             click.echo(f"  {k}: {v}")
 

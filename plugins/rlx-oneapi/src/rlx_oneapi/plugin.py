@@ -1,14 +1,16 @@
-"""rlx-oneapi hook implementations: identity, devices, claims, compile.
+"""rlx-oneapi hook implementations: identity, devices, claims, compile, the exporter.
 
 A whole-program backend: ``rlx_compile`` turns the LIR program into ONE OpenVINO model
 (:mod:`rlx_oneapi.translate`) and compiles it with the OpenVINO runtime for one of its devices
 (oneDNN kernels on the CPU). Claims are made only for the ops and dtypes whose translation matches
 the reference semantics and that the conformance suite certifies here; the rest decomposes or fails
-compilation. OpenVINO is imported only when devices are probed or a program is compiled.
+compilation. OpenVINO is imported only when devices are probed, a program is compiled or exported
+(``rlx export MODEL --target oneapi``: the same model as OpenVINO IR, :mod:`rlx_oneapi.export`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rlx_core import API_VERSION
@@ -206,6 +208,21 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     from .program import compile_program
 
     return compile_program(program, ov_device)
+
+
+def _export(graph: Any, out_dir: Path, bindings: dict[str, int]) -> dict[str, Any]:
+    from .export import export_graph
+
+    return export_graph(graph, out_dir, bindings=bindings)
+
+
+@hookimpl
+def rlx_exporters() -> list[Any]:
+    from rlx_core.plugin import ExporterInfo
+
+    return [ExporterInfo(target="oneapi", function=_export,
+                         help="OpenVINO IR (model.xml, model.bin, f32) and manifest.json: the model "
+                              "rlx-oneapi compiles")]
 
 
 @hookimpl
