@@ -16,6 +16,11 @@ from rlx_core._hub import Hub, reset_hub
 
 _HUB_ENV = ("RLX_BACKENDS", "RLX_DISABLE_PLUGINS", "RLX_PLUGIN_IMPORT_TIMEOUT")
 
+# pytest-xdist workers inherit COLUMNS from the controller's terminal (80 columns), so rich would
+# wrap and crop the CLI's captured output there but not in a serial run; both runs must see the same.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
