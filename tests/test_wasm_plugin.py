@@ -126,6 +126,65 @@ def test_simd_switch_changes_the_code_and_not_the_results(monkeypatch: pytest.Mo
     np.testing.assert_allclose(got["0"], want, rtol=1e-5, atol=1e-6)
 
 
+def _gemm_shapes() -> tuple[object, dict[str, np.ndarray]]:
+    """GEMMs with every remainder: rows not a multiple of the tile, k < 4 and k % 4 != 0, columns
+    not a multiple of 8 or 4, a batched matmul and linear layers with packed W^T."""
+    rng = np.random.default_rng(1)
+    g = GraphBuilder("wasm_gemms")
+    a = g.input("a", "f32", (2, 9, 37))
+    b = g.input("b", "f32", (2, 37, 21))
+    x = g.input("x", "f32", (7, 3))
+    w1 = g.param("w1", rng.standard_normal((13, 3)).astype(np.float32))
+    b1 = g.param("b1", rng.standard_normal(13).astype(np.float32))
+    w2 = g.param("w2", rng.standard_normal((16, 13)).astype(np.float32))
+    b2 = g.param("b2", rng.standard_normal(16).astype(np.float32))
+    g.output(a @ b, "mm")
+    g.output(g.linear(g.linear(x, w1, b1), w2, b2), "lin")
+    feed = {"a": rng.standard_normal((2, 9, 37)).astype(np.float32),
+            "b": rng.standard_normal((2, 37, 21)).astype(np.float32),
+            "x": rng.standard_normal((7, 3)).astype(np.float32)}
+    return g.build(), feed
+
+
+def test_js_tuning_changes_the_code_and_not_the_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLX_WASM_TUNE=js (what `rlx export` writes, for V8) picks other instructions for the GEMM
+    than the wasmtime tuning, with bit-identical results (same sums in the same order)."""
+    from rlx_wasm.codegen import CodegenError, generate
+
+    monkeypatch.delenv("RLX_WASM_SIMD", raising=False)
+    for graph, feed in (_gemm_shapes(), _mlp(3)):
+        got = {}
+        for tune in ("wasmtime", "js"):
+            monkeypatch.setenv("RLX_WASM_TUNE", tune)
+            exe = Session("wasm", use_cache=False).compile(graph)
+            got[tune] = exe.run(feed)
+            art = generate(exe.program(), True, tune)
+            assert art.tune == tune
+            if tune == "js":
+                assert "v128.load32_splat" in art.wat and "i8x16.shuffle" not in art.wat
+            else:
+                assert "i8x16.shuffle" in art.wat
+        want = Session("cpu", use_cache=False).compile(graph).run(feed)
+        for name in want:
+            np.testing.assert_array_equal(got["js"][name], got["wasmtime"][name])
+            np.testing.assert_allclose(got["js"][name], want[name], rtol=1e-4, atol=1e-5)
+    with pytest.raises(CodegenError) as e:
+        generate(exe.program(), True, "spidermonkey")
+    assert e.value.fix is not None and "js" in e.value.fix
+
+
+def test_conformance_js_tuning_gemm_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops whose code the js tuning changes, certified in that tuning (run in wasmtime)."""
+    from rlx_conformance import run_suite
+
+    monkeypatch.delenv("RLX_WASM_SIMD", raising=False)
+    monkeypatch.setenv("RLX_WASM_TUNE", "js")
+    cert = run_suite("wasm", keyword="matmul or linear or conv2d or attention or encoder or mlp or cnn")
+    print("\nrlx-wasm conformance (js tuning, GEMM paths):", cert.counts(), f"{cert.seconds:.1f}s")
+    _assert_certified(cert)
+    assert cert.counts()["passed"] >= 100
+
+
 def test_one_module_planned_memory_and_counted_calls() -> None:
     graph, feed = _mlp(3)
     exe = Session("wasm", use_cache=False).compile(graph)
@@ -254,6 +313,7 @@ def test_export_runs_under_node_esm_and_cjs(tmp_path: Path) -> None:
         assert (out / f).is_file(), f
     man = json.loads((out / "model.json").read_text())
     assert man["inputs"][0]["shape"] == [3, 20]
+    assert man["tune"] == "js"  # exported modules are tuned for V8 unless --tune wasmtime
     assert man["weights"]["size"] == (out / "weights.bin").stat().st_size
     (out / "in.json").write_text(json.dumps({"x": x.ravel().tolist()}))
     (out / "esm.mjs").write_text(

@@ -28,7 +28,7 @@ from rlx_core.plugin import DType, Program, RLXError, Step, TensorType, normaliz
 
 from . import elementwise as ew
 from . import kernels as k
-from .wat import Func, ModuleBuilder, i32
+from .wat import TUNINGS, Func, ModuleBuilder, i32
 
 ALIGN = 64
 PAGE = 65536
@@ -77,6 +77,8 @@ class Artifact:
     steps: int
     functions: int
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the engine the code was tuned for (wat.TUNINGS)
+    tune: str = "wasmtime"
 
     def weights_blob(self) -> bytes:
         """The weights region as bytes (what an export writes to ``weights.bin``)."""
@@ -128,9 +130,14 @@ def _linear_weight_transposed(program: Program, s: Step) -> bool:
     return s.op == "linear" and s.inputs[1] in program.graph.weights
 
 
-def generate(program: Program, simd: bool) -> Artifact:
-    """Lay out memory and generate the module's WAT text and binary."""
+def generate(program: Program, simd: bool, tune: str = "wasmtime") -> Artifact:
+    """Lay out memory and generate the module's WAT text and binary, tuned for ``tune`` (one of
+    ``wat.TUNINGS``: "wasmtime" for the in-process runtime, "js" for V8 under exported loaders)."""
     import wasmtime
+
+    if tune not in TUNINGS:
+        raise CodegenError(f"unknown wasm tuning {tune!r} for program {program.graph.name!r}",
+                           fix=f"use one of {', '.join(TUNINGS)}")
 
     g = program.graph
     params = {p.name for p in g.params}
@@ -174,7 +181,7 @@ def generate(program: Program, simd: bool) -> Artifact:
         return arena + program.plan.offsets[v]
 
     # -- kernels (the scratch size is known only after generating them) ------------------------
-    mb = ModuleBuilder(simd)
+    mb = ModuleBuilder(simd, tune)
     scratch_base = _align(woff + wsize)
     calls: list[tuple[str, list[str]]] = []
     arena = 0  # placeholder; addresses are patched below once scratch is known
@@ -212,7 +219,7 @@ def generate(program: Program, simd: bool) -> Artifact:
         scratch_size=scratch, arena_offset=arena, arena_size=program.plan.arena_bytes,
         inputs=[slot(v.name) for v in program.inputs],
         outputs=[slot(v) for v in dict.fromkeys(v for _, v in program.outputs)],
-        steps=len(steps), functions=len(mb.funcs))
+        steps=len(steps), functions=len(mb.funcs), tune=tune)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,8 +183,10 @@ def _dtype(d: Any) -> str:
 
 
 def compile_for_export(graph: Any, bindings: Mapping[str, int] | None = None,
-                       simd: bool | None = None) -> Any:
-    """Dispatch, lower and generate the module for ``graph`` with its symbols bound (no instance)."""
+                       simd: bool | None = None, tune: str = "js") -> Any:
+    """Dispatch, lower and generate the module for ``graph`` with its symbols bound (no instance).
+    Exported modules run in JavaScript engines, so the code is tuned for V8 by default
+    (``tune="wasmtime"`` gives the module the in-process runtime would run; results are equal)."""
     from rlx_core.plugin import Session, lower
 
     from .codegen import generate
@@ -202,14 +204,14 @@ def compile_for_export(graph: Any, bindings: Mapping[str, int] | None = None,
     sess = Session("wasm")
     legal, _cached = sess.legalize(g)
     program = lower(legal, sess.device)
-    return program, generate(program, simd_enabled(simd))
+    return program, generate(program, simd_enabled(simd), tune)
 
 
 def manifest(program: Any, art: Any, bindings: Mapping[str, int]) -> dict[str, Any]:
     slots = {s.name: s for s in art.outputs}
     return {
         "format": FORMAT, "graph": program.graph.name, "generator": f"rlx-wasm {__version__}",
-        "wasm": "model.wasm", "simd": art.simd, "memory_pages": art.pages,
+        "wasm": "model.wasm", "simd": art.simd, "tune": art.tune, "memory_pages": art.pages,
         "weights": {"file": "weights.bin", "offset": art.weights_offset, "size": art.weights_size},
         "counters": {"offset": art.counters_offset},
         "kernels": list(art.kernel_names),
@@ -240,9 +242,9 @@ def loader_source(man: dict[str, Any], module_kind: str) -> str:
 
 
 def export_wasm(graph: Any, out_dir: str | os.PathLike[str], bindings: Mapping[str, int] | None = None,
-                simd: bool | None = None) -> dict[str, Any]:
+                simd: bool | None = None, tune: str = "js") -> dict[str, Any]:
     """Write the artifact for ``graph`` into ``out_dir``; returns the manifest."""
-    program, art = compile_for_export(graph, bindings, simd)
+    program, art = compile_for_export(graph, bindings, simd, tune)
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     man = manifest(program, art, dict(bindings or {}))
@@ -279,9 +281,11 @@ def _load_model(model: str, bindings: dict[str, int]) -> tuple[Any, dict[str, in
 @click.option("--bind", "-b", "binds", multiple=True, metavar="SYM=N",
               help="Size of a symbolic dimension (repeatable); every symbol must be bound.")
 @click.option("--no-simd", is_flag=True, help="Scalar kernels only (for runtimes without SIMD128).")
+@click.option("--tune", type=click.Choice(["js", "wasmtime"]), default="js", show_default=True,
+              help="Engine to tune the code for: js (V8: Node.js, Chromium) or wasmtime. Same results.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
 def export_command(model: str, target: str, out_dir: str, binds: tuple[str, ...], no_simd: bool,
-                   as_json: bool) -> None:
+                   tune: str, as_json: bool) -> None:
     """Export MODEL (an .rlx or .onnx file, or `minilm`) as a standalone artifact.
 
     --target wasm writes model.wasm, weights.bin, model.json and two JavaScript loaders
@@ -297,7 +301,7 @@ def export_command(model: str, target: str, out_dir: str, binds: tuple[str, ...]
     from rlx_core.plugin import echo_json, parse_bindings
 
     graph, bindings = _load_model(model, parse_bindings(binds))
-    man = export_wasm(graph, out_dir, bindings, simd=False if no_simd else None)
+    man = export_wasm(graph, out_dir, bindings, simd=False if no_simd else None, tune=tune)
     if as_json:
         echo_json(man)
         return

@@ -156,8 +156,9 @@ def rlx_compile(program: Any, device: DeviceInfo) -> Any:
     from .codegen import generate
     from .options import simd_enabled
     from .runtime import WasmProgram
+    from .settings import TUNE
 
-    return WasmProgram(generate(program, simd_enabled()))
+    return WasmProgram(generate(program, simd_enabled(), str(TUNE.get())))
 
 
 @hookimpl

@@ -11,4 +11,9 @@ SIMD = declare_setting("RLX_WASM_SIMD", "bool", True,
                        "Generated WebAssembly uses SIMD128 kernels (0: scalar, for engines without SIMD).",
                        owner=OWNER)
 
-SETTINGS: list[Setting] = [SIMD]
+TUNE = declare_setting("RLX_WASM_TUNE", "choice", "wasmtime",
+                       "Engine the in-process module's code is tuned for: wasmtime (Cranelift) or js (V8, "
+                       "what `rlx export` writes); equal results, so conformance can certify either.",
+                       owner=OWNER, choices=("wasmtime", "js"))
+
+SETTINGS: list[Setting] = [SIMD, TUNE]

@@ -160,11 +160,18 @@ class Func:
         return "\n".join(lines)
 
 
+#: Engines the generated code can be tuned for: "wasmtime" (Cranelift, the in-process runtime) and
+#: "js" (V8 in Node.js and Chromium: exported modules).
+TUNINGS = ("wasmtime", "js")
+
+
 class ModuleBuilder:
     """Functions deduplicated by key (kernels with equal shapes share one function), helpers on demand."""
 
-    def __init__(self, simd: bool) -> None:
+    def __init__(self, simd: bool, tune: str = "wasmtime") -> None:
         self.simd = simd
+        #: the engine the code is tuned for: changes instruction choice and speed, never results
+        self.tune = tune
         self.funcs: list[str] = []
         self._by_key: dict[object, str] = {}
         self._helpers: dict[str, str] = {}
