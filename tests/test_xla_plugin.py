@@ -155,3 +155,100 @@ def test_minilm_matches_rlx_cpu(device: Any) -> None:
     assert cos.min() >= 0.99999, cos
     rep = model.executable(device.name).report
     assert rep is not None and all(k.startswith("xla.") for e in rep.entries for k in e.kernels)
+
+
+def _break_add(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], how: str) -> None:
+    """Make xla's ``add`` wrong (``"wrong"``: every element 12345) or fail to trace (``"raise"``)
+    for a first operand of ``shape``, and nothing else; executables compiled earlier are
+    forgotten so the broken emitter is the one compiled."""
+    from collections import OrderedDict
+
+    import jax.numpy as jnp
+    from rlx_xla import lower, ops
+
+    good = ops.EMITTERS["add"]
+
+    def add(a: list[Any], attrs: Any, it: Any, ot: Any) -> list[Any]:
+        if tuple(it[0].shape) != shape:
+            return good(a, attrs, it, ot)
+        if how == "raise":
+            raise RuntimeError("deliberately broken add")
+        return [jnp.full(tuple(ot[0].shape), 12345.0, dtype=ot[0].dtype.np)]
+
+    monkeypatch.setitem(ops.EMITTERS, "add", add)
+    monkeypatch.setattr(lower, "_COMPILED", OrderedDict())
+
+
+@pytest.mark.parametrize("how", ["wrong", "raise"])
+def test_batched_conformance_attributes_each_failure_to_its_check(
+        device: Any, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """rlx-xla opts in to the suite's batched op checks (one program per op). With ``add``
+    broken for one operand shape, the batched run fails (or errs) exactly the checks of that shape,
+    with the same messages, paths and kernels as the one-program-per-check run, and compiles far
+    fewer programs than it has checks."""
+    from rlx_conformance.batch import batch_size
+    from rlx_conformance.checks import collect
+    from rlx_conformance.runner import open_context, run_suite
+
+    assert batch_size(open_context(device.name)) > 1
+    checks = [c for c in collect() if c.id.startswith("op::add[f32]")]
+    shape = tuple(checks[0].case.inputs[0][1].shape)  # the basic case's shape
+    assert int(np.prod(shape)) > 0
+    _break_add(monkeypatch, shape, how)
+    bad = {c.id for c in checks if tuple(c.case.inputs[0][1].shape) == shape}
+    assert 0 < len(bad) < len(checks)
+
+    batched = run_suite(device.name, keyword="op::add[f32]")
+    single = run_suite(device.name, keyword="op::add[f32]", batch=False)
+    assert [r.id for r in batched.results] == [c.id for c in checks]
+    want_status = "failed" if how == "wrong" else "error"
+    assert {r.id for r in batched.results if r.status != "passed"} == bad
+    assert {r.status for r in batched.results if r.id in bad} == {want_status}
+    # Attribution, wording, paths and served-by are those of the unbatched route, check by check.
+    key = [(r.id, r.status, r.message, r.path, r.kernels) for r in batched.results]
+    assert key == [(r.id, r.status, r.message, r.path, r.kernels) for r in single.results]
+
+
+def test_batching_is_opt_in_and_changes_no_result(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend without ``CONFORMANCE_BATCH`` (cpu) runs one program per check; on xla the batched
+    route compiles a few programs where the unbatched one compiles one per check structure, and
+    both give identical results for a mixed selection (unary, binary, reductions, matmul, gather
+    with indices, multi-output ops, the -twice checks, unclaimed variants)."""
+    from collections import OrderedDict
+
+    from rlx_conformance.batch import batch_size
+    from rlx_conformance.runner import open_context, run_suite
+    from rlx_xla import lower
+
+    assert batch_size(open_context("cpu")) == 0
+    kw = ("op:: and (exp[f16] or sub[i8] or reduce_max[f32] or matmul[f64] or gather[f32] or "
+          "topk_indices[f32])")
+    monkeypatch.setattr(lower, "_COMPILED", OrderedDict())
+    before = lower.STATS["compiled"]
+    a = run_suite(device.name, keyword=kw)
+    programs = lower.STATS["compiled"] - before
+    b = run_suite(device.name, keyword=kw, batch=False)
+    assert len(a.results) > 50
+    assert programs * 4 < len(a.results), f"{programs} programs for {len(a.results)} checks: not batched"
+    assert [(r.id, r.status, r.message, r.path, r.kernels) for r in a.results] == \
+           [(r.id, r.status, r.message, r.path, r.kernels) for r in b.results]
+
+
+def test_batch_with_unclaimed_variant_skips_it_alone(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch mixing a claimed and an unclaimed variant of one op (as on a GPU, where some dtypes
+    are refused): the unclaimed checks leave the batch and are skipped one by one with the
+    one-check route's message; the claimed ones still pass from the merged program."""
+    from rlx_conformance.runner import run_suite
+    from rlx_xla import plugin
+
+    from rlx_core.plugin import DType
+
+    # xla stops claiming i16 (each run_suite loads the backend afresh, so its claims are re-read).
+    monkeypatch.setattr(plugin, "_dtypes_for", lambda platform: plugin.ALL - {DType.I16})
+    kw = "op::sub[i8] or op::sub[i16]"
+    a = run_suite(device.name, keyword=kw)
+    b = run_suite(device.name, keyword=kw, batch=False)
+    status = {r.variant: {x.status for x in a.results if x.variant == r.variant} for r in a.results}
+    assert status == {"sub[i8]": {"passed"}, "sub[i16]": {"skipped"}}
+    assert [(r.id, r.status, r.message, r.path, r.kernels) for r in a.results] == \
+           [(r.id, r.status, r.message, r.path, r.kernels) for r in b.results]

@@ -72,6 +72,10 @@ class Check:
     run: Callable[[Context], Outcome]
     op: str = ""
     dtype: str = ""
+    #: The generated case of an op check (``None`` for other kinds), and whether the check applies
+    #: the op twice: what :mod:`rlx_conformance.batch` needs to merge op checks into one program.
+    case: Any = None
+    twice: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,8 +89,13 @@ def served_by(exe: Any, op: str | None = None) -> str:
     report = getattr(exe, "report", None)
     if report is None:
         return ""
+    return served_by_entries(report.entries, op)
+
+
+def served_by_entries(entries: Iterable[Any], op: str | None = None) -> str:
+    """:func:`served_by` of some dispatch report entries (one check's nodes of a batched program)."""
     seen: dict[str, None] = {}
-    for e in report.entries:
+    for e in entries:
         if op is not None and e.op != op:
             continue
         ks = "+".join(dict.fromkeys(e.kernels))
@@ -125,20 +134,7 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
     """The op applied twice to the same inputs: a kernel that writes into an input it does not own
     (not planned in place) makes the second result wrong."""
     def run(ctx: Context) -> Outcome:
-        single = build_case_graph(case)
-        node = single.nodes[0]
-        g = GraphBuilder(f"{single.name}_twice")
-        ins = [g.input(v.name, v.type.dtype, v.type.shape) for v in single.inputs]
-        for p in single.params:
-            ins.append(g.param(p.name, single.weights[p.name]))
-        by = {t.name: t for t in ins}
-        args = [by[i] for i in node.inputs]
-        # name=None: fresh node names (the attributes never hold one)
-        y1 = g.op(node.op, *args, name=None, **dict(node.attrs))
-        y2 = g.op(node.op, *args, name=None, **dict(node.attrs))
-        g.output(y1)
-        g.output(y2)
-        graph = g.build()
+        single, graph = twice_graphs(case)
         try:
             exe = ctx.session.compile(graph)
         except DispatchError as e:
@@ -146,19 +142,50 @@ def _twice_check(case: Any) -> Callable[[Context], Outcome]:
         kernels = served_by(exe, case.op)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            want = evaluate(single, {k: np.array(v, copy=True) for k, v in case.feed().items()})
+            want = twice_reference(case, single)
             got = exe.run(case.feed())
-        k, scale = accumulation(case, single)
-        dt = single.types[single.outputs[0]].dtype
-        src = DType.parse(case.inputs[0][1].dtype) if case.inputs else None
-        for out in (y1.name, y2.name):
-            msg = compare(got[out], want[single.outputs[0]], dt, case.op, k=k, scale=scale, src=src)
-            if msg:
-                which = "second" if out == y2.name else "first"
-                return Outcome("failed", f"{which} of two identical {case.op} nodes is wrong (a kernel "
-                                         f"overwrote an input it does not own?): {msg}", kernels=kernels)
-        return Outcome("passed", kernels=kernels)
+        return judge_twice(case, single, graph, got, want, kernels)
     return run
+
+
+def twice_graphs(case: Any) -> tuple[Graph, Graph]:
+    """The case's one-node graph and the graph applying its node twice (outputs: first, second)."""
+    single = build_case_graph(case)
+    node = single.nodes[0]
+    g = GraphBuilder(f"{single.name}_twice")
+    ins = [g.input(v.name, v.type.dtype, v.type.shape) for v in single.inputs]
+    for p in single.params:
+        ins.append(g.param(p.name, single.weights[p.name]))
+    by = {t.name: t for t in ins}
+    args = [by[i] for i in node.inputs]
+    # name=None: fresh node names (the attributes never hold one)
+    y1 = g.op(node.op, *args, name=None, **dict(node.attrs))
+    y2 = g.op(node.op, *args, name=None, **dict(node.attrs))
+    g.output(y1)
+    g.output(y2)
+    return single, g.build()
+
+
+def twice_reference(case: Any, single: Graph) -> dict[str, np.ndarray]:
+    """The reference outputs of the case, from private copies of its inputs (computed before the
+    backend runs, so a backend that mutates its inputs cannot change the reference)."""
+    return evaluate(single, {k: np.array(v, copy=True) for k, v in case.feed().items()})
+
+
+def judge_twice(case: Any, single: Graph, graph: Graph, got: dict[str, Any], want: dict[str, np.ndarray],
+                kernels: str) -> Outcome:
+    """The verdict of a twice check from the backend's outputs ``got`` of ``graph``."""
+    k, scale = accumulation(case, single)
+    dt = single.types[single.outputs[0]].dtype
+    src = DType.parse(case.inputs[0][1].dtype) if case.inputs else None
+    first, second = graph.outputs
+    for out in (first, second):
+        msg = compare(got[out], want[single.outputs[0]], dt, case.op, k=k, scale=scale, src=src)
+        if msg:
+            which = "second" if out == second else "first"
+            return Outcome("failed", f"{which} of two identical {case.op} nodes is wrong (a kernel "
+                                     f"overwrote an input it does not own?): {msg}", kernels=kernels)
+    return Outcome("passed", kernels=kernels)
 
 
 def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
@@ -170,10 +197,10 @@ def op_checks(schemas: Iterable[OpSchema] | None = None) -> list[Check]:
             for case in cases_for(schema, dt):
                 variant = f"{schema.name}[{dt.value}]"
                 out.append(Check(f"op::{case.id}", "op", variant, _op_check(case), op=schema.name,
-                                 dtype=dt.value))
+                                 dtype=dt.value, case=case))
                 if case.kind == "basic" and schema.num_outputs == 1 and schema.inputs:
                     out.append(Check(f"op::{case.id}-twice", "op", variant, _twice_check(case),
-                                     op=schema.name, dtype=dt.value))
+                                     op=schema.name, dtype=dt.value, case=case, twice=True))
     return out
 
 

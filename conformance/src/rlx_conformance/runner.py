@@ -97,17 +97,21 @@ def load_manifest(ctx: Context, xfails: str | Path | None = None) -> tuple[Path 
     return xf_path, (parse_xfails(xf_path.read_text(), str(xf_path)) if xf_path else {})
 
 
-def run_check(check: Check, ctx: Context, manifest: dict[str, str]) -> Result:
+def run_check(check: Check, ctx: Context, manifest: dict[str, str], outcome: Outcome | None = None) -> Result:
     """Run one check and apply the manifest: the one place a check becomes a result, for
-    :func:`run_suite` and the pytest route alike."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            out = check.run(ctx)
-        except Exception as e:  # a crash inside a check is an error of the backend, reported
-            tb = traceback.extract_tb(e.__traceback__)
-            loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-            out = Outcome("error", f"{type(e).__name__}: {e}{loc}")
+    :func:`run_suite` and the pytest route alike. ``outcome``: the check's outcome from a batched
+    program (:mod:`rlx_conformance.batch`), used instead of running it."""
+    if outcome is not None:
+        out = outcome
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                out = check.run(ctx)
+            except Exception as e:  # a crash inside a check is an error of the backend, reported
+                tb = traceback.extract_tb(e.__traceback__)
+                loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+                out = Outcome("error", f"{type(e).__name__}: {e}{loc}")
     if check.id in manifest:
         reason = manifest[check.id]
         if out.status in ("failed", "error"):
@@ -136,9 +140,14 @@ def make_certificate(ctx: Context, results: list[Result], *, keyword: str | None
 
 def run_suite(backend: str, *, hub: Hub | None = None, keyword: str | None = None,
               xfails: str | Path | None = None, checks: list[Check] | None = None,
-              progress: Callable[[int, int, Check, Outcome], None] | None = None) -> Certificate:
+              progress: Callable[[int, int, Check, Outcome], None] | None = None,
+              batch: bool = True) -> Certificate:
     """Certify ``backend`` (``"cpu"`` or ``"cpu:0"``). Returns the certificate; never raises for a
-    failing check (only for a backend that cannot be loaded at all)."""
+    failing check (only for a backend that cannot be loaded at all). A backend that opts in
+    (``CONFORMANCE_BATCH``, :mod:`rlx_conformance.batch`) has its op checks batched unless
+    ``batch`` is false; the results are the same either way."""
+    from .batch import batch_size, run_batched
+
     ctx = open_context(backend, hub)
     xf_path, manifest = load_manifest(ctx, xfails)
     selected = keyword_filter(keyword)
@@ -146,11 +155,19 @@ def run_suite(backend: str, *, hub: Hub | None = None, keyword: str | None = Non
     todo = [c for c in all_checks if selected(c.id)]
     results: list[Result] = []
     t0 = time.perf_counter()
-    for i, check in enumerate(todo):
-        r = run_check(check, ctx, manifest)
+
+    def one(check: Check, outcome: Outcome | None) -> None:
+        r = run_check(check, ctx, manifest, outcome)
         results.append(r)
         if progress is not None:
-            progress(i + 1, len(todo), check, Outcome(r.status, r.message, r.path, r.kernels))
+            progress(len(results), len(todo), check, Outcome(r.status, r.message, r.path, r.kernels))
+
+    size = batch_size(ctx) if batch else 0
+    if size:
+        run_batched(todo, ctx, size, one)
+    else:
+        for check in todo:
+            one(check, None)
     unused = sorted(set(manifest) - {c.id for c in todo}) if keyword is None else []
     return make_certificate(ctx, results, keyword=keyword, xfails_file=xf_path, stale_xfails=unused,
                             seconds=time.perf_counter() - t0)

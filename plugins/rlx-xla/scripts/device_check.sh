@@ -13,9 +13,10 @@
 # bench uses random weights of MiniLM's shapes (it says which).
 # Environment: PYTHON (default python3), OUT; STAGES (default "doctor bench conformance");
 # BUDGET (seconds for the whole script, default 570, under the device tool's 600 s per call);
-# T_BENCH (cap of the bench, 240 s); conformance runs last with what is left. The suite compiles
-# one XLA executable per check (~8000 checks), so on a GPU it may need more than one call: CONF_K
-# passes `-k EXPR` to split it (e.g. CONF_K="not op" then CONF_K="op and (f32 or f64)" ...), and
+# T_BENCH (cap of the bench, 240 s); conformance runs last with what is left. rlx-xla opts in to
+# the suite's batched op checks (CONFORMANCE_BATCH: the checks of one variant compiled as one
+# program, the next programs compiling in threads meanwhile), so the whole suite fits one call
+# (STAGES="doctor conformance"); CONF_K still passes `-k EXPR` to split it if ever needed, and
 # CONF_TAG names that part's certificate files (xla-cert-$CONF_TAG.*).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
