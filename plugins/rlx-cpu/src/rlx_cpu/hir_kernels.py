@@ -33,16 +33,23 @@ def k_softmax(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attr
     x, o = ins[0], outs[0]
     ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
     # NumPy's SIMD exp beats a scalar Numba loop ~2.5x here; the four passes stay in cache.
+    # The row maxima and sums go to buffers made once, through the ufuncs' own reduce (np.max and
+    # np.sum add ~1.5 us of Python a call: a third of a (1, 10) softmax).
+    red = tuple(1 if i == ax else d for i, d in enumerate(x.shape))
+    m, s = np.empty(red, x.dtype), np.empty(red, x.dtype)
+    vmax, vsum = np.maximum.reduce, np.add.reduce
 
     def run() -> None:
-        m = np.max(x, axis=ax, keepdims=True)
+        vmax(x, axis=ax, keepdims=True, out=m)
         np.subtract(x, m, out=o)
         if log:
-            s = np.log(np.sum(np.exp(o), axis=ax, keepdims=True))
+            vsum(np.exp(o), axis=ax, keepdims=True, out=s)
+            np.log(s, out=s)
             np.subtract(o, s, out=o)
         else:
             np.exp(o, out=o)
-            np.divide(o, np.sum(o, axis=ax, keepdims=True), out=o)
+            vsum(o, axis=ax, keepdims=True, out=s)
+            np.divide(o, s, out=o)
     return run
 
 
@@ -111,6 +118,11 @@ ROW_SPLIT_MIN = 256
 #: costs ~20 us at the median (``python bench/profile_cpu.py --pool``), 4M multiply-adds ~70 us
 #: on one core at oneDNN's ~110 GFLOP/s (``--libs``).
 SPLIT_MIN_MACS = 4_000_000
+#: Rows up to which a linear is left to NumPy's matmul (OpenBLAS's GEMV-like path): as fast as
+#: oneDNN there (784x512 weights: 21-29 us either way at 1-2 rows; at 4 rows OpenBLAS 88-114 vs
+#: oneDNN 35 us), and a program of such linears never loads oneDNN, OpenMP or Numba (MLP
+#: 784-512-256-10 at batch 1: 248 instead of 379 MB peak RSS).
+GEMV_ROWS = 2
 
 
 def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
@@ -123,6 +135,8 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
     if x.ndim != 2 or o.ndim != 2 or b.ndim != 1:
         return None
     m, k, n = o.shape[0], x.shape[1], o.shape[1]
+    if m <= GEMV_ROWS:
+        return None
     threads = pool().threads
     if blas.onednn(x.dtype):
         parts = threads if m * n * k >= SPLIT_MIN_MACS and m >= 2 * threads else 1

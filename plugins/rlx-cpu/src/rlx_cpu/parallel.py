@@ -6,15 +6,18 @@ block in a C queue (no spinning), the caller runs the first share itself, and ev
 nogil function ``f(*args, lo, hi)`` over rows ``lo:hi`` with cuts fixed in advance, so results
 never depend on timing or on which thread took which piece.
 
-Thread count: ``RLX_CPU_THREADS`` if set, else the cores this process may run on.
+Thread count: ``RLX_CPU_THREADS`` if set (fixed), else the cores this process may run on, fewer
+while other processes keep some of them busy (:class:`LoadProbe`; ``RLX_CPU_ADAPT=0`` turns that off).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,9 +40,114 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def allowed_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def threads_for(cpus: int, others: float, most: int) -> int:
+    """Threads to run when other processes keep ``others`` of our ``cpus`` allowed CPUs busy (in
+    CPUs' worth): one a CPU that is at least three quarters free. A thread sharing its core with a
+    busy process runs at half speed or less and holds every barrier up (MLP 784-512-256-10 at batch
+    256 with a busy loop on one of two cores: 34 ms on two threads, 3.9 ms on one)."""
+    return max(1, min(most, math.floor(cpus - others + 0.25)))
+
+
+def _read_stat(cpus: list[int]) -> float | None:
+    """Seconds the ``cpus`` have spent busy (not idle, not waiting for I/O) since boot, from
+    /proc/stat; steal counts as busy (the hypervisor gave that time to someone else). None where
+    there is no /proc/stat."""
+    want = {f"cpu{c}" for c in cpus}
+    try:
+        with open("/proc/stat") as f:
+            ticks = 0
+            for line in f:
+                if not line.startswith("cpu"):
+                    break
+                parts = line.split()
+                if parts[0] in want:
+                    v = [int(x) for x in parts[1:9]]
+                    ticks += sum(v) - v[3] - v[4]  # minus idle and iowait
+    except (OSError, ValueError, IndexError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class LoadProbe:
+    """How many of the allowed CPUs other processes leave to this one, measured every
+    ``interval`` seconds (when :meth:`poll` is called) as the allowed CPUs' busy time minus this
+    process's own CPU time. Reading /proc/stat costs ~30 us, once a quarter second at most."""
+
+    def __init__(self, cpus: list[int], most: int, interval: float = 0.25,
+                 read_stat: Callable[[list[int]], float | None] = _read_stat,
+                 own_time: Callable[[], float] = time.process_time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cpus, self.most, self.interval = cpus, most, interval
+        self._read, self._own, self._clock = read_stat, own_time, clock
+        self.threads = most
+        self.others = 0.0
+        self._next = 0.0
+        self._last: tuple[float, float, float] | None = None
+
+    def poll(self) -> int:
+        now = self._clock()
+        if now < self._next:
+            return self.threads
+        self._next = now + self.interval
+        busy = self._read(self.cpus)
+        if busy is None:
+            self._next = math.inf  # nothing to measure: keep every thread
+            return self.threads
+        own = self._own()
+        if self._last is not None:
+            t0, b0, o0 = self._last
+            if now - t0 > 0:
+                self.others = max(0.0, (busy - b0) - (own - o0)) / (now - t0)
+                self.threads = threads_for(len(self.cpus), self.others, self.most)
+        self._last = (now, busy, own)
+        return self.threads
+
+
+class _NumpyBlas:
+    """NumPy's own OpenBLAS thread count, capped to the threads :class:`LoadProbe` allows while
+    other processes keep CPUs busy and put back afterwards: its threads split each GEMM statically,
+    so one on a busy core holds the GEMM up (ResNet-18 at batch 1 runs its convolutions there)."""
+
+    def __init__(self) -> None:
+        self._ctl: list[Any] | None = None
+        self._orig: list[int] = []
+
+    def cap(self, threads: int) -> None:
+        if self._ctl is None:
+            self._ctl = self._controllers()
+            self._orig = [c.num_threads for c in self._ctl]
+        for c, orig in zip(self._ctl, self._orig):
+            want = min(orig, threads)
+            if c.num_threads != want:  # a property: asks the library
+                c.set_num_threads(want)
+
+    @staticmethod
+    def _controllers() -> list[Any]:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            from .train_blas import _candidates
+        except ImportError:
+            return []
+        mine = {os.path.realpath(p) for p in _candidates()}
+        return [c for c in ThreadpoolController().lib_controllers
+                if c.internal_api == "openblas" and os.path.realpath(c.filepath) in mine]
+
+
 class RowPool:
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, probe: LoadProbe | None = None) -> None:
         self.threads = threads
+        #: threads dispatches use now (<= ``threads``; fewer while other processes load the CPUs)
+        self.active = threads
+        self.probe = probe
+        self._blas: _NumpyBlas | None = None
         self._lock = threading.Lock()
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
@@ -60,18 +168,37 @@ class RowPool:
             else:
                 self._done.put(None)
 
-    def run(self, fn: Callable[..., Any], n: int, args: Sequence[Any], parts: int, chunks: int = 0) -> None:
-        """``fn(*args, lo, hi)`` over ``0:n`` on ``parts`` threads.
+    def poll(self) -> None:
+        """Follow the other processes' load (cheap between probes: one clock read)."""
+        if self.probe is None:
+            return
+        active = self.probe.poll()
+        if active != self.active:
+            self.active = active
+            if self._blas is None:
+                self._blas = _NumpyBlas()
+            self._blas.cap(active)
+
+    def run(self, fn: Callable[..., Any], n: int, args: Sequence[Any], parts: int, chunks: int = 0,
+            exact: bool = False) -> None:
+        """``fn(*args, lo, hi)`` over ``0:n`` on ``parts`` threads (``exact``: on that many
+        whatever the load, for pieces that wait for each other).
 
         The range is cut into ``chunks`` fixed contiguous pieces (default: one per thread) that the
         threads take in turn: on a busy machine a thread whose core is shared takes fewer pieces
         instead of holding every other thread up. The cuts never depend on timing, so neither
-        do the results."""
-        parts = max(1, min(parts, self.threads, n))
-        if parts == 1:
+        do the results, nor on how many threads run now (``active``): with fewer, the pieces
+        are taken in turn by those."""
+        want = max(1, min(parts, self.threads, n))
+        chunks = max(want, min(chunks or want, n))
+        parts = want if exact else min(want, self.active)
+        if want == 1:
             fn(*args, 0, n)
             return
-        chunks = max(parts, min(chunks or parts, n))
+        if parts == 1:  # the same cuts one after another: results never depend on the load
+            for c in range(chunks):
+                fn(*args, n * c // chunks, n * (c + 1) // chunks)
+            return
         bounds = [n * k // chunks for k in range(chunks + 1)]
         if chunks == parts:
             work: Callable[[], None] | None = None
@@ -111,8 +238,17 @@ _POOL: RowPool | None = None
 def pool() -> RowPool:
     global _POOL
     if _POOL is None:
-        _POOL = RowPool(default_threads())
+        threads = default_threads()
+        adapt = settings.THREADS.get() is None and settings.ADAPT.get() and threads > 1
+        cpus = allowed_cpus()
+        _POOL = RowPool(threads, LoadProbe(cpus, min(threads, len(cpus))) if adapt else None)
     return _POOL
+
+
+def poll() -> None:
+    """Called at the start of every program run: follow the machine's load (also for programs
+    that never split a kernel: the cap on NumPy's BLAS threads applies to them too)."""
+    (_POOL or pool()).poll()
 
 
 def parts_for(work_elems: int) -> int:
@@ -218,11 +354,13 @@ class _Chain:
         self.arrived = np.zeros(parts, np.int64)
         self.epoch = 0
         self._tickets: list[Any] = []
+        self._q = parts
 
     def piece(self, p: int, _hi: int) -> None:
         from ._spin import wait_all
 
-        chunks, arrived, tickets = self.chunks, self.arrived, self._tickets
+        chunks, tickets = self.chunks, self._tickets
+        arrived = self.arrived[:self._q]  # the threads taking part in this run
         e = self.epoch
         try:
             for k, stage in enumerate(self.stages):
@@ -239,9 +377,19 @@ class _Chain:
             raise
 
     def __call__(self) -> None:
+        pl = pool()
+        q = min(self.parts, pl.active)
+        if q == 1:  # the load left one thread: the same pieces in order, no barrier needed
+            chunks = self.chunks
+            for stage in self.stages:
+                for c in range(chunks):
+                    for fn, args, n in stage:
+                        fn(*args, n * c // chunks, n * (c + 1) // chunks)
+            return
+        self._q = q
         self._tickets = [itertools.count() for _ in self.stages]
         try:
-            pool().run(self.piece, self.parts, (), self.parts)
+            pl.run(self.piece, q, (), q, exact=True)
         except BaseException:
             self.arrived[:] = 0
             self.epoch = 0

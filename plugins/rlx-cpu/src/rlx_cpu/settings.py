@@ -13,6 +13,10 @@ THREADS = declare_setting(
     "Threads of rlx-cpu's row pool (GEMMs left to NumPy follow OPENBLAS_NUM_THREADS: set both to cap all).",
     owner=OWNER, min=1,
     default_text="the cores this process may run on")
+ADAPT = declare_setting(
+    "RLX_CPU_ADAPT", "bool", True,
+    "Without RLX_CPU_THREADS: run fewer threads (and cap NumPy's BLAS threads) while other processes "
+    "keep some of the allowed CPUs busy (measured from /proc/stat every 0.25 s).", owner=OWNER)
 REUSE_DISTANCE = declare_setting(
     "RLX_CPU_REUSE_DISTANCE", "int", 8,
     "Steps a freed arena buffer waits before reuse (lets row chains overlap); 0 = tightest memory plan.",
@@ -50,5 +54,5 @@ PAIR_MIN_FLOPS = declare_setting(
     "Two adjacent independent GEMMs of at least this many flops each run at once, one core each.",
     owner=OWNER, min=0, default_text="off (2**62)")
 
-SETTINGS: list[Setting] = [THREADS, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS, ONEDNN,
-                           NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS]
+SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
+                           ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS]

@@ -330,17 +330,21 @@ class _Fuser:
             self.replace(i, run, "cpu.axpy", [pm])
 
     def blas_linears(self) -> None:
-        """``linear(X, W, b)`` on a 2-D program input ``X``, or with a column-major weight (a
-        training step, whose other GEMMs run here too): the bias copied into the output and one GEMM
-        with ``beta = 1`` on ``W``'s transposed view. ``X`` is then read only through a BLAS pointer
-        (and can be bound to the caller's array), and every GEMM of the step runs on the same BLAS
-        threads: a second set of threads splitting the other linears would fight them for cores."""
+        """``linear(X, W, b)`` on a 2-D program input ``X`` with a weight that is not a constant,
+        or with a column-major weight (a training step, whose other GEMMs run here too): the bias
+        copied into the output and one GEMM with ``beta = 1`` on ``W``'s transposed view. ``X`` is
+        then read only through a BLAS pointer (and can be bound to the caller's array), and every
+        GEMM of the step runs on the same BLAS threads: a second set of threads splitting the other
+        linears would fight them for cores."""
         for i, s in enumerate(self.steps):
             if s.kernel != "cpu.linear" or i in self.dropped:
                 continue
             x, w, b = (self.views[v] for v in s.inputs)
-            if s.inputs[0] not in self.input_names and not (w.ndim == 2 and w.flags.f_contiguous
-                                                          and not w.flags.c_contiguous):
+            # A constant (read-only) weight is an inference program's: its linear stays on the row
+            # pool with rlx-cpu's single-threaded GEMMs, since NumPy's BLAS threads would then
+            # fight the pool's for the cores (MLP at batch 256 with a busy core: 50 vs 8 ms).
+            if not ((s.inputs[0] in self.input_names and w.flags.writeable)
+                    or (w.ndim == 2 and w.flags.f_contiguous and not w.flags.c_contiguous)):
                 continue
             o = self.views[s.outputs[0]]
             if x.ndim != 2 or w.ndim != 2 or b.shape != (o.shape[-1],) or np.may_share_memory(o, b):
