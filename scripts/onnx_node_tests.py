@@ -106,9 +106,9 @@ def human_reason(r: ob.CaseResult, clamped: ob.CaseResult | None = None) -> str:
     m = re.match(r"output (\d+) \('[^']*'\) of (\w+) is not supported", msg)
     if m:
         return f"{m.group(2)}: optional output {m.group(1)} is not translated by the importer"
-    if "compiled in as constants, the importer computes an output by itself" in msg:
-        return ("result depends only on small integer/bool inputs (a size, an If condition): once they "
-                "are frozen the importer folds it, so nothing would run on RLX")
+    if msg.startswith("staged execution computes every output on the host"):
+        return ("staged execution computes every output on the host (a host op, or a result folded from "
+                "value-keyed inputs): nothing would run on RLX")
     m = re.match(r"(\w+) with (\d) spatial dims", msg)
     if m:
         kind = "convolution" if "Conv" in m.group(1) else "pooling"
@@ -118,7 +118,7 @@ def human_reason(r: ob.CaseResult, clamped: ob.CaseResult | None = None) -> str:
         return f"{m.group(1)}: dilated pooling is not translated by the importer"
     m = re.search(r"(.*) is computed at run time from tensor data", msg)
     if m:
-        return (f"{m.group(1).strip()} is a run-time input the adapter cannot freeze "
+        return (f"{m.group(1).strip()} is a run-time input staged execution cannot cut at "
                 "(data-dependent shape)")
     if msg.startswith("out of scope:"):
         return msg
@@ -230,7 +230,9 @@ def summary_lines(run: Run) -> list[str]:
             f"  in scope (no sequence/optional/string/training): {rate(scoped)}",
             f"  in scope and opset {ob.MIN_OPSET}-{ob.MAX_OPSET}: {rate(in_range)}",
             f"  what-if, opsets clamped into {ob.MIN_OPSET}-{ob.MAX_OPSET}: {c[ob.PASSED] + gained}/{n} "
-            f"({_pct(c[ob.PASSED] + gained, n)}), {gained} more"]
+            f"({_pct(c[ob.PASSED] + gained, n)}), {gained} more",
+            f"  of the passes: {sum(bool(r.staged) for r in suite.results if r.status == ob.PASSED)} ran "
+            f"with the core's staged execution (run-time shape values, host ops, shape-specialised)"]
 
 
 def markdown(run: Run, command: str) -> str:
@@ -239,7 +241,7 @@ def markdown(run: Run, command: str) -> str:
     n = len(suite.results)
     vers = _versions(suite.device)
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    frozen = [r for r in suite.results if r.frozen and r.status == ob.PASSED]
+    staged = [r for r in suite.results if r.staged and r.status == ob.PASSED]
     folded = [r for r in suite.results if r.folded and r.status == ob.PASSED]
     expanded = [r for r in suite.results if r.expanded]
     out = [f"# ONNX backend node tests on `{suite.device}`", "",
@@ -268,11 +270,15 @@ def markdown(run: Run, command: str) -> str:
             "dtype), the backend had no dispatch path (`DispatchError`), or the case is out of scope "
             "(sequence, optional, string, training); *failed*: it ran and the outputs differ; *error*: "
             "anything else (a bug, listed below).",
-            f"- {len(frozen)} of the passes ran with small integer/bool inputs compiled in as constants "
-            "(`RLXBackend` `freeze_inputs=True`, the default): the node tests feed axes, pads, repeats, "
-            "split sizes, K … as run-time inputs, and RLX shapes are static per signature, so the adapter "
-            "imports and compiles once per distinct value (`--no-freeze` measures without). A "
-            "specialisation in which the importer would compute an output by itself is refused.",
+            f"- {len(staged)} of the passes ran with the core's staged execution "
+            "(`rlx_core.frontends.onnx_staged`, what `load_onnx_model` and `rlx run` do): the node tests "
+            "feed axes, pads, repeats, split sizes, K … as run-time inputs, and RLX shapes are static per "
+            "signature, so the stage computing them runs first and the next one is compiled per distinct "
+            "value; data-dependent ops (NonZero, Compress, Unique, NonMaxSuppression) run on the host "
+            "between compiled stages. A case whose every output is computed on the host (nothing on the "
+            "backend) is counted unsupported, not passed. The adapter itself compiles no input in as a "
+            "constant (its former `freeze_inputs` is gone), so every pass is what a user of "
+            "`load_onnx_model` gets.",
             f"- {len(folded)} passed case(s) have an output that no run-time input reaches: "
             + (", ".join(f"`{r.name}`" for r in folded) or "none")
             + (" (Dropout's mask in inference mode is a constant)." if folded else "."),
@@ -383,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--check-excludes", action="store_true",
                     help="exit 1 if a non-excluded case does not pass or an excluded case passes")
     ap.add_argument("--no-freeze", action="store_true",
-                    help="do not compile small integer inputs in as constants (RLXBackend freeze_inputs)")
+                    help="strict counting (now the only mode: the adapter freezes no input; the core's "
+                         "staged execution runs, and its passes are counted apart); kept for old command "
+                         "lines")
     ap.add_argument("--fusion", choices=("on", "off"), default=None,
                     help="elementwise fusion (default: RLX_FUSION)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per case")
@@ -401,11 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = f"  [{r.stage}] {r.reason}" if r.status != ob.PASSED else ""
             print(f"{i + 1:5d}/{n} {r.status:11s} {r.name}{extra}", flush=True)
 
-    suite = ob.run_suite(args.device, cases=cases, fusion=fusion, freeze_inputs=not args.no_freeze,
+    suite = ob.run_suite(args.device, cases=cases, fusion=fusion,
                          progress=progress)
     # What-if: the cases rejected only for their opset, read as the nearest opset the importer reads.
     by_name = suite.by_name()
-    clamped = {c.name: ob.run_case(c, args.device, fusion=fusion, freeze_inputs=not args.no_freeze,
+    clamped = {c.name: ob.run_case(c, args.device, fusion=fusion,
                                    clamp_opset=True)
                for c in cases if opset_rejected(by_name[c.name])}
     run = Run(suite, clamped)

@@ -657,19 +657,26 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max()) / scale
 
 
-def compare(path: Path, feed_list: Sequence[dict[str, np.ndarray]]) -> float:
-    """Import ``path``, compile on rlx-cpu, run every feed; the worst relative error vs ONNX Runtime."""
-    from rlx_core.frontends.onnx import load_onnx
-    from rlx_core.runtime import Session
+def compare(path: Path, feed_list: Sequence[dict[str, np.ndarray]], *, staged_ok: bool = False) -> float:
+    """Import ``path``, compile on rlx-cpu, run every feed; the worst relative error vs ONNX Runtime.
 
-    graph = load_onnx(path)
-    exe = Session("cpu").compile(graph)
+    ``staged_ok``: the model may need staged execution (data-dependent shapes: NMS's NonZero); any other
+    model must import as one RLX graph, so a regression of the symbolic-shape importer cannot hide behind
+    the staged path's per-shape re-import."""
+    from rlx_core.frontends.onnx_staged import load_onnx_model
+
+    model = load_onnx_model(path, device="cpu")
+    if model.staged and not staged_ok:
+        raise AssertionError(f"{path.name} needed staged execution:\n{model.describe()}")
     sess = ort_session(path)
     worst = 0.0
     for f in feed_list:
         refs = sess.run(None, f)
-        outs = exe.run(f)
-        for out_name, ref in zip(graph.outputs, refs, strict=True):
+        outs = model.run(f)
+        if staged_ok:
+            on_host = [o for o, where in model.last_origins.items() if where != "backend"]
+            assert not on_host, f"{path.name}: output(s) {on_host} computed on the host, not by rlx-cpu"
+        for out_name, ref in zip(model.output_names, refs, strict=True):
             if ref.dtype.kind == "f" and ref.size and not np.abs(ref).max() > 0:
                 # a zero-initialised layer (torchvision's ViT head) would make any importer look right
                 raise AssertionError(f"{path.name}: output {out_name!r} is all zeros; seed that layer")

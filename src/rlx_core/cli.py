@@ -774,16 +774,17 @@ def _read_npy(name: str, path: str, expect: Any) -> np.ndarray:
 
 
 def _random_input(name: str, t: Any, bindings: Mapping[str, int], rng: Any) -> np.ndarray:
+    from .ir import symexpr
+
     shape: list[int] = []
     for d in t.shape:
-        if isinstance(d, int):
-            shape.append(d)
-        elif d in bindings:
-            shape.append(bindings[d])
-        else:
+        missing = sorted(symexpr.symbols(d) - set(bindings)) if isinstance(d, str) else []
+        if missing:
             raise InputError(f"input {name!r} has the symbolic shape {t}; --random cannot choose a size "
                              f"for {d!r}", where=f"input {name!r}",
-                             fix=f"pass --input {name}=FILE.npy, or fix the size with --bind {d}=N")
+                             fix=f"pass --input {name}=FILE.npy, or fix the size with "
+                                 f"{' '.join(f'--bind {s}=N' for s in missing)}")
+        shape.append(symexpr.evaluate(d, bindings))
     dt = t.dtype
     if dt.is_bool:
         return rng.integers(0, 2, shape).astype(bool)
@@ -845,8 +846,11 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     from .runtime import Session
 
     files = parse_pairs(inputs, "--input", example="x=x.npy")
-    graph, bindings = load_command_model(model, parse_bindings(binds), files,
-                                         require_signature=require_signature, signature=signature)
+    loaded, staged = _load_or_stage(model, binds, lambda: load_command_model(
+        model, parse_bindings(binds), files, require_signature=require_signature, signature=signature))
+    # A staged model's shapes depend on run-time values: it runs in stages (frontends.onnx_staged).
+    graph: Any
+    graph, bindings = loaded if staged is None else (staged, parse_bindings(binds))
     want = {v.name: v.type for v in graph.inputs}
     unknown = sorted(set(files) - set(want))
     if unknown:
@@ -871,12 +875,14 @@ def run(model: str, device: str | None, inputs: tuple[str, ...], use_random: boo
     _check_multi_device(split_devices(device))
     t0 = time.perf_counter()
     sess = Session(device)
-    exe = sess.compile(graph)
+    exe: Any = sess.compile(graph) if staged is None else staged.compile(sess)
     t1 = time.perf_counter()
     exe.run(feed)  # the first run also pays for lazy compilation (JIT kernels, device uploads)
     t2 = time.perf_counter()
     outs = exe.run(feed)  # steady state: what each further call costs
     t3 = time.perf_counter()
+    if staged is not None:
+        click.echo(exe.describe(), err=True)  # the stages, host ops and value-keyed inputs
 
     saved: dict[str, str] = {}
     if output_dir is not None:
@@ -982,8 +988,12 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
     from .runtime import Session
 
     try:
-        graph, bindings = load_command_model(model, parse_bindings(binds),
-                                             require_signature=require_signature, signature=signature)
+        loaded, staged = _load_or_stage(model, binds, lambda: load_command_model(
+            model, parse_bindings(binds), require_signature=require_signature, signature=signature))
+        if staged is not None:
+            _explain_staged(staged, device, as_json)
+            return
+        graph, bindings = loaded
     except UnsupportedOnnxError:
         click.echo(f"note: the import stops at the first problem; rlx explain {model} --coverage lists "
                    f"every unsupported node at once", err=True)
@@ -1015,6 +1025,67 @@ def explain(model: str, device: str | None, binds: tuple[str, ...], as_json: boo
     click.echo(report.to_text())
     if defaulted:
         click.echo(f"note: {', '.join(defaulted)} planned with size 1; set sizes with --bind SYM=N", err=True)
+
+
+class _StagedCommand:
+    """`rlx run`/`rlx explain` of an ONNX model that needs staged execution (its inputs, compile)."""
+
+    def __init__(self, model: str, binds: tuple[str, ...]) -> None:
+        from types import SimpleNamespace
+
+        from .frontends.onnx import input_types
+
+        self.model, self.binds = model, parse_bindings(binds)
+        self.name = Path(model).stem
+        self.inputs = [SimpleNamespace(name=n, type=t)
+                       for n, t in input_types(model, symbols=self.binds).items()]
+        self.symbols = set(self.binds) | {d for v in self.inputs for d in v.type.shape if isinstance(d, str)}
+
+    def compile(self, session: Any) -> Any:
+        from .frontends.onnx_staged import StagedModel
+
+        return StagedModel(self.model, session=session, symbols=self.binds)
+
+
+def _load_or_stage(model: str, binds: tuple[str, ...], load: Any) -> tuple[Any, _StagedCommand | None]:
+    """``(load(), None)``, or ``(None, staged command)`` for an ONNX model whose shapes depend on
+    run-time values or data (RuntimeValueError, DataDependentShapeError)."""
+    from .frontends.onnx import DataDependentShapeError, RuntimeValueError
+
+    try:
+        return load(), None
+    except (RuntimeValueError, DataDependentShapeError):
+        if not model.lower().endswith(".onnx"):
+            raise
+        return None, _StagedCommand(model, binds)
+
+
+def _explain_staged(staged: _StagedCommand, device: str | None, as_json: bool) -> None:
+    """The stages of a staged ONNX model, and the dispatch report of each stage known before running."""
+    from .runtime import Session
+
+    sess = Session(device)
+    sm = staged.compile(sess)
+    plans = []
+
+    def visit(st: Any) -> None:
+        if st.kind == "graph":
+            g = st.graph
+            plans.append((st.label, sess.plan(g, {s: 1 for s in sorted(g.symbols)} or None)))
+        if st.stage1 is not None:
+            visit(st.stage1)
+
+    visit(sm.root)
+    if as_json:
+        echo_json({"staged": sm.describe().splitlines(),
+                   "stages": {label: r.to_json() for label, r in plans}})
+        return
+    click.echo(sm.describe())
+    for label, r in plans:
+        click.echo(f"\n{label}:")
+        click.echo(r.to_text())
+    click.echo("note: the next stage is compiled at run time, per value of the value-keyed inputs or per "
+               "shape of the host ops' outputs", err=True)
 
 
 def _explain_coverage(model: str, as_json: bool) -> None:

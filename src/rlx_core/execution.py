@@ -16,6 +16,7 @@ import numpy as np
 from . import settings
 from .dispatch import Plan
 from .errors import InputError
+from .ir import symexpr
 from .ir.graph import Graph
 from .ir.indices import check_inputs as check_index_inputs
 from .report import ReportEntry
@@ -80,10 +81,23 @@ def bind_inputs(graph: Graph, inputs: Mapping[str, Any], where: str) -> tuple[di
                 if got != d:
                     raise InputError(f"input {name!r} has shape {a.shape}, the graph expects {t} "
                                      f"(axis {axis}: {got} != {d})", where=where, fix="reshape the input")
+            elif not d.isidentifier():
+                continue  # an expression: checked below, once every plain symbol is bound
             elif bindings.setdefault(d, got) != got:
                 raise InputError(f"symbol {d!r} is {bindings[d]} in one input but {got} in {name!r} "
                                  f"(axis {axis})", where=where, fix=f"give every {d!r} axis the same size")
         arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    for name, t in want.items():
+        for axis, d in enumerate(t.shape):
+            if symexpr.is_expr(d):
+                need = symexpr.evaluate(d, bindings)  # Graph guarantees its symbols are bound by now
+                got = arrays[name].shape[axis]
+                if got != need:
+                    sizes = ", ".join(f"{s}={bindings[s]}" for s in sorted(symexpr.symbols(d)))
+                    raise InputError(f"input {name!r} has shape {arrays[name].shape}, the graph expects {t}: "
+                                     f"axis {axis} is {got} but {d} = {need} ({sizes})", where=where,
+                                     fix=f"feed {name!r} with axis {axis} of size {need}, or inputs whose "
+                                         f"sizes make {d} = {got}")
     # Index operands fed by graph inputs are range-checked here, once, for every backend (ONNX rules).
     check_index_inputs(graph, arrays, bindings, where)
     return arrays, bindings
@@ -103,6 +117,9 @@ class InputBinder:
         self.specs = [(v.name, v.type.dtype.np, v.type.rank, tuple(v.type.shape),
                        all(isinstance(d, int) for d in v.type.shape)) for v in graph.inputs]
         self.index_checks = bool(index_checks(graph))
+        #: (input, axis, expression): axes checked after the plain symbols are bound
+        self.exprs = [(v.name, axis, d) for v in graph.inputs for axis, d in enumerate(v.type.shape)
+                      if symexpr.is_expr(d)]
 
     def bind(self, inputs: Mapping[str, Any], where: str) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         if inputs.keys() != self.names:
@@ -120,9 +137,15 @@ class InputBinder:
                     return bind_inputs(self.graph, inputs, where)
             else:
                 for got, d in zip(a.shape, shape):
-                    if (got != d) if isinstance(d, int) else (bindings.setdefault(d, got) != got):
+                    if isinstance(d, int):
+                        if got != d:
+                            return bind_inputs(self.graph, inputs, where)
+                    elif d.isidentifier() and bindings.setdefault(d, got) != got:
                         return bind_inputs(self.graph, inputs, where)
             arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        for name, axis, d in self.exprs:
+            if arrays[name].shape[axis] != symexpr.evaluate(d, bindings):
+                return bind_inputs(self.graph, inputs, where)
         if self.index_checks:
             check_index_inputs(self.graph, arrays, bindings, where)
         return arrays, bindings

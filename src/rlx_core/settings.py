@@ -120,7 +120,7 @@ class Setting:
         """What values are allowed, in words."""
         return {"bool": "1/0, true/false, yes/no, on/off", "int": f"integer{self._range()}",
                 "float": f"number{self._range()}", "list": "comma-separated names", "path": "a path",
-                "choice": " | ".join(self.choices), "str": "text"}[self.type]
+                "choice": "/".join(self.choices), "str": "text"}[self.type]
 
     def default_str(self) -> str:
         """The default, as docs and ``rlx doctor`` show it."""
@@ -256,6 +256,10 @@ ONNX_FOLD_MAX_BYTES = declare(
     "RLX_ONNX_FOLD_MAX_BYTES", "int", 64 << 20,
     "Total bytes constant folding may create, per model (ONNX import) and per compiled graph, on "
     "top of twice the model's own tensor bytes.", min=0)
+ONNX_STAGED_CACHE = declare(
+    "RLX_ONNX_STAGED_CACHE", "int", 16,
+    "Compiled stages a staged ONNX model (run-time shape values, data-dependent shapes) keeps per "
+    "boundary, least recently used first out.", min=1)
 ONNX_DEVICE = declare(
     "RLX_ONNX_DEVICE", "str", None,
     "The RLX device the ONNX backend (onnx.backend API) runs every model on (e.g. cpu, cuda:1).",

@@ -37,11 +37,11 @@ from .shapes import shape_problem
 
 PathLike = str | os.PathLike[str]
 
-#: safetensors dtype code -> RLX dtype. Only the types RLX has; others (F8_E4M3, U16, ...) are refused.
+#: safetensors dtype code -> RLX dtype. Only the types RLX has; others (F8_E4M3, U4, ...) are refused.
 ST_DTYPES: Mapping[str, DType] = {
     "F16": DType.F16, "BF16": DType.BF16, "F32": DType.F32, "F64": DType.F64, "C64": DType.C64,
     "I8": DType.I8, "I16": DType.I16, "I32": DType.I32, "I64": DType.I64, "U8": DType.U8,
-    "BOOL": DType.BOOL,
+    "U16": DType.U16, "U32": DType.U32, "U64": DType.U64, "BOOL": DType.BOOL,
 }
 _ST_CODES: Mapping[DType, str] = {v: k for k, v in ST_DTYPES.items()}
 

@@ -40,9 +40,10 @@ from typing import Any, Union
 import numpy as np
 
 from .. import settings as _settings
-from ..dtypes import DType
-from ..errors import IRError, RLXError, SerializationError
+from ..dtypes import WIDE_UINT_DTYPES, DType
+from ..errors import DTypeError, IRError, RLXError, SerializationError
 from ..fold import FoldBudget as _CoreFoldBudget
+from ..ir import symexpr
 from ..ir.builder import GraphBuilder, Tensor
 from ..ir.graph import Graph
 from ..ir.types import Dim
@@ -64,34 +65,78 @@ class SymbolicShapeError(UnsupportedOnnxError):
     """A shape depends on dynamic dims in a way RLX cannot express; fixing the symbols' sizes helps."""
 
 
+class RuntimeValueError(UnsupportedOnnxError):
+    """A node needs the *value* of tensors computed at run time (an axes, shape, count or limit input):
+    ``tensors`` names them (ONNX names) and ``node`` the node. Staged execution
+    (:func:`rlx_core.frontends.onnx_staged.load_onnx_model`) computes them first and compiles them in.
+    ``speculative``: the handler refused for another stated reason while these inputs were run-time
+    tensors; staging tries them as constants and re-raises if that does not help."""
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
+                 tensors: Sequence[str] = (), node: str = "", speculative: bool = False) -> None:
+        super().__init__(what, where=where, fix=fix)
+        self.tensors = tuple(tensors)
+        self.node = node
+        self.speculative = speculative
+
+
+class DataDependentShapeError(UnsupportedOnnxError):
+    """A node's output *shape* depends on its input data (NonZero, Unique, NonMaxSuppression, Compress
+    with a run-time condition): ``node`` names it. Staged execution runs it on the host between stages."""
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
+                 node: str = "", outputs: Sequence[str] = ()) -> None:
+        super().__init__(what, where=where, fix=fix)
+        self.node = node
+        self.outputs = tuple(outputs)
+
+
+_STAGED_FIX = ("compile it with staged execution: rlx_core.frontends.onnx.load_onnx_model(path) (the "
+               "`rlx run` and ONNX backend paths use it), which computes the value first and compiles it in "
+               "as a constant, or export with the value constant")
+
+
 class _NotSymbolic(Exception):
     """Internal: a symbolic evaluation is not possible; translate the node to run-time ops."""
 
 
 # ---------------------------------------------------------------------------------------------
-# Symbolic integers: coef * s1 * s2 * ... (products of shape symbols)
+# Symbolic integers: polynomials over shape symbols (batch*seq, 4*batch, past+seq; ir.symexpr)
 
 
 class SymInt:
-    """A dimension computed from shape symbols: ``coef * syms[0] * syms[1] * ...``."""
+    """A dimension computed from shape symbols: a polynomial with int coefficients, held as the
+    canonical expression string of :mod:`rlx_core.ir.symexpr` (so it is directly an RLX ``Dim``)."""
 
-    __slots__ = ("coef", "syms")
+    __slots__ = ("expr",)
 
-    def __init__(self, coef: int, syms: Iterable[str]) -> None:
-        self.coef = int(coef)
-        self.syms = tuple(sorted(syms))
+    def __init__(self, expr: str) -> None:
+        self.expr = expr
+
+    @staticmethod
+    def of(d: Dim) -> SymLike:
+        d = symexpr.canonical(d) if isinstance(d, str) else int(d)
+        return SymInt(d) if isinstance(d, str) else int(d)
 
     @staticmethod
     def make(coef: int, syms: Iterable[str]) -> SymLike:
-        syms = tuple(syms)
-        return int(coef) if not syms or coef == 0 else SymInt(coef, syms)
+        return SymInt.of(symexpr.mul(int(coef), symexpr.prod(tuple(syms))))
 
-    def key(self) -> tuple[int, tuple[str, ...]]:
-        return self.coef, self.syms
+    @property
+    def syms(self) -> tuple[str, ...]:
+        return tuple(sorted(symexpr.symbols(self.expr)))
+
+    def key(self) -> str:
+        return self.expr
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SymInt) and other.expr == self.expr
+
+    def __hash__(self) -> int:
+        return hash(self.expr)
 
     def __repr__(self) -> str:
-        parts = ([str(self.coef)] if self.coef != 1 else []) + list(self.syms)
-        return "*".join(parts)
+        return self.expr
 
 
 SymLike = Union[int, SymInt]
@@ -102,73 +147,67 @@ def _is_int(x: Any) -> bool:
 
 
 def _sym_of(d: Dim) -> SymLike:
-    return SymInt(1, (d,)) if isinstance(d, str) else int(d)
+    return SymInt.of(d)
+
+
+def _dim_of(x: Any, what: str) -> Dim:
+    if isinstance(x, SymInt):
+        return x.expr
+    if _is_int(x):
+        return int(x)
+    raise _NotSymbolic(what)
+
+
+def _sym_result(d: Dim) -> SymLike:
+    return SymInt(d) if isinstance(d, str) else int(d)
 
 
 def s_mul(a: Any, b: Any) -> SymLike:
     if _is_int(a) and _is_int(b):
         return int(a) * int(b)
-    if isinstance(a, SymInt) and _is_int(b):
-        return SymInt.make(a.coef * int(b), a.syms)
-    if _is_int(a) and isinstance(b, SymInt):
-        return SymInt.make(int(a) * b.coef, b.syms)
-    if isinstance(a, SymInt) and isinstance(b, SymInt):
-        return SymInt.make(a.coef * b.coef, a.syms + b.syms)
-    raise _NotSymbolic(f"{a!r} * {b!r}")
+    return _sym_result(symexpr.mul(_dim_of(a, f"{a!r} * {b!r}"), _dim_of(b, f"{a!r} * {b!r}")))
 
 
 def s_div(a: Any, b: Any) -> SymLike:
-    """Exact division of symbolic products; truncating (C-like) division of plain ints."""
+    """Exact division of symbolic polynomials; truncating (C-like) division of plain ints."""
     if _is_int(a) and _is_int(b):
         a, b = int(a), int(b)
         if b == 0:
             raise _NotSymbolic("division by zero")
         q = abs(a) // abs(b)
         return q if (a < 0) == (b < 0) else -q
-    ca, sa = (a.coef, list(a.syms)) if isinstance(a, SymInt) else (int(a), [])
-    if isinstance(b, SymInt):
-        cb, sb = b.coef, list(b.syms)
-    elif _is_int(b):
-        cb, sb = int(b), []
-    else:
+    q = symexpr.div_exact(_dim_of(a, f"{a!r} / {b!r}"), _dim_of(b, f"{a!r} / {b!r}"))
+    if q is None:
         raise _NotSymbolic(f"{a!r} / {b!r}")
-    for s in sb:
-        if s not in sa:
-            raise _NotSymbolic(f"{a!r} / {b!r}")
-        sa.remove(s)
-    if cb == 0 or ca % cb:
-        raise _NotSymbolic(f"{a!r} / {b!r}")
-    return SymInt.make(ca // cb, sa)
+    return _sym_result(q)
 
 
 def s_add(a: Any, b: Any) -> SymLike:
     if _is_int(a) and _is_int(b):
         return int(a) + int(b)
-    if _is_int(b) and b == 0:
-        return a
-    if _is_int(a) and a == 0:
-        return b
-    raise _NotSymbolic(f"{a!r} + {b!r}")
+    return _sym_result(symexpr.add(_dim_of(a, f"{a!r} + {b!r}"), _dim_of(b, f"{a!r} + {b!r}")))
 
 
 def s_sub(a: Any, b: Any) -> SymLike:
     if _is_int(a) and _is_int(b):
         return int(a) - int(b)
-    if _is_int(b) and b == 0:
-        return a
-    if isinstance(a, SymInt) and isinstance(b, SymInt) and a.key() == b.key():
-        return 0
-    raise _NotSymbolic(f"{a!r} - {b!r}")
+    return _sym_result(symexpr.sub(_dim_of(a, f"{a!r} - {b!r}"), _dim_of(b, f"{a!r} - {b!r}")))
+
+
+def _nonneg(x: SymInt) -> bool:
+    """True when the polynomial is >= 0 for every binding (all its coefficients are >= 0)."""
+    return all(c >= 0 for c in symexpr.parse(x.expr).values())
 
 
 def s_eq(a: Any, b: Any) -> bool:
     """Equality when it is decidable (dims are >= 0, so a symbol never equals a negative int)."""
     if _is_int(a) and _is_int(b):
         return int(a) == int(b)
-    if isinstance(a, SymInt) and isinstance(b, SymInt) and a.key() == b.key():
-        return True
+    diff = s_sub(a, b)
+    if _is_int(diff):
+        return diff == 0
     for x, y in ((a, b), (b, a)):
-        if isinstance(x, SymInt) and _is_int(y) and int(y) < 0:
+        if isinstance(x, SymInt) and _is_int(y) and int(y) < 0 and _nonneg(x):
             return False
     raise _NotSymbolic(f"{a!r} == {b!r}")
 
@@ -208,8 +247,9 @@ class _Sym:
 
 Value = Union[Tensor, _Const, _Sym]
 
-_ONNX_TO_DTYPE = {1: DType.F32, 2: DType.U8, 3: DType.I8, 5: DType.I16, 6: DType.I32, 7: DType.I64,
-                  9: DType.BOOL, 10: DType.F16, 11: DType.F64, 14: DType.C64, 16: DType.BF16}
+_ONNX_TO_DTYPE = {1: DType.F32, 2: DType.U8, 3: DType.I8, 4: DType.U16, 5: DType.I16, 6: DType.I32,
+                  7: DType.I64, 9: DType.BOOL, 10: DType.F16, 11: DType.F64, 12: DType.U32, 13: DType.U64,
+                  14: DType.C64, 16: DType.BF16}
 
 
 def _onnx_type_name(code: int) -> str:
@@ -503,6 +543,7 @@ def _default_opset(proto: Any, source: str) -> int:
 _OP_SINCE: dict[str, int] = {
     # onnx_index.py: the older versions only lack negative indices/axes, which the handlers accept.
     "Scatter": 9, "OneHot": 9, "Compress": 9, "Mod": 10, "TopK": 10,
+    "NonZero": 9, "NonMaxSuppression": 10, "Unique": 11,  # onnx_staged.py: the reference runs every version
     **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "Greater", "Less", "Gemm",
                      "Dropout", "BatchNormalization"), 7),
     **dict.fromkeys(("Abs", "Neg", "Sqrt", "Exp", "Log", "Tanh", "Sigmoid", "Reciprocal", "Floor", "Ceil",
@@ -529,6 +570,8 @@ _OP_REVIEWED: dict[str, int] = {
     # onnx_index.py: -28/-24 add bfloat16 (OneHot, Compress, Einsum, TopK), float Mod with fmod=0 (the
     # handler refuses float Mod), signed BitShift (the handler implements its arithmetic shift).
     **dict.fromkeys(("OneHot", "Compress", "Mod", "BitShift", "Einsum"), 28), "TopK": 24,
+    # onnx_staged.py: host ops run with onnx's reference implementation of the model's own version.
+    **dict.fromkeys(("NonZero", "Unique", "NonMaxSuppression"), 28),
 }
 
 _SINCE_CACHE: dict[tuple[str, int], int | None] = {}
@@ -855,6 +898,8 @@ class _Importer:
         self.budget = budget or FoldBudget(DEFAULT_FOLD_MAX_ELEMENTS, DEFAULT_FOLD_MAX_BYTES, 0)
         #: Why the last node with constant inputs was not folded (for the error when it must be).
         self.fold_refused: str | None = None
+        #: The current node's handler is running (its refusals may depend on run-time values).
+        self.in_handler = False
 
     # -- errors --------------------------------------------------------------------------------
     def unsupported(self, what: str, fix: str) -> UnsupportedOnnxError:
@@ -876,8 +921,9 @@ class _Importer:
 
     def _unrepresentable(self, d: Any, what: str) -> SymbolicShapeError:
         syms = sorted(set(d.syms)) if isinstance(d, SymInt) else []
-        return self.symbolic(f"{what} would be {d!r}; an RLX dimension is an int or one symbol, not an "
-                             f"expression", syms)
+        return self.symbolic(f"{what} would be {d!r}, which is not a polynomial in the shape "
+                             f"symbols (an RLX dimension is an int, a symbol or a polynomial such as "
+                             f"batch*seq)", syms)
 
     # -- the driver ----------------------------------------------------------------------------
     def input_types(self) -> dict[str, Any]:
@@ -947,6 +993,16 @@ class _Importer:
                 outs = self._convert(node, ins, attrs)
             except _NotSymbolic as e:  # pragma: no cover - handlers turn these into errors
                 raise self.symbolic(f"cannot evaluate {node.op_type} on symbolic shapes ({e})") from None
+            except (RuntimeValueError, DataDependentShapeError):
+                raise
+            except SymbolicShapeError as e:
+                raise _with_where(e, self.node_where) from None
+            except UnsupportedOnnxError as e:
+                late = [v for v in ins[1:] if isinstance(v, Tensor)]
+                # Staged execution may resolve it with those inputs' values as constants.
+                if late and self.in_handler:
+                    raise self.needs_values(late, e.what, speculative=True, fix=e.fix) from None
+                raise _with_where(e, self.node_where) from None
             except RLXError as e:
                 hint = any(w in e.what or w in (e.fix or "") for w in ("symbol", "specialize", "static"))
                 if isinstance(e, IRError) and not isinstance(e, UnsupportedOnnxError) and hint \
@@ -972,6 +1028,7 @@ class _Importer:
     def _convert(self, node: Any, ins: list[Value | None], attrs: dict[str, Any]) -> list[Value | None]:
         op = node.op_type
         self.fold_refused = None
+        self.in_handler = False
         if node.domain not in ("", "ai.onnx"):
             fn = _CUSTOM.get((node.domain, op))
             if fn is not None:
@@ -1017,7 +1074,18 @@ class _Importer:
                     "(see rlx_core.frontends.onnx.SUPPORTED_OPS), fold it away (e.g. with "
                     "onnxruntime offline optimization or onnx-simplifier), or add a converter with "
                     f"rlx_core.frontends.onnx.register_handler({op!r}, fn)")
-        return list(fn(self, node, ins, attrs))
+        self.in_handler = True  # a refusal from here on may depend on run-time input values
+        try:
+            return list(fn(self, node, ins, attrs))
+        except DTypeError as e:
+            # u16/u32/u64 reach only some IR op families (rlx_core.dtypes.INT_DTYPES says why): an
+            # operator that needs another one is refused here; other dtype errors stay importer bugs.
+            wide = sorted({str(v.dtype) for v in ins if getattr(v, "dtype", None) in WIDE_UINT_DTYPES})
+            if not wide:
+                raise
+            raise self.unsupported(f"{op} on {'/'.join(wide)}: {e.what}",
+                                   fix="cast the input to i64 (exact for u16/u32) or a float type before "
+                                       f"this {op}, or run the model with ONNX Runtime") from None
 
     # -- attributes and inputs -----------------------------------------------------------------
     def _attrs(self, node: Any) -> dict[str, Any]:
@@ -1163,14 +1231,24 @@ class _Importer:
         g = self.g
         one = g.const(1, DType.I64)
         elems = []
+        sizes: dict[str, Tensor] = {}
+
+        def size(s: str) -> Tensor:
+            if s not in sizes:
+                sizes[s] = g.op("reduce_sum", g.op("expand", g.op("reshape", one, shape=(1,)), shape=(s,)),
+                                axes=(0,), keepdims=False)
+            return sizes[s]
+
         for x in v.arr.flat:
             if isinstance(x, SymInt):
-                acc = g.const(x.coef, DType.I64)
-                for s in x.syms:
-                    n = g.op("reduce_sum", g.op("expand", g.op("reshape", one, shape=(1,)), shape=(s,)),
-                             axes=(0,), keepdims=False)
-                    acc = acc * n
-                elems.append(acc)
+                total: Tensor | None = None
+                for mono, coef in sorted(symexpr.parse(x.expr).items()):
+                    term = g.const(coef, DType.I64)
+                    for s in mono:
+                        term = term * size(s)
+                    total = term if total is None else total + term
+                assert total is not None  # a SymInt always has a symbolic term
+                elems.append(total)
             else:
                 elems.append(g.const(int(x), DType.I64))
         if v.arr.ndim == 0:
@@ -1188,11 +1266,8 @@ class _Importer:
         if v is None:
             raise self.unsupported(f"{what} is missing", fix="pass it as a constant")
         if isinstance(v, Tensor):
-            msg = f"{what} is computed at run time from tensor data, so the result's shape is data-dependent"
-            if self.has_symbols():
-                raise self.symbolic(msg)
-            raise self.unsupported(msg, fix="export with static shapes for this part (no data-dependent "
-                                            "shapes such as NonZero)")
+            raise self.needs_values([v], f"{what} is computed at run time from tensor data, so the "
+                                         f"result's shape is data-dependent")
         arr = v.arr if isinstance(v, _Sym) else v.array
         return [x if isinstance(x, SymInt) else int(x) for x in np.asarray(arr).reshape(-1)]
 
@@ -1208,22 +1283,48 @@ class _Importer:
     def scalar(self, v: Value | None, what: str) -> Any:
         if v is None:
             return None
+        if isinstance(v, Tensor):
+            raise self.needs_values([v], f"{what} is computed at run time")
         if not isinstance(v, _Const):
-            raise self.unsupported(f"{what} must be a constant",
-                                   fix="export with this value fixed (a constant)")
+            raise self.symbolic(f"{what} depends on a symbolic dim")
         return v.array.reshape(-1)[0].item() if v.array.size else None
+
+    def needs_values(self, vals: Sequence[Value | None], what: str, *, speculative: bool = False,
+                     fix: str | None = None) -> RuntimeValueError:
+        """The error for a handler that needs the values of run-time tensors ``vals`` (named by their
+        ONNX names: the node's inputs holding them, else every run-time input of the node)."""
+        node = self.node
+        names = [n for n in (node.input if node is not None else ()) if n and
+                 any(self.env.get(n) is v for v in vals if v is not None)]
+        if not names and node is not None:  # derived inside the handler: from the non-data inputs first
+            late = [n for n in node.input[1:] if n and isinstance(self.env.get(n), Tensor)]
+            names = late or [n for n in node.input if n and isinstance(self.env.get(n), Tensor)]
+        label = (node.name or node.op_type) if node is not None else ""
+        listed = ", ".join(map(repr, dict.fromkeys(names)))
+        return RuntimeValueError(f"{what} (ONNX tensor(s) {listed or '?'})", where=self.node_where,
+                                 fix=fix or _STAGED_FIX, tensors=list(dict.fromkeys(names)), node=label,
+                                 speculative=speculative)
 
     def to_dim(self, d: SymLike, what: str) -> Dim:
         if isinstance(d, SymInt):
-            if d.coef == 1 and len(d.syms) == 1:
-                return d.syms[0]
-            raise self._unrepresentable(d, what)
+            if not any(c > 0 for c in symexpr.parse(d.expr).values()):
+                raise self._unrepresentable(d, what)
+            # seq-1 is kept: a binding that makes it negative fails at specialisation, never silently
+            return d.expr
         if d < 0:
             raise self.unsupported(f"{what} has the negative size {d}", fix="check the model's shapes")
         return int(d)
 
     def shape_of(self, dims: Sequence[SymLike], what: str) -> tuple[Dim, ...]:
         return tuple(self.to_dim(d, what) for d in dims)
+
+    def dim_tensor(self, d: Dim | SymLike) -> Tensor:
+        """A size as an i64 scalar tensor: a constant, or computed at run time for a symbolic dim
+        (index arithmetic over symbolic axes: strides, bounds, sentinels)."""
+        x = d if isinstance(d, SymInt) else _sym_of(d)  # type: ignore[arg-type]
+        if isinstance(x, SymInt):
+            return self.t(_Sym(np.array(x, dtype=object).reshape(()), DType.I64))
+        return self.g.const(int(x), DType.I64)
 
     def axes_arg(self, ins: Sequence[Value | None], attrs: Mapping[str, Any], index: int,
                  since: int) -> list[int] | None:
@@ -1246,6 +1347,13 @@ class _Importer:
         shape = self.shape_of(dims, what)
         if shape == x.shape:
             return x
+        n_in, n_out = symexpr.numel(x.shape), symexpr.numel(d for d in shape if d != -1)
+        if -1 not in shape and n_in != n_out and (isinstance(n_in, str) or isinstance(n_out, str)):
+            # e.g. the legacy exporter baked seq=8 into (8, 4*batch, 8): right for one size only
+            syms = sorted(symexpr.symbols(n_in) | symexpr.symbols(n_out))
+            raise self.symbolic(f"{what} {shape} has {n_out} elements but the input {x.shape} has {n_in}: "
+                                f"they agree only for particular sizes of {', '.join(syms)} (a size the "
+                                f"exporter fixed as a constant)", syms)
         return self.g.op("reshape", x, shape=shape)
 
     # -- folding -------------------------------------------------------------------------------
@@ -2468,7 +2576,10 @@ def _constant_of_shape(imp: _Importer, node: Any, ins: list, attrs: dict) -> lis
 def _range(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     start, limit, delta = ins
     if not isinstance(start, _Const) or not isinstance(delta, _Const):
-        raise imp.unsupported("Range with a run-time start or delta", fix="make start and delta constants")
+        if isinstance(start, _Sym) or isinstance(delta, _Sym):
+            raise imp.symbolic("Range with a symbolic start or delta")
+        raise imp.needs_values([v for v in (start, delta) if isinstance(v, Tensor)],
+                               "Range with a run-time start or delta")
     dt = DType.parse(start.array.dtype)
     s0, d0 = start.array.reshape(-1)[0].item(), delta.array.reshape(-1)[0].item()
     if dt in (DType.F16, DType.BF16):  # Range-27: computed in stash_type (float32) and cast back
@@ -2490,20 +2601,39 @@ def _range_values(imp: _Importer, s0: Any, limit: Value, d0: Any, dt: DType) -> 
             out = out * imp.g.const(d0, dt)
         return out + imp.g.const(s0, dt) if s0 != 0 else out
     lim = imp.dims(limit, "the Range limit")
-    if len(lim) != 1 or s0 != 0 or d0 != 1:
-        raise imp.symbolic(f"Range({s0}, {lim}, {d0}) has a symbolic length (only Range(0, n, 1) can)")
-    n = imp.to_dim(lim[0], "the Range length")
-    return imp.g.op("iota", shape=(n,), axis=0, dtype=dt)
+    if len(lim) != 1 or d0 != 1 or not _is_int(s0):
+        raise imp.symbolic(f"Range({s0}, {lim}, {d0}) has a symbolic length (only Range(k, n, 1) with an "
+                           f"int k has a polynomial length n - k)")
+    # n - k must stay >= 0 for every size >= 1 of its symbols (the sizes a compile checks with):
+    # then a binding with n < k (a 0 size) fails at specialisation, never a silently wrong range
+    length = s_sub(lim[0], int(s0))
+    if not isinstance(length, SymInt):
+        length = max(0, int(length))
+    poly = symexpr.parse(length.expr) if isinstance(length, SymInt) else {}
+    if sum(poly.values()) < 0 or any(c < 0 for mono, c in poly.items() if mono):
+        raise imp.symbolic(f"Range({s0}, {lim[0]}, 1) would have the length {length}, which is negative "
+                           f"for some sizes of its symbols")
+    n = imp.to_dim(length, "the Range length")
+    out = imp.g.op("iota", shape=(n,), axis=0, dtype=dt)
+    return out + imp.g.const(s0, dt) if s0 != 0 else out
 
 
 @_handler("Tile")
 def _tile(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     x = imp.t(ins[0])
-    reps = imp.ints(ins[1], "Tile repeats") or []
+    reps: list[Any] = imp.dims(ins[1], "Tile repeats") if ins[1] is not None else []
+    if len(reps) != x.rank:
+        raise imp.unsupported(f"Tile repeats {reps} for a rank-{x.rank} input",
+                              fix="give one repeat per axis")
     for ax, r in enumerate(reps):
-        if r != 1:
-            if not isinstance(x.shape[ax], int):
-                raise imp.symbolic(f"Tile of the symbolic axis {x.shape[ax]!r}", [str(x.shape[ax])])
+        if isinstance(r, SymInt):
+            # repeats from the symbolic shape (whisper's batch): [.., d, ..] -> expand -> [.., r*d, ..]
+            s = list(x.shape)
+            rd = imp.to_dim(r, "the Tile repeat")
+            x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [1] + s[ax:]))
+            x = imp.g.op("expand", x, shape=tuple(s[:ax] + [rd] + s[ax:]))
+            x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [symexpr.mul(rd, s[ax])] + s[ax + 1:]))
+        elif r != 1:
             if r <= 0:
                 x = imp.g.op("slice", x, starts=(0,), stops=(0,), axes=(ax,))
             elif r <= _TILE_CONCAT_MAX:
@@ -2514,7 +2644,7 @@ def _tile(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
                 s = list(x.shape)
                 x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [1] + s[ax:]))
                 x = imp.g.op("expand", x, shape=tuple(s[:ax] + [r] + s[ax:]))
-                x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [r * s[ax]] + s[ax + 1:]))
+                x = imp.g.op("reshape", x, shape=tuple(s[:ax] + [symexpr.mul(r, s[ax])] + s[ax + 1:]))
     return [x]
 
 
@@ -2622,6 +2752,8 @@ def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     cond = ins[0]
     if not isinstance(cond, _Const):
         msg = "If with a condition computed at run time (data-dependent control flow)"
+        if isinstance(cond, Tensor):  # staged execution computes it first and takes the branch
+            raise imp.needs_values([cond], msg)
         if imp.has_symbols():
             raise imp.symbolic(msg)
         raise imp.unsupported(msg, fix="export without data-dependent branches (torch.cond)")
@@ -2639,9 +2771,25 @@ def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 
 
 from . import onnx_index as _onnx_index  # noqa: E402,F401  (indexing/integer handlers register here)
+from . import onnx_misc as _onnx_misc  # noqa: E402,F401  (trig, Col2Im, Scan/Loop, bitwise... register here)
 from . import onnx_nn as _onnx_nn  # noqa: E402,F401  (Resize, Attention, norms, losses register here)
 from . import onnx_quant as _onnx_quant  # noqa: E402,F401  (quantized operators register here)
 from . import onnx_rnn as _onnx_rnn  # noqa: E402,F401  (RNN, GRU, LSTM register here)
+from . import onnx_signal as _onnx_signal  # noqa: E402,F401  (DFT, STFT, windows register here)
+from . import onnx_staged as _onnx_staged  # noqa: E402  (NonZero, Unique, NMS register here; staging)
+
+
+def load_onnx_model(model: str | os.PathLike[str] | bytes | Any, **kw: Any) -> Any:
+    """An ONNX model compiled for a device, staged where one RLX graph cannot hold it: see
+    :func:`rlx_core.frontends.onnx_staged.load_onnx_model` (same keywords) and its ``StagedModel``."""
+    return _onnx_staged.load_onnx_model(model, **kw)
+
+
+def __getattr__(name: str) -> Any:
+    # Looked up lazily: onnx_staged imports this module, so importing it first must still work.
+    if name == "StagedModel":
+        return _onnx_staged.StagedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: The ONNX operators (default domain) this importer translates.
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
@@ -2652,5 +2800,6 @@ def supported_ops() -> list[str]:
     return sorted(set(_HANDLERS) | _CUSTOM_DEFAULT)
 
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "SUPPORTED_OPS", "SymInt", "SymbolicShapeError", "UnsupportedOnnxError",
-           "input_types", "load_onnx", "read_model", "register_handler", "supported_ops"]
+__all__ = ["MAX_OPSET", "MIN_OPSET", "SUPPORTED_OPS", "DataDependentShapeError", "RuntimeValueError",
+           "SymInt", "SymbolicShapeError", "UnsupportedOnnxError", "input_types", "load_onnx",
+           "load_onnx_model", "read_model", "register_handler", "supported_ops"]

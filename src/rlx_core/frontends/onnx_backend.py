@@ -28,7 +28,6 @@ pass on that backend.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import time
@@ -41,7 +40,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import DispatchError, IRError, PluginError, RLXError, SerializationError
-from .onnx import MAX_OPSET, MIN_OPSET, UnsupportedOnnxError, load_onnx, read_model
+from .onnx import (
+    MAX_OPSET,
+    MIN_OPSET,
+    DataDependentShapeError,
+    RuntimeValueError,
+    SymbolicShapeError,
+    UnsupportedOnnxError,
+    load_onnx,
+    read_model,
+)
 
 try:  # the adapter subclasses onnx's own base classes when onnx is installed
     from onnx.backend.base import Backend as _OnnxBackend
@@ -90,54 +98,6 @@ def _session(device: str, use_cache: bool | None, fusion: bool | None) -> Any:
     return s
 
 
-#: Inputs that may be frozen per run (see ``freeze_inputs``): small integer/bool vectors or scalars.
-_FREEZE_MAX_ELEMS = 64
-_FREEZE_TYPES = frozenset({2, 3, 5, 6, 7, 9})  # UINT8, INT8, INT16, INT32, INT64, BOOL
-#: Float inputs are frozen only where every use is shape-like (Resize scales/roi, Upsample scales):
-#: a float data input must stay a run-time input, or the whole model would fold away.
-_FREEZE_FLOAT_TYPES = frozenset({1, 10, 11})  # FLOAT, FLOAT16, DOUBLE
-
-
-def _shape_like_float(graph: Any, name: str) -> bool:
-    from .onnx_nn import SHAPE_LIKE_FLOAT_INPUTS
-
-    uses = [(n.op_type, i) for n in graph.node if n.domain in ("", "ai.onnx")
-            for i, x in enumerate(n.input) if x == name]
-    return bool(uses) and all(u in SHAPE_LIKE_FLOAT_INPUTS for u in uses) and \
-        not any(name in n.input for n in graph.node if n.domain not in ("", "ai.onnx"))
-
-
-def _freezable(proto: Any) -> list[str]:
-    """Graph inputs that can carry shape-like data: integer/bool, rank <= 1, at most 64 elements."""
-    inits = {t.name for t in proto.graph.initializer}
-    out = []
-    for vi in proto.graph.input:
-        if vi.name in inits or not vi.type.HasField("tensor_type"):
-            continue
-        tt = vi.type.tensor_type
-        float_ok = tt.elem_type in _FREEZE_FLOAT_TYPES and _shape_like_float(proto.graph, vi.name)
-        if not (tt.elem_type in _FREEZE_TYPES or float_ok) or not tt.HasField("shape") or \
-                len(tt.shape.dim) > 1:
-            continue
-        if all(d.HasField("dim_value") for d in tt.shape.dim) and \
-                int(np.prod([d.dim_value for d in tt.shape.dim])) <= _FREEZE_MAX_ELEMS:
-            out.append(vi.name)
-    return out
-
-
-def _with_frozen(proto: Any, values: Mapping[str, np.ndarray]) -> Any:
-    """A copy of the model whose inputs ``values`` are initializers (constants) instead."""
-    from onnx import ModelProto, numpy_helper
-
-    m = ModelProto()
-    m.CopyFrom(proto)
-    keep = [vi for vi in m.graph.input if vi.name not in values]
-    del m.graph.input[:]
-    m.graph.input.extend(keep)
-    m.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), name) for name, a in values.items())
-    return m
-
-
 def _clamped(proto: Any) -> Any:
     """A copy whose default-domain opset is clamped into [MIN_OPSET, MAX_OPSET] (what-if only: an
     operator whose definition changed across the clamp is then read with the other definition)."""
@@ -163,25 +123,19 @@ def _independent_outputs(graph: Any) -> list[str]:
 class RLXBackendRep(_OnnxBackendRep):
     """A compiled model: ``run(inputs)`` -> the outputs, in the model's output order.
 
-    For a model prepared with frozen inputs (``freeze_inputs``), ``candidates`` are the inputs that
-    may be compiled in as constants and ``frozen`` the ones that were (after the first ``run``);
-    it is imported and compiled again for every distinct value of them.
+    ``executable``: the compiled graph when one RLX graph holds the model; ``staged``: the core's
+    :class:`~rlx_core.frontends.onnx_staged.StagedModel` when its shapes depend on run-time values or
+    data (then ``executable`` and ``graph`` are None).
     """
 
-    #: How many subsets of the candidate inputs are tried before giving up.
-    MAX_FREEZE_ATTEMPTS = 32
-
     def __init__(self, executable: Any, input_names: Sequence[str], output_names: Sequence[str],
-                 device: str, *, deferred: tuple[Any, list[str], Exception, Any, dict] | None = None) -> None:
+                 device: str, *, staged: Any = None) -> None:
         self.executable = executable
+        self.staged = staged
         self.graph = executable.graph if executable is not None else None
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.device = device
-        self.candidates: tuple[str, ...] = tuple(deferred[1]) if deferred else ()
-        self.frozen: tuple[str, ...] = ()
-        self._deferred = deferred
-        self._by_value: dict[tuple, Any] = {}
 
     def _feed(self, inputs: Any) -> dict[str, Any]:
         if isinstance(inputs, Mapping):
@@ -196,58 +150,10 @@ class RLXBackendRep(_OnnxBackendRep):
                              fix="pass one array per model input, in order, or a dict by name")
         return dict(zip(self.input_names, inputs))
 
-    def _specialised(self, feed: dict[str, Any]) -> Any:
-        """Import + compile with some candidate inputs' values as constants (cached per value).
-
-        The smallest subset of the candidates that makes the model translatable wins (and is kept
-        for later runs); a subset with which an output no longer depends on any run-time input is
-        refused, since the importer would then have computed that output by itself."""
-        proto, names, first_error, session, load_kw = self._deferred  # type: ignore[misc]
-        full = tuple(names)
-        if self.frozen:
-            subsets: list[tuple[str, ...]] = [self.frozen]
-        else:
-            subsets = [c for k in range(1, len(names)) for c in itertools.combinations(names, k)]
-            subsets = subsets[: self.MAX_FREEZE_ATTEMPTS - 1] + [full]
-        errors: dict[tuple[str, ...], UnsupportedOnnxError] = {}
-        folded: set[tuple[str, ...]] = set()
-        for sub in subsets:
-            values = {n: np.asarray(feed[n]) for n in sub}
-            key = tuple((n, str(a.dtype), a.shape, a.tobytes()) for n, a in values.items())
-            exe = self._by_value.get(key)
-            if exe is not None:
-                return exe
-            try:
-                graph = load_onnx(_with_frozen(proto, values), **load_kw)
-            except UnsupportedOnnxError as e:
-                errors[sub] = e
-                continue
-            if _independent_outputs(graph):
-                folded.add(sub)
-                continue
-            exe = self._by_value[key] = session.compile(graph)
-            self.frozen, self.graph = tuple(sub), graph
-            return exe
-        # Nothing worked: say why with every candidate frozen (the furthest the import can get).
-        if full in errors:
-            raise errors[full]
-        if full in folded:
-            raise UnsupportedOnnxError(
-                f"{first_error.what if isinstance(first_error, RLXError) else first_error}; with the "
-                f"run-time input(s) {', '.join(full)} compiled in as constants, the importer computes an "
-                f"output by itself, so nothing of it would run on the backend",
-                where=getattr(first_error, "where", None),
-                fix="this model's result is a function of shape-like inputs only; give them as constants")
-        raise first_error
-
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``inputs``: a list/tuple in the model's input order, a dict by name, or one array."""
         feed = self._feed(inputs)
-        if self._deferred is not None:
-            exe = self._specialised(feed)
-            out = exe.run({k: v for k, v in feed.items() if k not in self.frozen})
-        else:
-            out = self.executable.run(feed)
+        out = self.staged.run(feed) if self.staged is not None else self.executable.run(feed)
         values = [out[n] for n in self.output_names]
         if _namedtupledict is None:  # pragma: no cover
             return tuple(values)
@@ -262,12 +168,13 @@ class RLXBackend(_OnnxBackend):
     * ``rlx_device``: an RLX device name (wins over ``device``);
     * ``use_cache``: the on-disk compile cache (default: on unless ``RLX_NO_CACHE``);
     * ``fusion``: elementwise fusion (default: ``RLX_FUSION``, on);
-    * ``freeze_inputs`` (default True): when the importer cannot translate the model because a shape,
-      axis or count is a *run-time input* (``ReduceSum(x, axes)`` with ``axes`` fed at run time, as
-      the ONNX node tests do), small integer/bool inputs are compiled in as constants at ``run``,
-      once per distinct value. A specialisation whose outputs would all be computed by the importer
-      itself is refused (the original error is raised). RLX shapes are static per signature, so
-      this is how a data-dependent shape can run at all;
+    * staged execution: a model whose shapes depend on run-time values or data (the importer's
+      RuntimeValueError, DataDependentShapeError, SymbolicShapeError: ``ReduceSum(x, axes)`` with
+      ``axes`` fed at run time, as the ONNX node tests do, NonZero, ...) runs as the core's
+      :class:`~rlx_core.frontends.onnx_staged.StagedModel` (``rep.staged``), exactly as
+      :func:`~rlx_core.frontends.onnx.load_onnx_model` and ``rlx run`` run it;
+    * ``freeze_inputs``: accepted for compatibility and ignored (the adapter's own input freezing was
+      replaced by the core's staged execution);
     * ``clamp_opset`` (default False, a what-if): read the model as if its default-domain opset were
       clamped into the importer's range [MIN_OPSET, MAX_OPSET];
     * ``load_onnx``'s ``symbols``, ``input_shapes``, ``batch_symbol``, ``fuse``, ``name``.
@@ -281,7 +188,7 @@ class RLXBackend(_OnnxBackend):
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> RLXBackendRep:
         dev = rlx_device(device, kwargs.pop("rlx_device", None))
         session = _session(dev, kwargs.pop("use_cache", None), kwargs.pop("fusion", None))
-        freeze = kwargs.pop("freeze_inputs", True)
+        kwargs.pop("freeze_inputs", None)  # replaced by the core's staged execution
         clamp = kwargs.pop("clamp_opset", False)
         load_kw = {k: kwargs.pop(k) for k in ("symbols", "input_shapes", "batch_symbol", "fuse", "name")
                    if k in kwargs}
@@ -293,14 +200,11 @@ class RLXBackend(_OnnxBackend):
         output_names = [o.name for o in proto.graph.output]
         try:
             graph = load_onnx(proto, **load_kw)
-        except UnsupportedOnnxError as e:
-            opset = _default_opset(proto)
-            names = _freezable(proto) if freeze and opset is not None and \
-                MIN_OPSET <= opset <= MAX_OPSET else []
-            if not names:
-                raise
-            return RLXBackendRep(None, input_names, output_names, dev,
-                                 deferred=(proto, names, e, session, load_kw))
+        except (RuntimeValueError, DataDependentShapeError, SymbolicShapeError):
+            from .onnx_staged import StagedModel
+
+            staged = StagedModel(proto, session=session, **load_kw)
+            return RLXBackendRep(None, input_names, output_names, dev, staged=staged)
         return RLXBackendRep(session.compile(graph), input_names, output_names, dev)
 
     @classmethod
@@ -371,7 +275,7 @@ class CaseResult:
     opset: int | None = None
     expanded: bool = False    # a function-expanded variant (``*_expanded``) of the op's test
     folded: bool = False      # an output was computed at import time (it uses no run-time input)
-    frozen: list[str] = field(default_factory=list)  # inputs compiled in as constants (freeze_inputs)
+    staged: str = ""          # how the core's staged execution ran it ("" when one plain graph did)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -489,7 +393,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def run_case(case: Any, device: str = "cpu", *, use_cache: bool = False, fusion: bool | None = None,
-             freeze_inputs: bool = True, clamp_opset: bool = False) -> CaseResult:
+             clamp_opset: bool = False) -> CaseResult:
     """Prepare, run and compare one node test case, as ``onnx.backend.test.runner`` does.
 
     passed: the outputs match; failed: it ran, the outputs differ (numbers, shape or dtype);
@@ -508,7 +412,7 @@ def run_case(case: Any, device: str = "cpu", *, use_cache: bool = False, fusion:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             rep = RLXBackend.prepare(model, "CPU", rlx_device=device, use_cache=use_cache, fusion=fusion,
-                                     freeze_inputs=freeze_inputs, clamp_opset=clamp_opset)
+                                     clamp_opset=clamp_opset)
             for inputs, ref_outputs in case.data_sets:
                 stage = "run"
                 outs = rep.run([_normalize_tensor(x) for x in inputs])
@@ -523,7 +427,7 @@ def run_case(case: Any, device: str = "cpu", *, use_cache: bool = False, fusion:
         if isinstance(e, DispatchError) or (stage == "import" and isinstance(e, PluginError)):
             stage = "compile"
         elif isinstance(e, (IRError, SerializationError)):
-            stage = "import"  # also when a frozen-input model is imported at run
+            stage = "import"  # also when a staged model imports its next stage at run
         res.stage = stage
         res.detail = f"{type(e).__name__}: {e}"
         scope = out_of_scope(model)
@@ -536,11 +440,36 @@ def run_case(case: Any, device: str = "cpu", *, use_cache: bool = False, fusion:
         else:
             res.status, res.reason = ERROR, f"{type(e).__name__}: {_one_line(e)}"
     if rep is not None:
-        res.frozen = list(rep.frozen)
         if rep.graph is not None:
             res.folded = bool(_independent_outputs(rep.graph))
+        if rep.staged is not None:
+            res.staged = _staged_summary(rep.staged)
+            if res.status == PASSED and rep.staged.last_origins and \
+                    all(o == "host" for o in rep.staged.last_origins.values()):
+                # Comparing onnx's reference with itself certifies nothing about the backend.
+                res.status, res.stage = UNSUPPORTED, "run"
+                res.reason = (f"staged execution computes every output on the host ({res.staged}); "
+                              f"nothing runs on the backend")
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _staged_summary(sm: Any) -> str:
+    """One line: the boundaries staged execution met (value-keyed inputs, host ops, shapes)."""
+    parts: list[str] = []
+
+    def visit(st: Any) -> None:
+        if st.kind == "values":
+            parts.append("value-keyed " + ",".join(st.needed))
+        elif st.kind == "host":
+            parts.append("host op " + st.host.op_type)
+        elif st.kind == "shapes":
+            parts.append("shape-specialised")
+        for sub in ([st.stage1] if st.stage1 is not None else []) + list(st.variants.items.values()):
+            visit(sub)
+
+    visit(sm.root)
+    return "; ".join(dict.fromkeys(parts))
 
 
 def _compare_reason(detail: str) -> str:
@@ -554,7 +483,7 @@ def _compare_reason(detail: str) -> str:
 
 
 def run_suite(device: str = "cpu", *, pattern: str | None = None, cases: Iterable[Any] | None = None,
-              use_cache: bool = False, fusion: bool | None = None, freeze_inputs: bool = True,
+              use_cache: bool = False, fusion: bool | None = None,
               clamp_opset: bool = False, progress: Any = None) -> SuiteResult:
     """Run every node test case (or those whose name contains ``pattern``) on ``device``."""
     import onnx
@@ -563,7 +492,7 @@ def run_suite(device: str = "cpu", *, pattern: str | None = None, cases: Iterabl
     todo = list(cases) if cases is not None else node_test_cases(pattern)
     suite = SuiteResult(device, onnx.__version__)
     for i, case in enumerate(todo):
-        r = run_case(case, device, use_cache=use_cache, fusion=fusion, freeze_inputs=freeze_inputs,
+        r = run_case(case, device, use_cache=use_cache, fusion=fusion,
                      clamp_opset=clamp_opset)
         suite.results.append(r)
         if progress is not None:

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType
+from ..ir import symexpr
 from ..ir.builder import Tensor
+from ..ir.types import Dim
 from .onnx import _Const, _handler, _Importer
 
 _MALFORMED = "the model is malformed: check it with onnx.checker.check_model"
@@ -49,10 +51,11 @@ def _i64(imp: _Importer, v: Any) -> Tensor:
     return t
 
 
-def _normalised(imp: _Importer, i: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """ONNX's index rule on an int64 tensor: ``(i + n if i < 0 else i, -n <= i < n)``."""
+def _normalised(imp: _Importer, i: Tensor, n: Dim) -> tuple[Tensor, Tensor]:
+    """ONNX's index rule on an int64 tensor: ``(i + n if i < 0 else i, -n <= i < n)``; a symbolic
+    extent ``n`` is computed at run time."""
     g = imp.g
-    zero, cn = g.const(0, DType.I64), g.const(n, DType.I64)
+    zero, cn = g.const(0, DType.I64), imp.dim_tensor(n)
     neg = g.op("less", i, zero)
     norm = g.op("where", neg, i + cn, i)
     valid = g.op("logical_and", g.op("greater_equal", i, g.op("neg", cn)), g.op("less", i, cn))
@@ -75,16 +78,21 @@ def _check_const_indices(imp: _Importer, v: Any, extents: Sequence[int], what: s
                                   fix="the model is malformed: fix its indices")
 
 
-def _strides(shape: Sequence[int]) -> list[int]:
-    out, s = [], 1
+def _strides(shape: Sequence[Dim]) -> list[Dim]:
+    out: list[Dim] = []
+    s: Dim = 1
     for d in reversed(shape):
         out.append(s)
-        s *= d
+        s = symexpr.mul(s, d)
     return out[::-1]
 
 
-def _linear_nd(imp: _Importer, ids: Tensor, addressed: Sequence[int], lead: Sequence[Any],
-               oob: int) -> Tensor:
+def _scaled(imp: _Importer, t: Tensor, k: Dim) -> Tensor:
+    return t if k == 1 else t * imp.dim_tensor(k)
+
+
+def _linear_nd(imp: _Importer, ids: Tensor, addressed: Sequence[Dim], lead: Sequence[Any],
+               oob: Dim) -> Tensor:
     """Row index into the flattened ``addressed`` axes from ``ids[..., k]`` (k = len(addressed)), shape
     ``lead``; any component out of range gives ``oob`` (itself out of range)."""
     g = imp.g
@@ -96,11 +104,11 @@ def _linear_nd(imp: _Importer, ids: Tensor, addressed: Sequence[int], lead: Sequ
         col = g.op("slice", ids, starts=(j,), stops=(j + 1,), axes=(r - 1,))
         col = g.op("reshape", col, shape=tuple(lead))
         norm, valid = _normalised(imp, col, n)
-        term = norm if strides[j] == 1 else norm * g.const(strides[j], DType.I64)
+        term = _scaled(imp, norm, strides[j])
         lin = term if lin is None else lin + term
         ok = valid if ok is None else g.op("logical_and", ok, valid)
     assert lin is not None and ok is not None
-    return g.op("where", ok, lin, g.const(oob, DType.I64))
+    return g.op("where", ok, lin, imp.dim_tensor(oob))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,8 +121,7 @@ def _gather_elements(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     data at ``sum(coordinate * stride)``, the coordinate along ``axis`` read from ``idx``."""
     g = imp.g
     data, idx = imp.t(ins[0]), _i64(imp, ins[1])
-    ds = _static(imp, data, "GatherElements data")
-    ish = _static(imp, idx, "GatherElements indices")
+    ds, ish = tuple(data.shape), tuple(idx.shape)
     r = len(ds)
     if len(ish) != r or r == 0:
         raise imp.unsupported(f"GatherElements indices {ish} must have the rank of data {ds} (>= 1)",
@@ -124,20 +131,32 @@ def _gather_elements(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         raise imp.unsupported(f"GatherElements axis={axis} is outside the rank {r} of data {ds}",
                               fix=_MALFORMED)
     axis %= r
-    if any(ish[d] > ds[d] for d in range(r) if d != axis):
-        raise imp.unsupported(f"GatherElements indices {ish} are larger than data {ds} off axis {axis}",
-                              fix=_MALFORMED)
-    _check_const_indices(imp, ins[1], [ds[axis]], "GatherElements indices")
-    strides, total = _strides(ds), math.prod(ds)
-    if math.prod(ish) == 0:
+    for d in range(r):
+        if d == axis or ish[d] == ds[d] or ish[d] == 1:
+            continue
+        i_d, d_d = ish[d], ds[d]
+        if isinstance(i_d, int) and isinstance(d_d, int):
+            if i_d > d_d:
+                raise imp.unsupported(f"GatherElements indices {ish} are larger than data {ds} off axis "
+                                      f"{axis}", fix=_MALFORMED)
+            continue
+        # Off the gather axis, indices may not outgrow data; symbolic sizes must be provably equal.
+        raise imp.symbolic(f"GatherElements indices {ish} and data {ds} (axis {axis}): axis {d} is "
+                           f"{ish[d]} vs {ds[d]}, not provably within the data",
+                           sorted(symexpr.symbols(ish[d]) | symexpr.symbols(ds[d])))
+    n_axis = ds[axis]
+    if isinstance(n_axis, int):
+        _check_const_indices(imp, ins[1], [n_axis], "GatherElements indices")
+    strides, total = _strides(ds), symexpr.prod(ds)
+    if symexpr.prod(ish) == 0:
         return [g.op("expand", g.const(0, data.dtype), shape=ish) if data.dtype is not DType.BOOL
                 else g.op("expand", g.const(False, DType.BOOL), shape=ish)]
     norm, valid = _normalised(imp, idx, ds[axis])
-    lin = norm if strides[axis] == 1 else norm * g.const(strides[axis], DType.I64)
+    lin = _scaled(imp, norm, strides[axis])
     for d in range(r):
-        if d != axis and ish[d] > 1:
-            lin = lin + g.op("iota", shape=ish, axis=d, dtype=DType.I64) * g.const(strides[d], DType.I64)
-    flat = g.op("where", valid, lin, g.const(total, DType.I64))
+        if d != axis and ish[d] != 1 and ish[d] != 0:
+            lin = lin + _scaled(imp, g.op("iota", shape=ish, axis=d, dtype=DType.I64), strides[d])
+    flat = g.op("where", valid, lin, imp.dim_tensor(total))
     return [g.op("gather", g.op("reshape", data, shape=(total,)), flat, axis=0)]
 
 
@@ -163,27 +182,30 @@ def _gather_nd(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         if table and not isinstance(idx, _Const):
             return [g.op("embedding", x, flat)]
         return [g.op("gather", x, flat, axis=0)]
-    head = [d for d in (*x.shape[:b + k], *ids.shape[:b]) if isinstance(d, str)]
-    if head:
-        raise imp.symbolic(f"GatherND batch/addressed axes of data {x.shape} and indices {ids.shape} must be "
-                           f"static", [str(d) for d in head])
-    xs = tuple(int(d) for d in x.shape[:b + k])
+    # Symbolic axes (torch.export's vmap-built masks) are fine: sizes and strides are polynomials,
+    # computed at run time where the index arithmetic needs them.
+    xs = tuple(x.shape[:b + k])
     if tuple(ids.shape[:b]) != xs[:b]:
+        if any(isinstance(d, str) for d in (*ids.shape[:b], *xs[:b])):
+            raise imp.symbolic(f"GatherND batch dims of indices {ids.shape} and data {x.shape} are equal "
+                               f"only for some sizes of the symbols",
+                               sorted({s for d in (*ids.shape[:b], *xs[:b]) for s in symexpr.symbols(d)}))
         raise imp.unsupported(f"GatherND batch dims of indices {ids.shape} and data {x.shape} differ",
                               fix=_MALFORMED)
     addressed, rest = xs[b:b + k], tuple(x.shape[b + k:])
-    _check_const_indices(imp, idx, addressed, "GatherND indices", last_axis=True)
-    nb, rows = math.prod(xs[:b]), math.prod(addressed)
+    if all(isinstance(d, int) for d in addressed):
+        _check_const_indices(imp, idx, addressed, "GatherND indices", last_axis=True)  # type: ignore[arg-type]
+    nb, rows = symexpr.prod(xs[:b]), symexpr.prod(addressed)
     lead = tuple(ids.shape[:-1])
-    lin = _linear_nd(imp, ids, addressed, lead, nb * rows)
+    lin = _linear_nd(imp, ids, addressed, lead, symexpr.mul(nb, rows))
     if b:
         # Batch element i's rows start at i * rows of the flattened (batch..., addressed...) axes.
         l2 = g.op("reshape", lin, shape=(nb, *lead[b:]))
-        bvec = g.op("iota", shape=(nb,), axis=0, dtype=DType.I64) * g.const(rows, DType.I64)
+        bvec = _scaled(imp, g.op("iota", shape=(nb,), axis=0, dtype=DType.I64), rows)
         bterm = g.op("reshape", bvec, shape=(nb, *([1] * (len(lead) - b))))
-        lin = g.op("where", g.op("less", l2, g.const(rows, DType.I64)), l2 + bterm,
-                   g.const(nb * rows, DType.I64))
-    flat_x = g.op("reshape", x, shape=(nb * rows, *rest))
+        lin = g.op("where", g.op("less", l2, imp.dim_tensor(rows)), l2 + bterm,
+                   imp.dim_tensor(symexpr.mul(nb, rows)))
+    flat_x = g.op("reshape", x, shape=(symexpr.mul(nb, rows), *rest))
     out = g.op("gather", flat_x, lin, axis=0)
     return [g.op("reshape", out, shape=(*lead, *rest))]
 
@@ -432,7 +454,7 @@ def _mod(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 
 @_handler("BitShift")
 def _bitshift(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
-    """Integers of width w (uint8, RLX's one unsigned type, and from BitShift-28 the signed ones):
+    """Integers of width w (the unsigned ones, and from BitShift-28 the signed ones):
     ``x << s`` is ``x * 2**s`` (products wrap, as bits shifted out are lost) and ``x >> s`` is
     ``floor(x / 2**s)`` (arithmetic for signed x). ``2**s`` comes from a table of w + 1 entries
     indexed by s clamped into [0, w], so every shift amount is exact; a shift outside [0, w) gives
@@ -441,8 +463,6 @@ def _bitshift(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     x, s = imp.pair(ins[0], ins[1])
     if not x.dtype.is_int:
         raise imp.unsupported(f"BitShift on {x.dtype}", fix="BitShift takes integer operands")
-    if not x.dtype.is_signed and x.dtype is not DType.U8:  # pragma: no cover - RLX's one unsigned type
-        raise imp.unsupported(f"BitShift on {x.dtype}", fix="use uint8")
     direction = str(attrs.get("direction", ""))
     if direction not in ("LEFT", "RIGHT"):
         raise imp.unsupported(f"BitShift direction={direction!r}", fix="use LEFT or RIGHT")

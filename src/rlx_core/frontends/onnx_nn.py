@@ -339,6 +339,33 @@ def _attr_str(attrs: dict, name: str, default: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _sizes_over_symbols(imp: _Importer, x: Tensor, sizes: list[Any], axes: list[int] | None,
+                        policy: str) -> tuple[list[int], list[int] | None]:
+    """Resize sizes read from the symbolic input shape (Shape -> Gather -> Concat): an axis whose
+    size is its own symbolic input size is left alone (identity), so it is dropped from the resized
+    axes; any other symbolic size would need interpolation weights that depend on the binding."""
+    if not any(isinstance(d, _onnx.SymInt) for d in sizes):
+        return [int(d) for d in sizes], axes
+    r = x.rank
+    ax = list(range(r)) if axes is None else [a % r for a in axes]
+    if len(ax) != len(sizes):
+        raise imp.unsupported(f"Resize has {len(sizes)} sizes for {len(ax)} axes",
+                              fix="give one size per resized axis")
+    keep: list[int] = []
+    for j, (a, d) in enumerate(zip(ax, sizes)):
+        if isinstance(d, _onnx.SymInt):
+            if d.expr != x.shape[a]:
+                raise imp.symbolic(f"Resize sizes {sizes}: axis {a} of the input {x.shape} would become {d}; "
+                                   f"interpolating to a symbolic length needs the weights at run time",
+                                   list(d.syms))
+            if policy != "stretch":
+                raise imp.symbolic(f"Resize keep_aspect_ratio_policy={policy!r} with the symbolic sizes "
+                                   f"{sizes}", list(d.syms))
+            continue
+        keep.append(j)
+    return [int(sizes[j]) for j in keep], [ax[j] for j in keep]
+
+
 @_handler("Resize")
 def _resize_h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     x = imp.t(ins[0])
@@ -356,17 +383,22 @@ def _resize_h(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     roi = _const_floats(imp, get(1), "Resize roi")
     scales = _const_floats(imp, get(2), "Resize scales")
     sizes_v = get(3)
-    sizes = imp.ints(sizes_v, "Resize sizes") if sizes_v is not None else None
+    axes = [int(a) for a in attrs["axes"]] if "axes" in attrs else None
+    sizes: list[int] | None = None
+    if sizes_v is not None:
+        sizes, axes = _sizes_over_symbols(imp, x, imp.dims(sizes_v, "Resize sizes"), axes,
+                                          _attr_str(attrs, "keep_aspect_ratio_policy", "stretch"))
     if sizes is not None and len(sizes) == 0:
         sizes = None
     if (scales is None) == (sizes is None):
+        if sizes_v is not None and not isinstance(sizes_v, _Const) and scales is None:
+            return [x]  # every resized axis keeps its (symbolic) size: sizes came from Shape(x)
         raise imp.unsupported("Resize needs exactly one of scales and sizes",
                               fix="pass either non-empty scales or non-empty sizes")
     ctm = _attr_str(attrs, "coordinate_transformation_mode", "half_pixel")
     if ctm == "tf_half_pixel_for_nn" and imp.opset >= 13:
         raise imp.unsupported("Resize coordinate_transformation_mode='tf_half_pixel_for_nn' was removed "
                               "in Resize-13", fix="the model is malformed; check it with onnx.checker")
-    axes = [int(a) for a in attrs["axes"]] if "axes" in attrs else None
     y = _resize(imp, node, x, mode=mode, ctm=ctm, nearest_mode=_attr_str(attrs, "nearest_mode",
                                                                           "round_prefer_floor"),
                 scales=scales, sizes=sizes, axes=axes, roi=roi if ctm == "tf_crop_and_resize" else None,

@@ -26,9 +26,9 @@ from .onnx import _Const, _handler, _Importer
 
 #: Saturation ranges of the quantized integer types RLX has.
 _QRANGE: dict[DType, tuple[int, int]] = {DType.U8: (0, 255), DType.I8: (-128, 127),
-                                         DType.I16: (-32768, 32767)}
+                                         DType.I16: (-32768, 32767), DType.U16: (0, 65535)}
 #: ONNX TensorProto data types of QuantizeLinear's ``output_dtype`` that RLX has.
-_ONNX_QTYPES: dict[int, DType] = {2: DType.U8, 3: DType.I8, 5: DType.I16}
+_ONNX_QTYPES: dict[int, DType] = {2: DType.U8, 3: DType.I8, 5: DType.I16, 4: DType.U16}
 
 _onnx._OP_SINCE.update({"QuantizeLinear": 10, "DequantizeLinear": 10, "DynamicQuantizeLinear": 11,
                         "MatMulInteger": 10, "ConvInteger": 10, "QLinearMatMul": 10, "QLinearConv": 10})
@@ -107,7 +107,7 @@ def _saturate(imp: _Importer, y: Tensor, qt: DType) -> Tensor:
 def _qtype(imp: _Importer, dt: DType, what: str) -> DType:
     if dt not in _QRANGE:
         raise imp.unsupported(f"{what} has dtype {dt.value}, which is not a quantized type RLX translates",
-                              fix="quantize to uint8, int8 or int16")
+                              fix="quantize to uint8, int8, int16 or uint16")
     return dt
 
 
@@ -131,7 +131,7 @@ def _quantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         code = int(attrs.get("output_dtype", 0) or 2)
         if code not in _ONNX_QTYPES:
             raise imp.unsupported(f"QuantizeLinear to ONNX type {code} is not translated",
-                                  fix="quantize to uint8, int8 or int16")
+                                  fix="quantize to uint8, int8, int16 or uint16")
         qt = _ONNX_QTYPES[code]
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0) or 0)
     scale_dt = _dtype(imp, ins[1])
@@ -155,7 +155,7 @@ def _dequantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> lis
     x = imp.t(ins[0])
     if x.dtype not in _QRANGE and x.dtype is not DType.I32:
         raise imp.unsupported(f"DequantizeLinear of a {x.dtype.value} input",
-                              fix="dequantize uint8, int8, int16 or int32")
+                              fix="dequantize uint8, int8, int16, uint16 or int32")
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0) or 0)
     out_dt = _dtype(imp, ins[1])
     if int(attrs.get("output_dtype", 0) or 0):

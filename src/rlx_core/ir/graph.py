@@ -12,7 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 from ..dtypes import DType
-from ..errors import IRError, RLXError
+from ..errors import IRError, RLXError, ShapeError
+from . import symexpr
 from .schema import REGISTRY, OpSchema
 from .types import Attrs, TensorType
 
@@ -137,6 +138,18 @@ class Graph:
 
         for v in self.inputs:
             define(v.name, v.type, f"graph input {v.name!r}")
+        # An input's expression dim is checked against the fed size, never solved for: each of its
+        # symbols must be fixed by a plain-symbol dim of some input.
+        plain = {d for v in self.inputs for d in v.type.shape if isinstance(d, str) and d.isidentifier()}
+        for v in self.inputs:
+            for axis, d in enumerate(v.type.shape):
+                free = sorted(symexpr.symbols(d) - plain) if symexpr.is_expr(d) else []
+                if free:
+                    raise IRError(f"graph input {v.name!r} axis {axis} is {d!r}, but no input has an "
+                                  f"axis that is just {', '.join(map(repr, free))}",
+                                  where=f"graph input {v.name!r}",
+                                  fix="give some input a plain-symbol axis for each symbol of the "
+                                      "expression, or make that axis a new symbol")
         weights: dict[str, Any] = {}
         for p in self.params:
             define(p.name, p.type, f"parameter {p.name!r}")
@@ -225,16 +238,25 @@ class Graph:
     # -- transformations -----------------------------------------------------------------------
     def specialize(self, bindings: Mapping[str, int]) -> Graph:
         """Bind symbolic dims (``{"batch": 8}``) and re-infer: the result is static where bound."""
-        def sub(attrs: Attrs, schema: OpSchema) -> Attrs:
+        def sub(node: Node, schema: OpSchema) -> Attrs:
+            attrs = node.attrs
             changes = {}
             for spec in schema.attrs:
                 value = attrs.get(spec.name)
                 if spec.kind == "shape" and isinstance(value, tuple):
-                    changes[spec.name] = tuple(bindings.get(d, d) if isinstance(d, str) else d
-                                               for d in value)
+                    changes[spec.name] = tuple(size(d, node.where) for d in value)
             return attrs.replace(**changes) if changes else attrs
 
-        nodes = tuple(Node(n.name, n.op, n.inputs, n.outputs, sub(n.attrs, REGISTRY.get(n.op)))
+        def size(d: Any, where: str) -> Any:
+            v = symexpr.substitute(d, bindings)
+            if symexpr.is_expr(d) and isinstance(v, int) and v < 0:
+                # (a -1 here would silently mean "infer this dim" to reshape)
+                used = ", ".join(f"{s}={bindings[s]}" for s in sorted(symexpr.symbols(d)))
+                raise ShapeError(f"dimension {d} is {v} with {used}", where=where,
+                                 fix=f"bind sizes that keep {d} >= 0")
+            return v
+
+        nodes = tuple(Node(n.name, n.op, n.inputs, n.outputs, sub(n, REGISTRY.get(n.op)))
                       for n in self.nodes)
         inputs = tuple(Value(v.name, v.type.specialize(bindings)) for v in self.inputs)
         return Graph(self.name, inputs, self.params, nodes, self.outputs, dict(self.weights))

@@ -18,6 +18,7 @@ from .indices import normalize as normalize_indices
 # Elementwise ops (unary, binary, compare, logical, where, cast), reductions (reduce_*, argmax,
 # argmin) and data movement (reshape, transpose, expand, slice, concat, pad) are declared once each,
 # with all their facts, in their family's module: importing it registers them.
+from .ops import bitwise as _bitwise  # noqa: F401  (bitwise_and/or/xor/not on integers)
 from .ops import elementwise as _elementwise  # noqa: F401
 from .ops import linalg as _linalg  # noqa: F401  (CSR sparse, solvers, dense factorizations)
 from .ops import movement as _movement  # noqa: F401

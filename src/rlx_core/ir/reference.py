@@ -45,7 +45,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], *, round_intermediates: bo
         bindings: dict[str, int] = {}
         for v in graph.inputs:
             for d, n in zip(v.type.shape, np.shape(inputs[v.name])):
-                if isinstance(d, str):
+                if isinstance(d, str) and d.isidentifier():  # expressions follow from their symbols
                     bindings.setdefault(d, int(n))
         graph = graph.specialize(bindings)
     for v in graph.inputs:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import ALL_DTYPES, DType
-from ..errors import IRError
+from ..errors import IRError, ShapeError
+from . import symexpr
 from .types import Attrs, TensorType, freeze_attr
 
 
@@ -25,6 +26,14 @@ REQUIRED: Any = _Required()
 
 ATTR_KINDS = ("int", "float", "bool", "str", "ints", "floats", "dtype", "shape", "any")
 
+
+
+def _dim_expr(v: str) -> Any:
+    """A symbol or dimension expression in canonical form, or None when ``v`` is not one."""
+    try:
+        return symexpr.canonical(v)
+    except ShapeError:
+        return None
 
 @dataclass(frozen=True)
 class AttrSpec:
@@ -71,7 +80,9 @@ class AttrSpec:
         elif k == "shape":
             ok = isinstance(value, tuple) and all(
                 (isinstance(v, int) and not isinstance(v, bool) and v >= -1)
-                or (isinstance(v, str) and v.isidentifier()) for v in value)
+                or (isinstance(v, str) and _dim_expr(v) is not None) for v in value)
+            if ok:  # canonical expressions, so equal shapes are equal attributes (hashing, caching)
+                value = tuple(_dim_expr(v) if isinstance(v, str) else v for v in value)
         if not ok:
             raise IRError(f"attribute {self.name!r} = {value!r} is not a valid {k}", where=where,
                           fix=self.doc or f"pass a {k}")

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType
-from ..errors import IRError, RLXError, SerializationError
+from ..errors import IRError, RLXError, SerializationError, ShapeError
 from ..formats.safetensors import _ST_CODES
 from ..formats.shapes import shape_problem
 from .graph import Graph, Node, Value
 from .schema import REGISTRY
+from .symexpr import canonical
 from .types import TensorType
 
 _GRAPH_KEYS = ("name", "inputs", "params", "nodes", "outputs")
@@ -87,6 +88,15 @@ def _shape_problem(shape: Any, dtype: DType) -> str | None:
     return shape_problem([d if _is_int(d) else 1 for d in shape], dtype.itemsize)
 
 
+def _is_dim_str(d: str) -> bool:
+    """A symbol name or a dimension expression (``"batch*seq"``, see :mod:`rlx_core.ir.symexpr`)."""
+    try:
+        canonical(d)
+    except ShapeError:
+        return False
+    return True
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -135,7 +145,7 @@ class _Decoder:
         shape = f["shape"]
 
         def ok(d: Any) -> bool:
-            return (_is_int(d) and d >= 0) or (not static and isinstance(d, str) and d.isidentifier())
+            return (_is_int(d) and d >= 0) or (not static and isinstance(d, str) and _is_dim_str(d))
 
         if not isinstance(shape, (list, tuple)) or not all(ok(d) for d in shape):
             kind = "non-negative ints" if static else "non-negative ints or symbol names like 'batch'"

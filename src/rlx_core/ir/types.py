@@ -9,8 +9,10 @@ from typing import Any, Union
 
 from ..dtypes import DType
 from ..errors import IRError, ShapeError
+from . import symexpr
 
-#: A dimension is a static size or the name of a symbol (``"batch"``) bound at run time.
+#: A dimension is a static size, the name of a symbol (``"batch"``) bound at run time, or the
+#: canonical string of a polynomial over symbols (``"batch*seq"``, ``"past+seq"``; see :mod:`.symexpr`).
 Dim = Union[int, str]
 Shape = tuple[Dim, ...]
 
@@ -22,8 +24,18 @@ def check_dim(d: Any, where: str) -> Dim:
         if d < 0:
             raise ShapeError(f"negative dimension {d}", where=where, fix="dimensions are >= 0")
         return d
-    if isinstance(d, str) and d.isidentifier():
-        return d
+    if isinstance(d, str):
+        if d.isidentifier():
+            return d
+        try:
+            c = symexpr.canonical(d)
+        except ShapeError as e:
+            raise ShapeError(e.what, where=where, fix=e.fix) from None
+        if (isinstance(c, int) and c < 0) or (isinstance(c, str) and all(
+                v < 0 for v in symexpr.parse(c).values())):
+            raise ShapeError(f"dimension {d!r} is negative for every size of its symbols", where=where,
+                             fix="dimensions are >= 0")
+        return c
     try:
         import numpy as np
 
@@ -56,7 +68,7 @@ class TensorType:
 
     @property
     def symbols(self) -> frozenset[str]:
-        return frozenset(d for d in self.shape if isinstance(d, str))
+        return frozenset(s for d in self.shape if isinstance(d, str) for s in symexpr.symbols(d))
 
     def numel(self, bindings: Mapping[str, int] | None = None, default: int = 1) -> int:
         return math.prod(resolve_dim(d, bindings, default) for d in self.shape)
@@ -71,8 +83,7 @@ class TensorType:
         return TensorType(dtype, self.shape)
 
     def specialize(self, bindings: Mapping[str, int]) -> TensorType:
-        return TensorType(self.dtype, tuple(bindings.get(d, d) if isinstance(d, str) else d
-                                            for d in self.shape))
+        return TensorType(self.dtype, tuple(symexpr.substitute(d, bindings) for d in self.shape))
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
@@ -81,13 +92,12 @@ class TensorType:
 def resolve_dim(d: Dim, bindings: Mapping[str, int] | None, default: int = 1) -> int:
     if isinstance(d, int):
         return d
-    if bindings and d in bindings:
-        return bindings[d]
-    return default
+    return symexpr.evaluate(d, bindings or {}, default)
 
 
 def broadcast_shapes(*shapes: Shape, where: str = "") -> Shape:
-    """NumPy broadcasting, extended to symbols: a symbol broadcasts with 1 and with itself only."""
+    """NumPy broadcasting, extended to symbols: a symbol or expression broadcasts with 1 and with
+    itself only (expressions are canonical strings, so equal polynomials compare equal)."""
     rank = max((len(s) for s in shapes), default=0)
     out: list[Dim] = []
     for i in range(rank):
@@ -99,6 +109,8 @@ def broadcast_shapes(*shapes: Shape, where: str = "") -> Shape:
             d = s[j]
             if d == 1:
                 continue
+            if isinstance(d, str) and not d.isidentifier():
+                d = symexpr.canonical(d)
             if dim == 1:
                 dim = d
             elif dim != d:

@@ -80,6 +80,13 @@ def k_abs(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -
 def k_int_div(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
     a, b = ins
     o = outs[0]
+    if o.dtype.kind == "u":
+        def run_unsigned() -> None:
+            # Truncation is floor for unsigned operands; u64 would not survive the int64 path below.
+            with np.errstate(divide="ignore"):
+                q = a // np.where(b == 0, b.dtype.type(1), b)
+            np.copyto(o, np.where(b == 0, 0, q), casting="unsafe")
+        return run_unsigned
 
     def run() -> None:
         # C semantics (truncate toward zero), exact for every pair: a - fmod(a, b) is a multiple of b.

@@ -81,6 +81,9 @@ def factories() -> dict[str, Any]:
         from . import index_kernels as ik
 
         out.update({"cpu.scatter_reduce": ik.k_scatter_reduce, "cpu.topk_indices": ik.k_topk_indices})
+        from . import bitwise  # bitwise_and/or/xor/not (claimed like the elementwise kernels)
+
+        out.update(bitwise.FACTORIES)
         from . import splat  # Gaussian splatting (Numba when bound)
 
         out.update(splat.FACTORIES)
@@ -192,8 +195,9 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                            constraint="(B,H,S,D) with mask none/causal/padding/bias")]
     # The indexing HIR ops natively: their core decompositions are dense (O(n^2) for top-k).
     real = frozenset({DType.F32, DType.F64, DType.I8, DType.I16, DType.I32, DType.I64, DType.U8})
+    uints = frozenset({DType.U16, DType.U32, DType.U64})
     claims += [KernelClaim("scatter_reduce", "cpu.scatter_reduce", dtypes=real, out_dtypes=real),
-               KernelClaim("topk_indices", "cpu.topk_indices", dtypes=real,
+               KernelClaim("topk_indices", "cpu.topk_indices", dtypes=real | uints,
                            out_dtypes=frozenset({DType.I64}))]
     from .linalg import claims as linalg_claims
 

@@ -27,7 +27,8 @@ Builder = Callable[[Attrs, Sequence[TensorType], TensorType], Fn]
 MX: dict[DType, Any] = {
     DType.F16: mx.float16, DType.BF16: mx.bfloat16, DType.F32: mx.float32, DType.F64: mx.float64,
     DType.C64: mx.complex64, DType.I8: mx.int8, DType.I16: mx.int16, DType.I32: mx.int32,
-    DType.I64: mx.int64, DType.U8: mx.uint8, DType.BOOL: mx.bool_,
+    DType.I64: mx.int64, DType.U8: mx.uint8, DType.U16: mx.uint16, DType.U32: mx.uint32,
+    DType.U64: mx.uint64, DType.BOOL: mx.bool_,
 }
 
 # MLX evaluates on a per-process scheduler; two sessions' programs run from two threads would

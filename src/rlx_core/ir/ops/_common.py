@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import FLOAT_DTYPES, INT_DTYPES, DType
+from ...dtypes import FLOAT_DTYPES, INT_DTYPES, WIDE_UINT_DTYPES, DType
 from ...errors import DTypeError
 from ..types import Attrs, TensorType
 
@@ -17,6 +17,10 @@ NUMERIC = FLOAT_DTYPES + (DType.C64,) + INT_DTYPES
 FLOATS_C = FLOAT_DTYPES + (DType.C64,)
 SIGNED = FLOAT_DTYPES + (DType.C64, DType.I8, DType.I16, DType.I32, DType.I64)
 BOOL = (DType.BOOL,)
+#: The families that also take u16/u32/u64 (opt-in, see dtypes.INT_DTYPES): elementwise arithmetic,
+#: comparisons, min/max and the sum/max/min reductions, what ONNX graphs on unsigned tensors use.
+NUMERIC_U = NUMERIC + WIDE_UINT_DTYPES
+REAL_U = REAL + WIDE_UINT_DTYPES
 
 
 def check_dtypes(op: str, ts: Sequence[TensorType], allowed: Sequence[DType]) -> None:

@@ -24,7 +24,7 @@ from ...dtypes import ALL_DTYPES, FLOAT_DTYPES, DType
 from ...errors import DTypeError
 from ..schema import AttrSpec, CaseSpec, OpSchema, register_op
 from ..types import Attrs, TensorType, attr_dtype, broadcast_shapes
-from ._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED, check_dtypes, same_dtype, wrap_int
+from ._common import BOOL, FLOATS_C, NUMERIC_U, REAL_U, SIGNED, check_dtypes, same_dtype, wrap_int
 
 Expr = str
 #: ``unary expression(d, x, dtype)``
@@ -240,6 +240,10 @@ unary("logical_not", np.logical_not, BOOL, "not x", expr=lambda d, x, dt: d.logi
 # -- binary --------------------------------------------------------------------------------------
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "u":  # truncation is floor here, and u64 does not fit i64 below
+        with np.errstate(divide="ignore"):
+            q = a // np.where(b == 0, 1, b)
+        return np.where(b == 0, 0, q).astype(np.result_type(a, b))
     if a.dtype.kind in "iu":
         # C semantics (truncate toward zero), exact for every pair: a - fmod(a, b) is a multiple of b,
         # so the floor division is exact. (|a| // |b| overflowed for INT64_MIN.) A zero divisor gives 0.
@@ -320,13 +324,13 @@ def _minmax(greater: str) -> tuple[Callable[..., tuple[Any, Any]], Callable[...,
     return vjp, jvp
 
 
-binary("add", np.add, NUMERIC, "a + b (integers wrap)", expr=_infix("+"),
+binary("add", np.add, NUMERIC_U, "a + b (integers wrap)", expr=_infix("+"),
        grad=(lambda b, g, a, c, y: (g, g), _add_jvp))
-binary("sub", np.subtract, NUMERIC, "a - b (integers wrap)", expr=_infix("-"),
+binary("sub", np.subtract, NUMERIC_U, "a - b (integers wrap)", expr=_infix("-"),
        grad=(lambda b, g, a, c, y: (g, b.op("neg", g)), _sub_jvp))
-binary("mul", np.multiply, NUMERIC, "a * b (integers wrap)", expr=_infix("*"),
+binary("mul", np.multiply, NUMERIC_U, "a * b (integers wrap)", expr=_infix("*"),
        grad=(lambda b, g, a, c, y: (g * c, g * a), _mul_jvp))
-binary("div", _int_div, NUMERIC, "a / b; integers truncate toward zero", expr=_div_expr,
+binary("div", _int_div, NUMERIC_U, "a / b; integers truncate toward zero", expr=_div_expr,
        grad=(lambda b, g, a, c, y: (g / c, b.op("neg", g * y / c)), _div_jvp),
        amp="f32", domains=("default", "nonzero"))
 binary("pow", np.power, FLOATS_C, "a ** b",
@@ -334,9 +338,9 @@ binary("pow", np.power, FLOATS_C, "a ** b",
                                       else f"{d.math('pow', dt)}({a}, {b})"),
        grad=(lambda b, g, a, c, y: (g * _pow_da(b, a, c), g * _pow_dc(b, a, c, y)), _pow_jvp),
        amp="f32", domains=("positive", "default"), accuracy="library")
-binary("maximum", np.maximum, REAL, "max(a, b); NaN propagates", expr=_extreme_expr(">"),
+binary("maximum", np.maximum, REAL_U, "max(a, b); NaN propagates", expr=_extreme_expr(">"),
        grad=_minmax("greater"), accuracy="exact")
-binary("minimum", np.minimum, REAL, "min(a, b); NaN propagates", expr=_extreme_expr("<"),
+binary("minimum", np.minimum, REAL_U, "min(a, b); NaN propagates", expr=_extreme_expr("<"),
        grad=_minmax("less"), accuracy="exact")
 binary("logical_and", np.logical_and, BOOL, "a and b",
        expr=lambda d, a, b, dt, out: d.logical["and"].format(a=a, b=b), grad=ZERO, accuracy="exact")
@@ -345,9 +349,9 @@ binary("logical_or", np.logical_or, BOOL, "a or b",
 binary("logical_xor", np.logical_xor, BOOL, "a xor b", expr=_infix("!="), grad=ZERO, accuracy="exact")
 for _name, _fn, _dtypes, _sym in (("equal", np.equal, ALL_DTYPES, "=="),
                                   ("not_equal", np.not_equal, ALL_DTYPES, "!="),
-                                  ("less", np.less, REAL, "<"), ("less_equal", np.less_equal, REAL, "<="),
-                                  ("greater", np.greater, REAL, ">"),
-                                  ("greater_equal", np.greater_equal, REAL, ">=")):
+                                  ("less", np.less, REAL_U, "<"), ("less_equal", np.less_equal, REAL_U, "<="),
+                                  ("greater", np.greater, REAL_U, ">"),
+                                  ("greater_equal", np.greater_equal, REAL_U, ">=")):
     binary(_name, _fn, _dtypes, f"a {_sym} b", out=DType.BOOL, expr=_infix(_sym), grad=ZERO,
            domains=("ties", "ties"), accuracy="exact")
 

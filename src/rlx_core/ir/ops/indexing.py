@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import FLOAT_DTYPES, INDEX_DTYPES, INT_DTYPES, DType
+from ...dtypes import FLOAT_DTYPES, INDEX_DTYPES, INT_DTYPES, WIDE_UINT_DTYPES, DType
 from ...errors import DTypeError, ShapeError
 from ..indices import normalize as normalize_indices
 from ..schema import REGISTRY, AttrSpec, IndexInput, OpSchema, register_op
@@ -156,9 +156,13 @@ register_op(OpSchema(
 
 # -- topk_indices ------------------------------------------------------------------------------
 
+#: ONNX TopK takes every real type, u16/u32/u64 included (its decomposition only compares).
+_TOPK_DTYPES = REAL + WIDE_UINT_DTYPES
+
+
 def _infer_topk(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     x = ts[0]
-    if x.dtype not in REAL:
+    if x.dtype not in _TOPK_DTYPES:
         raise DTypeError(f"topk_indices does not accept {x.dtype}", fix="use a real (float or int) dtype")
     if x.rank == 0:
         raise ShapeError("topk_indices needs rank >= 1", fix="reshape the scalar to [1]")
@@ -236,7 +240,7 @@ register_op(OpSchema(
     "topk_indices", ("x",), _infer_topk, _ref_topk,
     attrs=(AttrSpec("k", "int"), AttrSpec("axis", "int", default=-1),
            AttrSpec("largest", "bool", default=True)),
-    level="hir", category="reduction", dtypes=REAL, decompose=_dec_topk, differentiable=False,
+    level="hir", category="reduction", dtypes=_TOPK_DTYPES, decompose=_dec_topk, differentiable=False,
     flops=lambda i, o, a: float(i[0].numel()), accuracy="exact",
     doc="positions of the k largest (largest=False: smallest) elements along axis, sorted; equal values "
         "by lower position first; NaN counts as the largest value (ONNX TopK's indices; its values are x "

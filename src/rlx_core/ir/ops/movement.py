@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShapeError
+from .. import symexpr
 from ..schema import AttrSpec, CaseSpec, OpSchema, register_op
 from ..types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
 from ._common import same_dtype as _same_dtype
@@ -201,21 +202,18 @@ def _infer_reshape(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape target {tuple(shape)} has more than one -1", fix="use at most one -1")
     if any(isinstance(d, str) for d in src) or any(isinstance(d, str) for d in shape):
-        # Symbolic: the symbols on both sides must match and the static parts must agree.
-        s_syms = sorted(d for d in src if isinstance(d, str))
-        t_syms = sorted(d for d in shape if isinstance(d, str))
-        if s_syms != t_syms and -1 not in shape:
-            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes symbolic dims",
-                             fix="keep the same symbols in the target shape")
-        s_static = math.prod(d for d in src if isinstance(d, int))
-        t_static = math.prod(d for d in shape if isinstance(d, int) and d != -1)
+        # Symbolic: the element counts are polynomials; they must be equal (a -1 is their exact quotient).
+        n_sym = symexpr.numel(src)
+        rest = symexpr.prod(d for d in shape if d != -1)
         if -1 in shape:
-            if s_syms != t_syms:
-                raise ShapeError(f"reshape {src} -> {tuple(shape)}: -1 cannot absorb a symbol",
-                                 fix="name the symbol in the target shape")
-            shape[shape.index(-1)] = s_static // t_static if t_static else 0
-        elif s_static != t_static:
-            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes the element count",
+            q = symexpr.div_exact(n_sym, rest) if rest != 0 else None
+            if q is None:
+                raise ShapeError(f"reshape {src} -> {tuple(shape)}: the -1 would be ({n_sym}) / ({rest}), "
+                                 f"which is not a polynomial in the symbols",
+                                 fix="name the inferred dim in the target shape (e.g. 'batch*seq')")
+            shape[shape.index(-1)] = q
+        elif n_sym != rest:
+            raise ShapeError(f"reshape {src} -> {tuple(shape)} changes the element count ({n_sym} vs {rest})",
                              fix="the product of the dims must stay the same")
         return [TensorType(ts[0].dtype, tuple(shape))]
     n = math.prod(src)
@@ -314,6 +312,11 @@ def _infer_slice(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
         if isinstance(d, str):
             if sl.start == 0 and sl.stop >= _BIG and sl.step == 1:
                 continue
+            if sl.step == 1 and sl.start >= 0 and (sl.stop >= _BIG or sl.stop < 0):
+                # x[s:] / x[s:-e] is d - s - e long once d >= s + e. Below that the symbolic type
+                # is moot: specialisation re-infers this node from the bound size (an empty slice).
+                shape[ax] = symexpr.sub(d, sl.start + (0 if sl.stop >= _BIG else -sl.stop))
+                continue
             raise ShapeError(f"slice of symbolic dim {d!r} needs a concrete size",
                              fix="specialize the graph (bind the symbol) before slicing it")
         shape[ax] = len(range(*sl.indices(d)))
@@ -340,17 +343,12 @@ def _infer_concat(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     dt = _same_dtype("concat", ts)
     r = ts[0].rank
     ax = normalize_axis(attrs["axis"], r)  # type: ignore[arg-type]
-    total = 0
+    total: Dim = 0
     for i, t in enumerate(ts):
         if t.rank != r or any(t.shape[j] != ts[0].shape[j] for j in range(r) if j != ax):
             raise ShapeError(f"concat input {i} has shape {t.shape}, incompatible with {ts[0].shape}",
                              fix=f"all inputs must match except on axis {ax}")
-        d = t.shape[ax]
-        if isinstance(d, str):
-            if len(ts) == 1:
-                return [ts[0]]
-            raise ShapeError(f"concat along symbolic dim {d!r}", fix="specialize the graph first")
-        total += d
+        total = symexpr.add(total, t.shape[ax])
     shape = list(ts[0].shape)
     shape[ax] = total
     return [TensorType(dt, tuple(shape))]
@@ -371,10 +369,7 @@ def _infer_pad(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
                          f"got {pads}", fix="pads = (b0, b1, ..., e0, e1, ...)")
     shape = []
     for i, d in enumerate(ts[0].shape):
-        extra = pads[i] + pads[i + r]
-        if isinstance(d, str) and extra:
-            raise ShapeError(f"padding symbolic dim {d!r}", fix="specialize the graph first")
-        shape.append(d if isinstance(d, str) else d + extra)
+        shape.append(symexpr.add(d, pads[i] + pads[i + r]))
     return [TensorType(ts[0].dtype, tuple(shape))]
 
 

@@ -23,7 +23,7 @@ from ...dtypes import DType
 from ...errors import ShapeError
 from ..schema import AttrSpec, CaseSpec, OpSchema, register_op
 from ..types import Attrs, Dim, TensorType, normalize_axis
-from ._common import FLOATS_C, NUMERIC, REAL, check_dtypes
+from ._common import FLOATS_C, NUMERIC, NUMERIC_U, REAL, REAL_U, check_dtypes
 from .elementwise import ZERO
 
 Rule = Callable[..., list]
@@ -227,15 +227,15 @@ def arg_reduction(name: str, fn: Any) -> OpSchema:
 
 
 # Sums and products run in f32 under autocast (accumulation error grows with the count).
-reduction("reduce_sum", np.sum, NUMERIC, "sum over axes (integers wrap)", amp="f32", accumulates=True,
+reduction("reduce_sum", np.sum, NUMERIC_U, "sum over axes (integers wrap)", amp="f32", accumulates=True,
           grad=(_sum_vjp, _linear_jvp("reduce_sum")))
 reduction("reduce_prod", np.prod, NUMERIC, "product over axes", amp="f32", accumulates=True,
           grad=(_prod_vjp, _prod_jvp), domain="unit")
 reduction("reduce_mean", np.mean, FLOATS_C, "mean over axes", amp="f32", accumulates=True,
           grad=(_mean_vjp, _linear_jvp("reduce_mean")))
-reduction("reduce_max", np.max, REAL, "max over axes; NaN propagates", nonempty=True,
+reduction("reduce_max", np.max, REAL_U, "max over axes; NaN propagates", nonempty=True,
           grad=(_extreme_vjp, _extreme_jvp), accuracy="exact")
-reduction("reduce_min", np.min, REAL, "min over axes; NaN propagates", nonempty=True,
+reduction("reduce_min", np.min, REAL_U, "min over axes; NaN propagates", nonempty=True,
           grad=(_extreme_vjp, _extreme_jvp), accuracy="exact")
 
 arg_reduction("argmax", np.argmax)
