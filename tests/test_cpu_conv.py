@@ -1,6 +1,9 @@
-"""rlx-cpu conv2d: several convs of one program share one per-thread im2col scratch buffer."""
+"""rlx-cpu conv2d: several convs of one program share one per-thread im2col scratch buffer; float32
+convs and conv2d_bias on oneDNN's convolution primitive (odd shapes, constant and fed weights)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,8 +20,9 @@ RNG = np.random.default_rng(3)
 @pytest.mark.parametrize("dt", ["f32", "f64"])
 def test_convs_sharing_scratch_match_reference(batch: int, pooled: bool, dt: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_cpu import conv, parallel
+    from rlx_cpu import conv, onednn_conv, parallel
 
+    monkeypatch.setattr(onednn_conv, "USE", False)  # the im2col path, which float32 takes without oneDNN
     monkeypatch.setattr(conv, "POOL_MIN_MACS", 0 if pooled else 1 << 62)
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
     np_dt = np.float32 if dt == "f32" else np.float64
@@ -40,3 +44,145 @@ def test_convs_sharing_scratch_match_reference(batch: int, pooled: bool, dt: str
     for _ in range(2):  # the second run reuses a scratch that already holds the last conv's bytes
         xv = RNG.standard_normal((batch, 4, 9, 11)).astype(np_dt)
         np.testing.assert_allclose(exe.run(x=xv)["y"], evaluate(graph, {"x": xv})["y"], rtol=1e-4, atol=1e-4)
+
+
+def _onednn() -> Any:
+    from rlx_cpu import onednn_conv
+
+    if not onednn_conv.available():
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]'); the im2col tests cover f32")
+    return onednn_conv
+
+
+# (batch, channels, size, out channels, kernel, strides, pads (t, l, b, r), dilations, groups)
+SHAPES = [
+    (1, 3, 23, 16, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1),    # stem-like: 3 input channels, stride 2
+    (2, 16, 9, 32, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),    # batch > 1
+    (3, 32, 8, 32, 3, (2, 2), (1, 0, 2, 1), (1, 1), 32),   # depthwise, strided, asymmetric pads
+    (1, 12, 11, 18, 3, (1, 2), (2, 1, 0, 2), (2, 1), 3),   # grouped, dilated, odd strides
+    (2, 24, 7, 40, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),    # 1x1
+    (1, 24, 13, 20, 1, (2, 2), (0, 0, 0, 0), (1, 1), 4),   # 1x1 strided, grouped
+    (1, 5, 6, 7, 5, (3, 1), (0, 4, 1, 0), (1, 2), 1),      # a kernel as large as the padded input
+]
+
+
+def _conv_graph(dt: str, shape: tuple, tail: str, fed_weights: bool) -> tuple[Any, np.ndarray]:
+    """conv2d (``tail`` "none") or conv2d_bias, then "relu" or "add_relu" (a residual input r)."""
+    n, c, s, oc, k, strides, pads, dil, groups = shape
+    r = np.random.default_rng(7)
+    npdt = np.float32 if dt == "f32" else np.float64
+    g = GraphBuilder("conv")
+    x = g.input("x", dt, (n, c, s, s))
+    wv = r.standard_normal((oc, c // groups, k, k))
+    w = g.input("w", dt, wv.shape) if fed_weights else g.param("w", wv.astype(npdt))
+    kw = {"strides": strides, "pads": pads, "dilations": dil, "groups": groups}
+    if tail == "none":
+        y = g.op("conv2d", x, w, **kw)
+    else:
+        y = g.op("conv2d_bias", x, w, g.param("b", r.standard_normal(oc).astype(npdt)), **kw)
+    if tail == "add_relu":  # a ResNet block's tail
+        ho = (s + pads[0] + pads[2] - dil[0] * (k - 1) - 1) // strides[0] + 1
+        wo = (s + pads[1] + pads[3] - dil[1] * (k - 1) - 1) // strides[1] + 1
+        y = y + g.input("r", dt, (n, oc, ho, wo))
+    if tail in ("relu", "add_relu"):
+        y = g.op("relu", y)
+    g.output(y, "y")
+    return g.build(), wv
+
+
+#: what oneDNN must have been asked for: (bias, residual, relu)
+POST = {"none": (False, False, False), "bias": (True, False, False), "relu": (True, False, True),
+        "add_relu": (True, True, True)}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"s{i}" for i in range(len(SHAPES))])
+@pytest.mark.parametrize(("tail", "fed"), [("none", False), ("bias", False), ("relu", True),
+                                           ("add_relu", False), ("add_relu", True)])
+def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu import parallel
+
+    onednn_conv = _onednn()
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))  # no load probe: 2 threads throughout
+    built: list[tuple[bool, bool, bool]] = []
+    orig = onednn_conv._build
+
+    def counting(*a: Any) -> Any:
+        built.append((a[8] is not None, a[9] is not None, a[10]))  # bias, residual, relu
+        return orig(*a)
+    monkeypatch.setattr(onednn_conv, "_build", counting)
+    graph, wv = _conv_graph("f32", shape, tail, fed)
+    ref_graph, _ = _conv_graph("f64", shape, tail, fed)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    n, c, s = shape[:3]
+    for rep in range(2):  # fed weights change between runs: they are reordered every run
+        xv = RNG.standard_normal((n, c, s, s))
+        feed = {"x": xv.astype(np.float32)}
+        ref_feed = {"x": xv}
+        if fed:
+            wr = wv * (1 + rep)
+            feed["w"], ref_feed["w"] = wr.astype(np.float32), wr
+        if tail == "add_relu":
+            rv = RNG.standard_normal(ref_graph.types["r"].shape) * 10
+            feed["r"], ref_feed["r"] = rv.astype(np.float32), rv
+        got = exe.run(**feed)["y"]
+        want = evaluate(ref_graph, ref_feed)["y"]
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+        if tail in ("relu", "add_relu"):
+            assert (got == 0).any() and (got > 0).any()  # the ReLU did clamp something
+    assert built == [POST[tail]], "the conv and its tail did not run as one oneDNN primitive"
+
+
+def test_onednn_conv_follows_the_pools_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While other processes take cores (the pool's ``active`` drops) the conv runs on a
+    primitive made for that many threads, with the same results."""
+    from rlx_cpu import parallel
+
+    onednn_conv = _onednn()
+    pl = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pl)
+    threads: list[int] = []
+    orig = onednn_conv._build
+
+    def counting(*a: Any) -> Any:
+        threads.append(a[11])
+        return orig(*a)
+    monkeypatch.setattr(onednn_conv, "_build", counting)
+    graph, _ = _conv_graph("f32", SHAPES[1], "add_relu", False)
+    ref, _ = _conv_graph("f64", SHAPES[1], "add_relu", False)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xv, rv = RNG.standard_normal((2, 16, 9, 9)), RNG.standard_normal((2, 32, 9, 9))
+    want = evaluate(ref, {"x": xv, "r": rv})["y"]
+    for active in (2, 1, 1, 2):
+        pl.active = active
+        got = exe.run(x=xv.astype(np.float32), r=rv.astype(np.float32))["y"]
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    assert threads == [2, 1]  # one primitive per thread count, each made once
+
+
+def test_onednn_conv_is_off_without_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where oneDNN cannot be loaded the im2col path runs, tails included (no hard dependency)."""
+    from rlx_cpu import onednn_conv
+
+    monkeypatch.setattr(onednn_conv, "_api", lambda: None)
+    graph, _ = _conv_graph("f32", SHAPES[1], "add_relu", False)
+    ref, _ = _conv_graph("f64", SHAPES[1], "add_relu", False)
+    xv, rv = RNG.standard_normal((2, 16, 9, 9)), RNG.standard_normal((2, 32, 9, 9))
+    got = Session("cpu", use_cache=False).compile(graph).run(x=xv.astype(np.float32), r=rv.astype(np.float32))
+    np.testing.assert_allclose(got["y"], evaluate(ref, {"x": xv, "r": rv})["y"], rtol=2e-5, atol=2e-4)
+
+
+def test_conv_tails_are_fused_only_where_nothing_else_reads_them() -> None:
+    """A conv output also read elsewhere (here: a second graph output) keeps its own node."""
+    from rlx_cpu.conv_fusion import find_conv_tails
+
+    graph, _ = _conv_graph("f32", SHAPES[1], "add_relu", False)
+    assert [len(r.members) for r in find_conv_tails(graph)] == [3]
+    g = GraphBuilder("two_readers")
+    x = g.input("x", "f32", (1, 2, 5, 5))
+    y = g.op("conv2d_bias", x, g.param("w", np.ones((2, 2, 1, 1), np.float32)),
+             g.param("b", np.zeros(2, np.float32)), strides=(1, 1), pads=(0, 0, 0, 0),
+             dilations=(1, 1), groups=1)
+    g.output(g.op("relu", y), "relu_out")
+    g.output(y, "conv_out")
+    assert find_conv_tails(g.build()) == []

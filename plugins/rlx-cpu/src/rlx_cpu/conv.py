@@ -1,4 +1,5 @@
-"""Float conv2d for rlx-cpu: im2col plus one GEMM per group.
+"""Float conv2d for rlx-cpu: oneDNN's convolution primitive for float32 where the optional oneDNN
+wheel is installed (:mod:`rlx_cpu.onednn_conv`), else im2col plus one GEMM per group.
 
 A batch of at least as many images as threads gives each thread whole images: its own im2col
 scratch and single-threaded GEMMs on rlx-cpu's BLAS (:mod:`rlx_cpu.blas`: oneDNN for float32), no
@@ -11,7 +12,7 @@ the im2col stays serial and every GEMM pays a hand-off). Compare with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,54 @@ def _align(n: int) -> int:
 
 
 def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
-                 pads: tuple[int, int, int, int], dil: tuple[int, int], g: int) -> Run:
+                 pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                 bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                 relu: bool = False) -> Run:
+    """``o = conv2d(x, w) (+ bias per output channel) (+ residual)``, then ReLU if ``relu``:
+    float32 on oneDNN's convolution primitive where rlx-cpu has oneDNN (:mod:`rlx_cpu.onednn_conv`),
+    else :func:`conv2d_im2col` and the rest in place afterwards."""
+    # oneDNN skips the zero padding, so a NaN/inf weight that the padding multiplies gives a finite
+    # edge where zero-padding-then-convolve (the definition, and the reference) gives NaN: such
+    # weights take the im2col path. Constants (read-only) are checked once, run-time weights per run.
+    fast = None
+    padded = any(pads)
+    if x.dtype == np.float32 and not (padded and not w.flags.writeable and not np.isfinite(w).all()):
+        from .onednn_conv import conv2d_onednn
+
+        fast = conv2d_onednn(x, w, o, strides, pads, dil, g, bias, residual, relu)
+        if fast is not None and not (padded and w.flags.writeable):
+            return fast
+    slow = _conv2d_im2col_post(x, w, o, strides, pads, dil, g, bias, residual, relu)
+    if fast is None:
+        return slow
+    checked_fast, checked_slow = fast, slow
+
+    def run_checked() -> None:
+        (checked_fast if np.isfinite(w).all() else checked_slow)()
+    return run_checked
+
+
+def _conv2d_im2col_post(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+                        pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                        bias: np.ndarray | None, residual: np.ndarray | None, relu: bool) -> Run:
+    run = conv2d_im2col(x, w, o, strides, pads, dil, g)
+    if bias is None and residual is None and not relu:
+        return run
+    b = None if bias is None else bias.reshape(1, -1, 1, 1)
+
+    def run_post() -> None:
+        run()
+        if b is not None:
+            np.add(o, b, out=o)
+        if residual is not None:
+            np.add(o, residual, out=o)
+        if relu:
+            np.maximum(o, 0, out=o)
+    return run_post
+
+
+def conv2d_im2col(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+                  pads: tuple[int, int, int, int], dil: tuple[int, int], g: int) -> Run:
     """Per image: im2col in (C*KH*KW, HO*WO) order, then one GEMM per group ``W @ cols`` written
     straight into that image's NCHW output (no transpose afterwards).
 
@@ -149,3 +197,16 @@ def _pool_images(n: int, og: int, cols_of: Callable[[int, np.ndarray], np.ndarra
             for k in range(g):
                 _gemm(wmat[k], cols[k], outs[i][k], 0, og)
     return lambda: pl.run(images, n, (), pl.threads)
+
+
+def k_conv2d_bias(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Mapping[str, Any],
+                  residual: np.ndarray | None = None, relu: bool = False) -> Run:
+    """HIR ``conv2d_bias`` (f32/f64) natively, and with ``residual``/``relu`` the fused tails of
+    :mod:`rlx_cpu.conv_fusion`: oneDNN applies them while the output tile is in registers; the
+    im2col path applies them in place afterwards."""
+    x, w, b = ins[:3]
+    sh, sw = attrs["strides"]
+    pt, pl, pb, pr = attrs["pads"]
+    dh, dw = attrs["dilations"]
+    return conv2d_float(x, w, outs[0], (int(sh), int(sw)), (int(pt), int(pl), int(pb), int(pr)),
+                        (int(dh), int(dw)), int(attrs["groups"]), b, residual, relu)

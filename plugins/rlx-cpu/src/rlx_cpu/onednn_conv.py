@@ -1,0 +1,453 @@
+"""float32 conv2d on oneDNN's convolution primitive (direct JIT kernels on blocked layouts).
+
+Why: rlx-cpu's im2col + GEMM (:mod:`rlx_cpu.conv`) copies every input KH*KW times and runs GEMMs of
+awkward shapes (ResNet-18's 7x7 convs: 49 columns); oneDNN's direct kernels (like ONNX Runtime's
+MLAS NCHWc ones) read the input once in channel-blocked layouts and keep output tiles in
+registers. The primitive picks its layouts (format "any": NHWC or nChw16c here); the weights are
+reordered into its layout once when the kernel is bound (the program owns the copy; weights that
+are not constants are reordered every run) and the NCHW activations are reordered at the edges of
+each conv, into this thread's conv scratch. Bias, a residual (oneDNN's sum post-op) and ReLU are
+applied while the output tile is in registers (:mod:`rlx_cpu.conv_fusion` makes the ops).
+
+oneDNN comes from the optional ``onednn-cpu-gomp`` wheel that :mod:`rlx_cpu.blas` already loads
+(``RLX_CPU_ONEDNN=0`` turns it off); without it, or where the primitive refuses a shape,
+:func:`conv2d_onednn` returns None and the im2col path runs. The library is reached through its C
+API with ctypes (no headers, no compiler); every call releases the GIL.
+
+Threads: a primitive runs on OpenMP with the thread count it was created for (oneDNN splits the
+work then and opens that many threads at every run). The conv is created for all the threads of
+rlx-cpu's row pool, and once more for fewer when the pool runs on fewer
+(:attr:`rlx_cpu.parallel.RowPool.active`, while other processes load the CPUs: a 2-thread team
+with one core taken waits at every barrier; with 2-thread primitives only, ResNet-18 at batch 1
+took 0.9-1.9 s on this 2-core VM at load 4-8, with the variants 40 ms). Each run sets the calling
+thread's OpenMP count to that number and puts it back (:mod:`rlx_cpu._gemm_rows` sets 1 for its
+single-threaded GEMMs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlx_core.plugin import RLXError
+
+Run = Callable[[], None]
+
+# oneDNN v3 C API constants (oneapi/dnnl/dnnl_types.h, dnnl_common_types.h).
+_F32 = 3  # dnnl_f32
+_TAG_ANY = 1  # dnnl_format_tag_any
+_CPU = 1  # dnnl_cpu
+_IN_ORDER = 1  # dnnl_stream_in_order
+_FWD_INFERENCE = 0x60  # dnnl_forward_inference
+_CONV_DIRECT = 0x1  # dnnl_convolution_direct
+_ELTWISE_ELU, _ELTWISE_LINEAR = 0x22, 0x26  # dnnl_eltwise_elu, dnnl_eltwise_linear (v3)
+_DT_UNDEF = 0  # dnnl_data_type_undef: the sum post-op reads the destination's type
+_QUERY_EXEC_ARG_MD = 255  # dnnl_query_exec_arg_md (index: a DNNL_ARG_*)
+_QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+_SCRATCHPAD_USER = 1  # dnnl_scratchpad_mode_user
+_ARG_FROM, _ARG_TO = 1, 17
+_MAX_DIMS = 12
+
+_Dims = ctypes.c_int64 * _MAX_DIMS
+_VP = ctypes.c_void_p
+
+
+class _ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", _VP)]
+
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {}
+
+
+class OneDNNError(RLXError):
+    """A oneDNN call failed: at bind time the conv falls back to im2col; at run time it is raised."""
+
+
+def _api() -> dict[str, Any] | None:
+    """The oneDNN functions with their signatures, a CPU engine and OpenMP's thread setters; None
+    where rlx-cpu has no oneDNN (:func:`rlx_cpu.blas.library` says why)."""
+    with _LOCK:
+        if _STATE:
+            return _STATE if _STATE.get("ok") else None
+        _STATE["ok"] = False
+        from . import blas
+
+        st = blas._load()
+        libs = st.get("dnnl_libs")
+        if st.get("dnnl") is None or libs is None:
+            return None
+        lib, omp = libs
+        st_t = ctypes.c_int
+        sigs: dict[str, tuple[Any, list[Any]]] = {
+            "dnnl_engine_create": (st_t, [ctypes.POINTER(_VP), ctypes.c_int, ctypes.c_size_t]),
+            "dnnl_stream_create": (st_t, [ctypes.POINTER(_VP), _VP, ctypes.c_uint]),
+            "dnnl_memory_desc_create_with_tag": (st_t, [ctypes.POINTER(_VP), ctypes.c_int, _Dims,
+                                                        ctypes.c_int, ctypes.c_int]),
+            "dnnl_memory_desc_create_with_strides": (st_t, [ctypes.POINTER(_VP), ctypes.c_int, _Dims,
+                                                            ctypes.c_int, _Dims]),
+            "dnnl_memory_desc_destroy": (st_t, [_VP]),
+            "dnnl_memory_desc_equal": (ctypes.c_int, [_VP, _VP]),
+            "dnnl_memory_desc_get_size": (ctypes.c_size_t, [_VP]),
+            "dnnl_convolution_forward_primitive_desc_create": (
+                st_t, [ctypes.POINTER(_VP), _VP, ctypes.c_int, ctypes.c_int, _VP, _VP, _VP, _VP,
+                       _Dims, _Dims, _Dims, _Dims, _VP]),
+            "dnnl_reorder_primitive_desc_create": (st_t, [ctypes.POINTER(_VP), _VP, _VP, _VP, _VP, _VP]),
+            "dnnl_primitive_desc_query_md": (_VP, [_VP, ctypes.c_int, ctypes.c_int]),
+            "dnnl_primitive_desc_query": (st_t, [_VP, ctypes.c_int, ctypes.c_int, _VP]),
+            "dnnl_primitive_desc_destroy": (st_t, [_VP]),
+            "dnnl_primitive_create": (st_t, [ctypes.POINTER(_VP), _VP]),
+            "dnnl_primitive_destroy": (st_t, [_VP]),
+            "dnnl_memory_create": (st_t, [ctypes.POINTER(_VP), _VP, _VP, _VP]),
+            "dnnl_memory_destroy": (st_t, [_VP]),
+            "dnnl_memory_set_data_handle": (st_t, [_VP, _VP]),
+            "dnnl_primitive_execute": (st_t, [_VP, _VP, ctypes.c_int, ctypes.POINTER(_ExecArg)]),
+            "dnnl_stream_wait": (st_t, [_VP]),
+            "dnnl_primitive_attr_create": (st_t, [ctypes.POINTER(_VP)]),
+            "dnnl_primitive_attr_destroy": (st_t, [_VP]),
+            "dnnl_primitive_attr_set_post_ops": (st_t, [_VP, _VP]),
+            "dnnl_primitive_attr_set_scratchpad_mode": (st_t, [_VP, ctypes.c_int]),
+            "dnnl_post_ops_create": (st_t, [ctypes.POINTER(_VP)]),
+            "dnnl_post_ops_destroy": (st_t, [_VP]),
+            "dnnl_post_ops_append_sum": (st_t, [_VP, ctypes.c_float, ctypes.c_int32, ctypes.c_int]),
+            "dnnl_post_ops_append_eltwise": (st_t, [_VP, ctypes.c_int, ctypes.c_float, ctypes.c_float]),
+        }
+        fns: dict[str, Any] = {}
+        try:
+            for name, (res, args) in sigs.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+                fns[name] = fn
+            get_t, set_t = omp.omp_get_max_threads, omp.omp_set_num_threads
+        except AttributeError as e:
+            _STATE["why"] = f"this libdnnl lacks {e}"
+            return None
+        get_t.restype, get_t.argtypes = ctypes.c_int, []
+        set_t.restype, set_t.argtypes = None, [ctypes.c_int]
+        engine = _VP()
+        if fns["dnnl_engine_create"](ctypes.byref(engine), _CPU, 0) != 0:
+            _STATE["why"] = "oneDNN could not create a CPU engine"
+            return None
+        _STATE.update(ok=True, fns=fns, engine=engine, omp=(get_t, set_t))
+        return _STATE
+
+
+_TLS = threading.local()
+
+
+def _stream(api: dict[str, Any]) -> Any:
+    """This thread's oneDNN stream: a stream is not thread-safe, and two sessions may run one
+    program's convs from two threads at once."""
+    s = getattr(_TLS, "stream", None)
+    if s is None:
+        s = _VP()
+        if api["fns"]["dnnl_stream_create"](ctypes.byref(s), api["engine"], _IN_ORDER) != 0:
+            raise OneDNNError("oneDNN could not create a CPU stream", where="rlx_cpu.onednn_conv",
+                              fix="set RLX_CPU_ONEDNN=0 to use the im2col path, and report it")
+        _TLS.stream = s  # lives as long as the thread (a handful of bytes)
+    return s
+
+
+def available() -> bool:
+    return _api() is not None
+
+
+def _dims(vals: tuple[int, ...] | list[int]) -> Any:
+    d = _Dims()
+    for i, v in enumerate(vals):
+        d[i] = v
+    return d
+
+
+class _Prim:
+    """One primitive with its memory objects bound to fixed buffers; frees them when collected."""
+
+    def __init__(self, api: dict[str, Any]) -> None:
+        self.api = api
+        self.fns = api["fns"]
+        self.owned: list[tuple[str, Any]] = []  # (destroy function, handle), freed in reverse
+        #: (memory, byte offset) in this thread's conv scratch, re-pointed when the scratch moves
+        self.in_scratch: list[tuple[Any, int]] = []
+        self.scratch_nb = 0
+
+    def scratch_memory(self, md: Any) -> Any:
+        mem = self.memory(md, 0)
+        self.in_scratch.append((mem, self.scratch_nb))
+        self.scratch_nb += -(-int(self.fns["dnnl_memory_desc_get_size"](md)) // 64) * 64
+        return mem
+
+    def attr(self) -> Any:
+        """A primitive attribute with a user scratchpad: the library's own is shared by all
+        primitives of a thread and binds each primitive to the thread that created it (a program
+        may be compiled on one thread and run on another)."""
+        attr = _VP()
+        self.check(self.fns["dnnl_primitive_attr_create"](ctypes.byref(attr)), "primitive_attr_create")
+        self.owned.append(("dnnl_primitive_attr_destroy", attr))
+        self.check(self.fns["dnnl_primitive_attr_set_scratchpad_mode"](attr, _SCRATCHPAD_USER),
+                   "set_scratchpad_mode")
+        return attr
+
+    def scratchpad(self, pd: Any) -> list[tuple[int, Any]]:
+        """The scratchpad exec argument ``pd`` needs (in the conv scratch), if any."""
+        md = self.fns["dnnl_primitive_desc_query_md"](pd, _QUERY_EXEC_ARG_MD, _ARG_SCRATCHPAD)
+        if not md or self.fns["dnnl_memory_desc_get_size"](md) == 0:
+            return []
+        return [(_ARG_SCRATCHPAD, self.scratch_memory(md))]
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise OneDNNError(f"oneDNN {what} failed (status {status})", where="rlx_cpu.onednn_conv",
+                              fix="set RLX_CPU_ONEDNN=0 to use the im2col path, and report it")
+
+    def md_plain(self, arr_shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        md = _VP()
+        self.check(self.fns["dnnl_memory_desc_create_with_strides"](
+            ctypes.byref(md), len(arr_shape), _dims(arr_shape), _F32, _dims(strides)), "memory_desc")
+        self.owned.append(("dnnl_memory_desc_destroy", md))
+        return md
+
+    def md_any(self, shape: tuple[int, ...]) -> Any:
+        md = _VP()
+        self.check(self.fns["dnnl_memory_desc_create_with_tag"](
+            ctypes.byref(md), len(shape), _dims(shape), _F32, _TAG_ANY), "memory_desc")
+        self.owned.append(("dnnl_memory_desc_destroy", md))
+        return md
+
+    def memory(self, md: Any, ptr: int) -> Any:
+        mem = _VP()
+        self.check(self.fns["dnnl_memory_create"](ctypes.byref(mem), md, self.api["engine"], _VP(ptr)),
+                   "memory_create")
+        self.owned.append(("dnnl_memory_destroy", mem))
+        return mem
+
+    def primitive(self, pd: Any) -> Any:
+        prim = _VP()
+        self.check(self.fns["dnnl_primitive_create"](ctypes.byref(prim), pd), "primitive_create")
+        self.owned.append(("dnnl_primitive_destroy", prim))
+        return prim
+
+    def reorder(self, src_md: Any, dst_md: Any, src: Any, dst: Any) -> tuple[Any, list[tuple[int, Any]]]:
+        """(a reorder primitive from ``src`` to ``dst`` memory, its exec arguments)."""
+        pd = _VP()
+        eng = self.api["engine"]
+        self.check(self.fns["dnnl_reorder_primitive_desc_create"](ctypes.byref(pd), src_md, eng, dst_md,
+                                                                   eng, self.attr()), "reorder")
+        self.owned.append(("dnnl_primitive_desc_destroy", pd))
+        return self.primitive(pd), [(_ARG_FROM, src), (_ARG_TO, dst), *self.scratchpad(pd)]
+
+    def __del__(self) -> None:
+        for name, h in reversed(self.owned):
+            self.fns[name](h)
+        self.owned = []
+
+
+def _strides_elems(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A float32 buffer of ``nbytes`` aligned to 64 bytes (oneDNN's kernels load whole cache lines)."""
+    raw = np.empty(nbytes + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes].view(np.float32)
+
+
+#: False turns this path off (tests compare it with the im2col path; users set RLX_CPU_ONEDNN=0).
+USE = True
+
+
+def conv2d_onednn(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+                  pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                  bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                  relu: bool = False) -> Run | None:
+    """A run computing ``o = conv2d(x, w) (+ bias) (+ residual)``, then ReLU if ``relu``, through
+    oneDNN (the residual and ReLU as post-ops while the output tile is in registers), or None where
+    it cannot (no oneDNN, not float32, negative or unaligned strides, a shape the primitive refuses)."""
+    ops = tuple(a for a in (x, w, o, bias, residual) if a is not None)
+    if not USE or any(a.dtype != np.float32 for a in ops) or not (x.size and o.size and w.size):
+        return None
+    if any(s % 4 or s < 0 for a in ops for s in a.strides) or any(a.ctypes.data % 4 for a in ops):
+        return None
+    api = _api()
+    if api is None:
+        return None
+    from .parallel import pool
+
+    pl = pool()
+    args = (x, w, o, strides, pads, dil, g, bias, residual, relu)
+    # A primitive's thread count is fixed when it is created (oneDNN sizes its work split then and
+    # opens that many OpenMP threads at every run whatever omp_get_max_threads says later); one
+    # variant per thread count the pool runs with, the one for all its threads made now.
+    try:
+        variants = {pl.threads: _build(api, *args, pl.threads)}
+    except OneDNNError:
+        return None
+
+    def run() -> None:
+        n = pl.active
+        v = variants.get(n)
+        if v is None:  # other processes took cores: a primitive for fewer threads (made once)
+            v = variants[n] = _build(api, *args, n)
+        v()
+    run.onednn_impl = variants[pl.threads].onednn_impl  # type: ignore[attr-defined]
+    return run
+
+
+def _build(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+           pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+           bias: np.ndarray | None, residual: np.ndarray | None, relu: bool, threads: int) -> Run:
+    """The conv as primitives created for ``threads`` OpenMP threads, and a run on that many."""
+    get_t, set_t = api["omp"]
+    prev = get_t()
+    set_t(threads)
+    try:
+        return _build_for(api, x, w, o, strides, pads, dil, g, bias, residual, relu, threads)
+    finally:
+        set_t(prev)
+
+
+def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+               pads: tuple[int, int, int, int], dil: tuple[int, int], g: int, bias: np.ndarray | None,
+               residual: np.ndarray | None, relu: bool, threads: int) -> Run:
+    fns = api["fns"]
+    p = _Prim(api)
+    oc, ci, kh, kw = w.shape
+    if g > 1:
+        wshape: tuple[int, ...] = (g, oc // g, ci, kh, kw)
+        ws = _strides_elems(w)
+        wstr: tuple[int, ...] = ((oc // g) * ws[0], *ws)
+    else:
+        wshape, wstr = w.shape, _strides_elems(w)
+    x_user = p.md_plain(x.shape, _strides_elems(x))
+    o_user = p.md_plain(o.shape, _strides_elems(o))
+    w_user = p.md_plain(wshape, wstr)
+    b_user = None if bias is None else p.md_plain(bias.shape, _strides_elems(bias))
+    pd = _VP()
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = strides, pads, dil
+    p.check(fns["dnnl_convolution_forward_primitive_desc_create"](
+        ctypes.byref(pd), api["engine"], _FWD_INFERENCE, _CONV_DIRECT, p.md_any(x.shape),
+        p.md_any(wshape), b_user, p.md_any(o.shape), _dims((sh, sw)), _dims((dh - 1, dw - 1)),
+        _dims((pt, pl)), _dims((pb, pr)), _post_ops(p, residual is not None, relu)),
+        "convolution primitive_desc")
+    p.owned.append(("dnnl_primitive_desc_destroy", pd))
+    conv = p.primitive(pd)
+    q = fns["dnnl_primitive_desc_query_md"]
+    x_md, w_md, o_md = (q(pd, _QUERY_EXEC_ARG_MD, a) for a in (_ARG_SRC, _ARG_WEIGHTS, _ARG_DST))
+    eq, size = fns["dnnl_memory_desc_equal"], fns["dnnl_memory_desc_get_size"]
+    steps: list[tuple[Any, Any]] = []  # (primitive, exec args), run in order
+    keep: list[Any] = [p, x, w, o]  # the pointers in the memory objects stay valid while these live
+
+    def step(prim: Any, pairs: list[tuple[int, Any]]) -> tuple[Any, Any]:
+        arr = (_ExecArg * len(pairs))(*(_ExecArg(a, m) for a, m in pairs))
+        keep.append(arr)
+        return prim, arr
+
+    # Blocked copies of the input and output and the primitives' scratchpads live in this
+    # thread's conv scratch (rlx_cpu.conv: the convs of a program run one after another; a
+    # buffer per conv would hold 160 MB more for ResNet-18 at batch 8).
+    # Input: read in place if the primitive takes plain NCHW, else reordered into a blocked copy.
+    if eq(x_md, x_user):
+        x_mem = p.memory(x_user, x.ctypes.data)
+    else:
+        x_mem = p.scratch_memory(x_md)
+        steps.append(step(*p.reorder(x_user, x_md, p.memory(x_user, x.ctypes.data), x_mem)))
+    # Weights: packed once now when they are constants (read-only: the program's own copy).
+    w_src = p.memory(w_user, w.ctypes.data)
+    pack = None
+    if eq(w_md, w_user):
+        w_mem = w_src
+    else:
+        wb = _aligned(size(w_md))
+        keep.append(wb)
+        w_mem = p.memory(w_md, wb.ctypes.data)
+        pack = step(*p.reorder(w_user, w_md, w_src, w_mem))
+        if w.flags.writeable:
+            steps.append(pack)
+    o_mem = p.memory(o_user, o.ctypes.data) if eq(o_md, o_user) else p.scratch_memory(o_md)
+    if residual is not None:  # the sum post-op adds what the destination holds: the residual
+        r_user = p.md_plain(residual.shape, _strides_elems(residual))
+        steps.append(step(*p.reorder(r_user, o_md, p.memory(r_user, residual.ctypes.data), o_mem)))
+        keep.append(residual)
+    conv_args = [(_ARG_SRC, x_mem), (_ARG_WEIGHTS, w_mem), (_ARG_DST, o_mem), *p.scratchpad(pd)]
+    if bias is not None and b_user is not None:
+        conv_args.append((_ARG_BIAS, p.memory(b_user, bias.ctypes.data)))
+    steps.append(step(conv, conv_args))
+    if not eq(o_md, o_user):
+        steps.append(step(*p.reorder(o_md, o_user, o_mem, p.memory(o_user, o.ctypes.data))))
+    from .conv import scratch
+
+    set_handle = fns["dnnl_memory_set_data_handle"]
+    where = [-1]  # the scratch address the memories point into now
+
+    def bind_scratch() -> None:
+        if p.in_scratch:
+            base = -(-scratch(p.scratch_nb + 64).ctypes.data // 64) * 64
+            if base != where[0]:
+                for mem, off in p.in_scratch:
+                    p.check(set_handle(mem, _VP(base + off)), "memory_set_data_handle")
+                where[0] = base
+
+    if pack is not None and not w.flags.writeable:
+        bind_scratch()
+        _execute(api, [pack], 1)
+
+    def run() -> None:
+        bind_scratch()
+        _execute(api, steps, threads, keep)
+    run.onednn_impl = impl_info(api, pd)  # type: ignore[attr-defined]  # for profiles and tests
+    return run
+
+
+def _post_ops(p: _Prim, add: bool, relu: bool) -> Any:
+    """The conv's attribute: a user scratchpad, and the sum (residual) and ReLU post-ops."""
+    fns = p.fns
+    attr = p.attr()
+    if not (add or relu):
+        return attr
+    ops = _VP()
+    p.check(fns["dnnl_post_ops_create"](ctypes.byref(ops)), "post_ops_create")
+    p.owned.append(("dnnl_post_ops_destroy", ops))
+    if add:
+        p.check(fns["dnnl_post_ops_append_sum"](ops, 1.0, 0, _DT_UNDEF), "post_ops_append_sum")
+    if relu:
+        # ReLU that keeps NaN (as the core's relu): oneDNN's own relu is vmaxps(x, 0), which turns
+        # NaN into 0. elu with alpha 0 is x where x > 0, else 0 * (exp(x) - 1): NaN stays NaN and
+        # negatives become -0, which the linear 1 * y + 0 makes +0.
+        p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_ELU, 0.0, 0.0), "append_eltwise")
+        p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_LINEAR, 1.0, 0.0), "append_eltwise")
+    p.check(fns["dnnl_primitive_attr_set_post_ops"](attr, ops), "primitive_attr_set_post_ops")
+    return attr
+
+
+def impl_info(api: dict[str, Any], pd: Any) -> str:
+    out = ctypes.c_char_p()
+    if api["fns"]["dnnl_primitive_desc_query"](pd, _QUERY_IMPL_INFO, 0, ctypes.byref(out)) != 0:
+        return "?"
+    return (out.value or b"?").decode()
+
+
+def _execute(api: dict[str, Any], steps: list[tuple[Any, Any]], threads: int, keep: Any = None) -> None:
+    """Run ``steps`` on ``threads`` OpenMP threads (``keep``: the arrays the memory objects point
+    into, referenced here so that the run closure holds them)."""
+    fns = api["fns"]
+    get_t, set_t = api["omp"]
+    prev = get_t()
+    if prev != threads:
+        set_t(threads)
+    try:
+        ex, stream = fns["dnnl_primitive_execute"], _stream(api)
+        for prim, args in steps:
+            st = ex(prim, stream, len(args), args)
+            if st != 0:
+                raise OneDNNError(f"oneDNN convolution failed at run time (status {st})",
+                                  where="rlx_cpu.onednn_conv",
+                                  fix="set RLX_CPU_ONEDNN=0 to use the im2col path, and report it")
+        fns["dnnl_stream_wait"](stream)
+    finally:
+        if prev != threads:
+            set_t(prev)
