@@ -42,11 +42,15 @@ class SpecCache(OrderedDict):
             self.move_to_end(key)
         return hit
 
-    def put(self, key: Any, value: Any) -> None:
+    def put(self, key: Any, value: Any) -> bool:
+        """Store ``value`` as the most recent; True when that evicted older entries."""
         self[key] = value
         self.move_to_end(key)
+        evicted = False
         while len(self) > self.limit:
             self.popitem(last=False)
+            evicted = True
+        return evicted
 
 
 def report_entry(node: str, plan: Plan, device: str, kernels: list[str] | None = None) -> ReportEntry:

@@ -79,6 +79,7 @@ class CpuProgram:
         self.views = views
         self.inputs = [(v.name, views[v.name]) for v in program.inputs]
         self.outputs = list(dict.fromkeys(v for _, v in program.outputs))
+        self._outs = tuple((o, views[o]) for o in self.outputs)
         runs = []
         for s in program.kernels:
             runs.append(self._bind(s, factories))
@@ -168,11 +169,18 @@ class CpuProgram:
             for name in list(self._bound):
                 self._unbind(name)
         for name, view in self.inputs:
-            np.copyto(view, inputs[name])
+            a = inputs[name]
+            if type(a) is np.ndarray and a.dtype is view.dtype and a.shape == view.shape:
+                view[...] = a  # what np.copyto does here, without its ~0.4 us of dispatch
+            else:
+                np.copyto(view, a)
         poll()
         self._run_all()
         # Outputs are copied out: the arena is reused by the next run.
-        return {o: self.views[o].copy() for o in self.outputs}
+        if len(self._outs) == 1:  # a dict display: a comprehension costs ~0.3 us more (its frame)
+            o, view = self._outs[0]
+            return {o: view.copy()}
+        return {o: view.copy() for o, view in self._outs}
 
     def profile(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Counter[str]]:
         """Like ``run``, counting kernel calls by claim name (a separate loop keeps ``run`` lean). A
