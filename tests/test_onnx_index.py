@@ -4,7 +4,7 @@ Each case is a one-node ``onnx.helper`` model run on rlx-cpu and compared with O
 ORT lacks the operator version, a NumPy reference): GatherElements, GatherND with batch_dims and
 negative indices, ScatterElements/ScatterND (add), Trilu, OneHot, Compress, integer Mod, BitShift,
 Einsum. Out-of-range indices must be an error, never a neighbouring element; what cannot be exact
-(float Mod, TopK, scatter reductions other than add) is refused naming the operator.
+(TopK, scatter reductions other than add) is refused naming the operator; float Mod is in onnx_ops2.
 """
 
 from __future__ import annotations
@@ -275,10 +275,12 @@ def test_integer_mod(fmod: int, dt: int, np_dt: Any) -> None:
     check(m, {"a": a, "b": b})
 
 
-def test_float_mod_is_refused() -> None:
-    m = model(helper.make_node("Mod", ["a", "b"], ["y"], fmod=1), [("a", F32, (3,)), ("b", F32, (3,))])
-    with pytest.raises(UnsupportedOnnxError, match="Mod on f32"):
-        load_onnx(m)
+def test_float_mod_is_exact() -> None:
+    """Float Mod runs on the exact ``mod`` op (rlx_core.frontends.onnx_ops2; tests/test_onnx_ops2.py)."""
+    a = np.array([1e30, -7.5, 7.5, 5.0], np.float32)
+    b = np.array([3.0, 2.0, -2.0, np.inf], np.float32)
+    m = model(helper.make_node("Mod", ["a", "b"], ["y"], fmod=1), [("a", F32, (4,)), ("b", F32, (4,))])
+    check(m, {"a": a, "b": b}, [np.fmod(a, b)])
 
 
 @pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])

@@ -29,6 +29,8 @@ def _weights_every_dtype() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     out: dict[str, np.ndarray] = {}
     for dt in DType:
+        if dt.is_lowp and dt not in (DType.F8E4M3FN, DType.F8E5M2):
+            continue  # safetensors has codes for two low-precision types only (the rest are refused)
         if dt is DType.BOOL:
             a = rng.integers(0, 2, (3, 2)).astype(bool)
         elif dt.is_complex:
@@ -254,7 +256,7 @@ def test_empty_file_of_tensors_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("header", "data", "needle"), [
-    ({"a": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}}, b"\0", "dtype 'F8_E4M3'"),
+    ({"a": {"dtype": "F8_E8M0", "shape": [1], "data_offsets": [0, 1]}}, b"\0", "dtype 'F8_E8M0'"),
     ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "field 'shape'"),
     ({"a": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, b"\0" * 4, "field 'shape'"),
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}, b"\0" * 8, "pair of integers"),

@@ -1296,12 +1296,14 @@ def demo(ctx: click.Context, device: str | None, batch: int, seed: int) -> None:
 
 def _dtypes_text(dtypes: Sequence[Any]) -> str:
     """Compact dtype list: whole families by name (float, int), the rest spelled out."""
-    from .dtypes import ALL_DTYPES, FLOAT_DTYPES, DType
+    from .dtypes import ALL_DTYPES, FLOAT_DTYPES, STORAGE_DTYPES, DType
 
     s = set(dtypes)
     if s == set(ALL_DTYPES):
         return "all"
-    ints = {d for d in DType if d.is_int}
+    if s == set(STORAGE_DTYPES):
+        return "all,lowp"  # the low-precision storage types too (float8/float4/int4/int2)
+    ints = {d for d in DType if d.is_int and not d.is_lowp}
     parts: list[str] = []
     for family, members in (("float", set(FLOAT_DTYPES)), ("int", ints)):
         if members <= s:

@@ -42,6 +42,7 @@ from rlx_core.plugin import REGISTRY, REQUIRED, DType, Graph, OpSchema, RLXError
 
 from .bitwise_cases import GENERATORS as BITWISE_GENERATORS
 from .linalg_cases import GENERATORS as LINALG_GENERATORS
+from .ops2_cases import GENERATORS as OPS2_GENERATORS
 from .quant_cases import GENERATORS as QUANT_GENERATORS
 from .splat_cases import GENERATORS as SPLAT_GENERATORS
 
@@ -365,6 +366,10 @@ def _gen_binary(c: _Cases) -> None:
 
 
 def _gen_where(c: _Cases) -> None:
+    if c.dtype.is_lowp:
+        c.add("broadcast", "broadcast", [("cond", c.arr(v_bool, (3, 1), DType.BOOL)),
+                                         ("a", c.arr(v_lowp, (1, 40))), ("b", c.arr(v_lowp, (3, 40)))])
+        return
     vf = v_bool if c.dtype.is_bool else v_default
     b = DType.BOOL
     layouts: list[tuple[str, str, Shape, Shape, Shape]] = [
@@ -407,9 +412,66 @@ def fixed_choice(values: Sequence[float]) -> ValueFn:
     return make
 
 
+# -- low-precision storage types (float8, float4, int4, int2) ------------------------------------
+
+#: The ops that take the low-precision types (rlx_core.dtypes.LOWP_DTYPES): ``cast`` both ways and
+#: the movement ops, one case per op and type (72 in all). A backend moves their bytes like any
+#: 1-byte type; what is specific to them, the rounding of a cast into them, gets every value.
+_LOWP_OPS = frozenset({"cast", "transpose", "concat", "reshape", "slice", "gather", "where"})
+
+
+def _lowp_values(dt: DType) -> np.ndarray:
+    """Every value of a low-precision type, NaN included (each bit pattern once for the floats)."""
+    if dt.is_float:
+        return np.arange(1 << (8 * dt.itemsize if dt is not DType.F4E2M1 else 4), dtype=np.uint8).view(dt.np)
+    lo, hi = {DType.I4: (-8, 7), DType.U4: (0, 15), DType.I2: (-2, 1), DType.U2: (0, 3)}[dt]
+    return np.arange(lo, hi + 1).astype(dt.np)
+
+
+def v_lowp(rng: np.random.Generator, shape: Shape, dt: DType) -> np.ndarray:
+    """Values drawn from every value of the low-precision type ``dt``."""
+    return rng.choice(_lowp_values(dt), size=shape)
+
+
+def _lowp_targets(to: DType) -> np.ndarray:
+    """float32 values whose cast to ``to`` tests its rounding: each value of the type, the midpoints
+    between neighbours (ties to even) and one float32 ulp either side of them, beyond the largest
+    finite value, +-Inf, NaN, -0 and below the smallest subnormal; for int4/int2, fractions in the
+    range (truncation toward zero)."""
+    if to.is_int:
+        v = _lowp_values(to).astype(np.float64)
+        return np.concatenate([v, v + 0.25, v + 0.75, v - 0.5]).clip(v.min() - 0.75, v.max() + 0.75
+                                                                      ).astype(np.float32)
+    v = _lowp_values(to).astype(np.float64)
+    v = np.unique(v[np.isfinite(v)])
+    mid = ((v[1:] + v[:-1]) / 2).astype(np.float32)
+    top = float(v.max())
+    extra = np.array([top * 1.0625, top * 1.125, top * 2, -top * 1.5, 1e30, np.inf, -np.inf, np.nan,
+                      -0.0, float(v[v > 0].min()) / 3], np.float32)
+    return np.concatenate([v.astype(np.float32), mid, np.nextafter(mid, np.float32(np.inf)),
+                           np.nextafter(mid, np.float32(-np.inf)), extra])
+
+
+def _gen_cast_lowp(c: _Cases) -> None:
+    if c.dtype.is_lowp:  # every value of the type, to float32 (exact)
+        n = _lowp_values(c.dtype).size
+        c.add("to_f32", "basic", [("x", c.arr(v_lowp, (2, n)))], {"to": DType.F32})
+    elif c.dtype is DType.F32:  # rounding into each type: ties, overflow, NaN/Inf, subnormals
+        for to in (d for d in DType if d.is_lowp):
+            vals = _lowp_targets(to)
+            c.add(f"to_{to}", "basic" if to.is_int else "nan_inf",
+                  [("x", c.arr(lambda rng, shape, dt, v=vals: v.copy(), vals.shape))],
+                  {"to": to})
+
+
 def _gen_cast(c: _Cases) -> None:
     src = c.dtype
+    _gen_cast_lowp(c)
+    if src.is_lowp:
+        return
     for to in DType:
+        if to.is_lowp:
+            continue
         vf = _cast_values(src, to)
         attrs = {"to": to}
         c.add(f"to_{to}", "basic", [("x", c.arr(vf, (3, 4)))], attrs)
@@ -632,6 +694,9 @@ def _data(dt: DType) -> ValueFn:
 
 
 def _gen_reshape(c: _Cases) -> None:
+    if c.dtype.is_lowp:
+        c.add("infer", "basic", [("x", c.arr(v_lowp, (2, 3, 40)))], {"shape": (4, -1)})
+        return
     vf = _data(c.dtype)
     for label, kind, shape, to in [
         ("basic", "basic", (2, 3, 4), (6, 4)),
@@ -648,6 +713,9 @@ def _gen_reshape(c: _Cases) -> None:
 
 
 def _gen_transpose(c: _Cases) -> None:
+    if c.dtype.is_lowp:
+        c.add("rotate", "basic", [("x", c.arr(v_lowp, (2, 3, 40)))], {"perm": (2, 0, 1)})
+        return
     vf = _data(c.dtype)
     for label, kind, shape, perm in [
         ("reverse", "basic", (2, 3, 4), None),
@@ -681,6 +749,10 @@ _NEG_BIG = -(2**31)  # a stop before the start of any axis, for full reversals
 
 
 def _gen_slice(c: _Cases) -> None:
+    if c.dtype.is_lowp:
+        c.add("negative_step2", "basic", [("x", c.arr(v_lowp, (4, 50)))],
+              {"starts": (3, 1), "stops": (_NEG_BIG, 49), "axes": (0, 1), "steps": (-1, 2)})
+        return
     vf = _data(c.dtype)
     for label, kind, shape, attrs in [
         ("basic", "basic", (4, 5), {"starts": (1, 0), "stops": (3, 5)}),
@@ -702,6 +774,9 @@ def _gen_slice(c: _Cases) -> None:
 
 
 def _gen_concat(c: _Cases) -> None:
+    if c.dtype.is_lowp:
+        c.add("axis1", "basic", [("x0", c.arr(v_lowp, (3, 17))), ("x1", c.arr(v_lowp, (3, 40)))], {"axis": 1})
+        return
     vf = _data(c.dtype)
     for label, kind, shapes, axis in [
         ("axis0", "basic", [(2, 3), (1, 3), (3, 3)], 0),
@@ -750,6 +825,11 @@ def _rand_idx(lo: int, hi: int, dt: DType = DType.I64) -> ValueFn:
 def _gen_gather(c: _Cases) -> None:
     vf = _data(c.dtype)
     i64, i32 = DType.I64, DType.I32
+    if c.dtype.is_lowp:
+        c.add("negative_index", "negative_index", [("x", c.arr(v_lowp, (5, 40))),
+                                                   ("indices", c.arr(_idx([-1, 0, 4, 2, -5]), (5,), i64))],
+              {"axis": 0})
+        return
     for label, kind, sx, ind, si, axis in [
         ("axis0_dups", "basic", (5, 3), _idx([0, 4, 2, 2]), (4,), 0),
         ("axis1_2d_index", "basic", (5, 3), _rand_idx(0, 3), (2, 2), 1),
@@ -1256,6 +1336,8 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
     **QUANT_GENERATORS,
     # the bitwise ops (rlx_core.ir.ops.bitwise; generator in bitwise_cases)
     **BITWISE_GENERATORS,
+    # mod on floats and bitcast (rlx_core.ir.ops.exact; generator in ops2_cases)
+    **OPS2_GENERATORS,
     # the linear algebra ops (rlx_core.ir.ops.linalg; generators in linalg_cases)
     **LINALG_GENERATORS,
     # the Gaussian splatting ops (rlx_core.ir.ops.splat; generators in splat_cases)
@@ -1277,7 +1359,7 @@ def cases_for(schema: OpSchema | str, dtype: DType | str, rng_seed: int = 0) -> 
     """
     schema = _schema(schema)
     dt = DType.parse(dtype)
-    if dt not in schema.dtypes:
+    if dt not in schema.dtypes or (dt.is_lowp and schema.name not in _LOWP_OPS):
         return []
     c = _Cases(schema.name, dt, rng_seed)
     if schema.cases is not None:
@@ -1426,7 +1508,7 @@ def tolerance(dtype: DType | str, op: str, *, k: int = 1, scale: float = 1.0,
     """
     dt = DType.parse(dtype)
     sdt = DType.parse(src) if src is not None else dt
-    if not (dt.is_float or dt.is_complex):
+    if not (dt.is_float or dt.is_complex) or dt.is_lowp:  # a cast into float8/float4 rounds exactly once
         return 0.0, 0.0
     complex_op = dt.is_complex or sdt.is_complex
     schema = REGISTRY.get(op) if op in REGISTRY else None  # ops registered after import too

@@ -37,11 +37,14 @@ from .shapes import shape_problem
 
 PathLike = str | os.PathLike[str]
 
-#: safetensors dtype code -> RLX dtype. Only the types RLX has; others (F8_E4M3, U4, ...) are refused.
+#: safetensors dtype code -> RLX dtype. Only the types RLX has; others (F8_E8M0, F4 ...) are refused.
+#: F8_E4M3 is float8_e4m3fn (as in PyTorch). The other low-precision RLX types (fnuz float8, float4,
+#: int4/int2) have no safetensors code, so tensors of them are refused when saving (cast them first).
 ST_DTYPES: Mapping[str, DType] = {
     "F16": DType.F16, "BF16": DType.BF16, "F32": DType.F32, "F64": DType.F64, "C64": DType.C64,
     "I8": DType.I8, "I16": DType.I16, "I32": DType.I32, "I64": DType.I64, "U8": DType.U8,
     "U16": DType.U16, "U32": DType.U32, "U64": DType.U64, "BOOL": DType.BOOL,
+    "F8_E4M3": DType.F8E4M3FN, "F8_E5M2": DType.F8E5M2,
 }
 _ST_CODES: Mapping[DType, str] = {v: k for k, v in ST_DTYPES.items()}
 
@@ -303,10 +306,10 @@ def _prepare(name: Any, value: Any, path: PathLike) -> tuple[DType, np.ndarray]:
     arr = np.asarray(value)
     # Non-native byte order (e.g. '>f4' from a big-endian file) is compared and converted as native.
     native = arr.dtype if arr.dtype.isnative else arr.dtype.newbyteorder("=")
-    dtype = next((d for d in DType if d.np == native), None)
+    dtype = next((d for d in _ST_CODES if d.np == native), None)
     if dtype is None:
         raise _error(f"dtype {arr.dtype} is not supported", path,
-                     f"cast to one of {[d.value for d in DType]} before saving", tensor=name)
+                     f"cast to one of {[d.value for d in _ST_CODES]} before saving", tensor=name)
     # np.asarray (unlike ascontiguousarray) keeps 0-d arrays 0-d; it copies only when it must.
     arr = np.asarray(arr, dtype=native, order="C")
     if not _LITTLE and dtype.itemsize > 1:

@@ -40,7 +40,7 @@ from typing import Any, Union
 import numpy as np
 
 from .. import settings as _settings
-from ..dtypes import WIDE_UINT_DTYPES, DType
+from ..dtypes import LOWP_DTYPES, WIDE_UINT_DTYPES, DType
 from ..errors import DTypeError, IRError, RLXError, SerializationError
 from ..fold import FoldBudget as _CoreFoldBudget
 from ..ir import symexpr
@@ -249,7 +249,13 @@ Value = Union[Tensor, _Const, _Sym]
 
 _ONNX_TO_DTYPE = {1: DType.F32, 2: DType.U8, 3: DType.I8, 4: DType.U16, 5: DType.I16, 6: DType.I32,
                   7: DType.I64, 9: DType.BOOL, 10: DType.F16, 11: DType.F64, 12: DType.U32, 13: DType.U64,
-                  14: DType.C64, 16: DType.BF16}
+                  14: DType.C64, 16: DType.BF16, 17: DType.F8E4M3FN, 18: DType.F8E4M3FNUZ, 19: DType.F8E5M2,
+                  20: DType.F8E5M2FNUZ, 21: DType.U4, 22: DType.I4, 23: DType.F4E2M1, 25: DType.U2,
+                  26: DType.I2}
+#: Bits per element of the types ONNX packs several to a byte (raw_data and external data).
+_ONNX_PACKED_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}
+#: The float8 types whose Cast/QuantizeLinear honour ``saturate`` (float4 always saturates).
+_SATURATING = frozenset({DType.F8E4M3FN, DType.F8E4M3FNUZ, DType.F8E5M2, DType.F8E5M2FNUZ})
 
 
 def _onnx_type_name(code: int) -> str:
@@ -494,7 +500,9 @@ def _external_nbytes(t: Any) -> int | None:
     dt = _ONNX_TO_DTYPE.get(t.data_type)
     if dt is None:
         return None
-    return max(0, math.prod(int(d) for d in t.dims)) * dt.itemsize
+    n = max(0, math.prod(int(d) for d in t.dims))
+    bits = _ONNX_PACKED_BITS.get(t.data_type)
+    return n * dt.itemsize if bits is None else (n * bits + 7) // 8
 
 
 def _check_model(proto: Any, source: str) -> None:
@@ -559,7 +567,7 @@ _OP_SINCE: dict[str, int] = {
 
 #: The newest version of each operator reviewed against its handler, where it is newer than the
 #: version in effect at opset 23 (the default ceiling). Up to opset 28 these changes only add
-#: dtypes RLX does not have (float8e8m0, int2/uint2, float6; refused by dtype), Cast/CastLike's
+#: dtypes RLX does not have (float8e8m0, float6; refused by dtype), Cast/CastLike's
 #: ``round_mode`` (float8e8m0 targets only), Range's ``stash_type`` (float16/bfloat16: the handler
 #: computes in float32 as the default asks and refuses any other) and ReduceLogSum(Exp) dropping
 #: integer dtypes. A newer version of an operator not listed here is refused until reviewed.
@@ -1081,6 +1089,13 @@ class _Importer:
             # u16/u32/u64 reach only some IR op families (rlx_core.dtypes.INT_DTYPES says why): an
             # operator that needs another one is refused here; other dtype errors stay importer bugs.
             wide = sorted({str(v.dtype) for v in ins if getattr(v, "dtype", None) in WIDE_UINT_DTYPES})
+            # float8/float4/int4/int2 reach only cast and the movement ops (rlx_core.dtypes.LOWP_DTYPES).
+            lowp = sorted({str(v.dtype) for v in ins if getattr(v, "dtype", None) in LOWP_DTYPES})
+            if lowp:
+                raise self.unsupported(f"{op} on {'/'.join(lowp)}: {e.what}",
+                                       fix=f"RLX moves and casts low-precision tensors only: Cast (or "
+                                           f"DequantizeLinear) the input to float32 before this {op}"
+                                       ) from None
             if not wide:
                 raise
             raise self.unsupported(f"{op} on {'/'.join(wide)}: {e.what}",
@@ -1449,7 +1464,7 @@ class _Importer:
             return [_finish(a, dt)]
         if op == "Cast":
             to = _ONNX_TO_DTYPE.get(int(attrs["to"]))
-            if to is None:
+            if to is None or to.is_lowp:  # low-precision casts (saturate ...): cast_onnx in the graph
                 raise _NotSymbolic("cast type")
             if _has_sym(a) and not to.is_int:
                 raise _NotSymbolic("cast of a symbol to a non-integer")
@@ -1644,6 +1659,41 @@ def _dropout(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     return outs
 
 
+def cast_onnx(imp: _Importer, x: Tensor, to: DType, saturate: bool = True) -> Tensor:
+    """ONNX's Cast of ``x`` to ``to``. The IR's ``cast`` is ONNX's ``saturate=0`` (Inf/NaN on
+    overflow, as the float8 type has them); ``saturate=1`` (the default) clamps to the largest finite
+    value first, which is that clip written with maximum/minimum (NaN stays NaN, +-Inf clamps)."""
+    if x.dtype == to:
+        return x
+    if saturate and to in _SATURATING and not x.dtype.is_bool:
+        import ml_dtypes
+
+        top = float(ml_dtypes.finfo(to.np).max)
+        g = imp.g
+        if x.dtype.is_complex:
+            raise imp.unsupported(f"Cast from {x.dtype} to {to} with saturate=1 is not translated",
+                                  fix="cast to float32 first (the real part), then to the float8 type")
+        if x.dtype.is_lowp:  # float8/float4/int4 have no min/max: clamp exactly in float32
+            x = g.op("cast", x, to=DType.F32)
+        src = x.dtype
+        if src.is_float:
+            x = g.op("minimum", g.op("maximum", x, g.const(-top, src)), g.const(top, src))
+        else:
+            info = np.iinfo(src.np)
+            if info.max > top:
+                x = g.op("minimum", x, g.const(int(top), src))
+            if info.min < -top:
+                x = g.op("maximum", x, g.const(-int(top), src))
+    return imp.g.op("cast", x, to=to)
+
+
+def _saturate_attr(imp: _Importer, attrs: dict) -> bool:
+    s = int(attrs.get("saturate", 1))
+    if s not in (0, 1):
+        raise imp.unsupported(f"saturate={s}", fix="saturate is 0 or 1 (the model is malformed)")
+    return bool(s)
+
+
 @_handler("Cast")
 def _cast(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     to = _ONNX_TO_DTYPE.get(int(attrs["to"]))
@@ -1651,7 +1701,7 @@ def _cast(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         raise imp.unsupported(f"Cast to ONNX type {_onnx_type_name(int(attrs['to']))} is not supported",
                               fix=f"RLX dtypes: {', '.join(d.value for d in DType)}")
     x = imp.t(ins[0])
-    return [x if x.dtype == to else imp.g.op("cast", x, to=to)]
+    return [cast_onnx(imp, x, to, _saturate_attr(imp, attrs))]
 
 
 @_handler("CastLike")
@@ -1659,7 +1709,7 @@ def _cast_like(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     target = ins[1]
     to = target.dtype if isinstance(target, (Tensor, _Sym)) else DType.parse(target.array.dtype)
     x = imp.t(ins[0])
-    return [x if x.dtype == to else imp.g.op("cast", x, to=to)]
+    return [cast_onnx(imp, x, to, _saturate_attr(imp, attrs))]
 
 
 @_handler("Pow")
@@ -2773,6 +2823,7 @@ def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 from . import onnx_index as _onnx_index  # noqa: E402,F401  (indexing/integer handlers register here)
 from . import onnx_misc as _onnx_misc  # noqa: E402,F401  (trig, Col2Im, Scan/Loop, bitwise... register here)
 from . import onnx_nn as _onnx_nn  # noqa: E402,F401  (Resize, Attention, norms, losses register here)
+from . import onnx_ops2 as _onnx_ops2  # noqa: E402,F401  (float Mod, BitCast, LpPool... register here)
 from . import onnx_quant as _onnx_quant  # noqa: E402,F401  (quantized operators register here)
 from . import onnx_rnn as _onnx_rnn  # noqa: E402,F401  (RNN, GRU, LSTM register here)
 from . import onnx_signal as _onnx_signal  # noqa: E402,F401  (DFT, STFT, windows register here)

@@ -9,7 +9,11 @@ DequantizeLinear nodes into float weights at import.
 
 Scales and zero points may be scalars, per-axis vectors (``axis``) or, from opset 21, blocks
 (``block_size``): each is broadcast to the input's shape here, with constants shaped at import.
-Quantized types RLX does not have (uint16, int4, float8...) are refused by dtype.
+QuantizeLinear/DequantizeLinear also take RLX's low-precision storage types (rlx_core.dtypes.LOWP_DTYPES):
+int4/uint4/int2/uint2 saturate like the 8-bit integers; float8 outputs are ``x / scale`` cast with
+ONNX's ``saturate`` (no rounding to integers, no zero point), float4 adds its zero point and casts;
+dequantizing a float8/float4 ignores its zero point (which must be 0), as onnx's reference does.
+Quantized types RLX does not have (float6, float8e8m0) are refused by dtype.
 """
 
 from __future__ import annotations
@@ -22,13 +26,21 @@ import numpy as np
 from ..dtypes import DType
 from ..ir.builder import Tensor
 from . import onnx as _onnx
-from .onnx import _Const, _handler, _Importer
+from .onnx import _Const, _handler, _Importer, cast_onnx
 
 #: Saturation ranges of the quantized integer types RLX has.
 _QRANGE: dict[DType, tuple[int, int]] = {DType.U8: (0, 255), DType.I8: (-128, 127),
-                                         DType.I16: (-32768, 32767), DType.U16: (0, 65535)}
+                                         DType.I16: (-32768, 32767), DType.U16: (0, 65535),
+                                         DType.I4: (-8, 7), DType.U4: (0, 15), DType.I2: (-2, 1),
+                                         DType.U2: (0, 3)}
+#: The quantized float types: ``x / scale`` is cast to them, not rounded to an integer grid.
+_QFLOATS = frozenset({DType.F8E4M3FN, DType.F8E4M3FNUZ, DType.F8E5M2, DType.F8E5M2FNUZ, DType.F4E2M1})
 #: ONNX TensorProto data types of QuantizeLinear's ``output_dtype`` that RLX has.
-_ONNX_QTYPES: dict[int, DType] = {2: DType.U8, 3: DType.I8, 5: DType.I16, 4: DType.U16}
+_ONNX_QTYPES: dict[int, DType] = {2: DType.U8, 3: DType.I8, 5: DType.I16, 4: DType.U16, 17: DType.F8E4M3FN,
+                                  18: DType.F8E4M3FNUZ, 19: DType.F8E5M2, 20: DType.F8E5M2FNUZ, 21: DType.U4,
+                                  22: DType.I4, 23: DType.F4E2M1, 25: DType.U2, 26: DType.I2}
+_QNAMES = ("uint8, int8, int16, uint16, int4, uint4, int2, uint2, float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz), "
+           "float4e2m1")
 
 _onnx._OP_SINCE.update({"QuantizeLinear": 10, "DequantizeLinear": 10, "DynamicQuantizeLinear": 11,
                         "MatMulInteger": 10, "ConvInteger": 10, "QLinearMatMul": 10, "QLinearConv": 10})
@@ -105,10 +117,19 @@ def _saturate(imp: _Importer, y: Tensor, qt: DType) -> Tensor:
 
 
 def _qtype(imp: _Importer, dt: DType, what: str) -> DType:
-    if dt not in _QRANGE:
+    if dt not in _QRANGE and dt not in _QFLOATS:
         raise imp.unsupported(f"{what} has dtype {dt.value}, which is not a quantized type RLX translates",
-                              fix="quantize to uint8, int8, int16 or uint16")
+                              fix=f"quantize to {_QNAMES}")
     return dt
+
+
+def _unread_zero_point(imp: _Importer, zp: Any, qt: DType) -> None:
+    """A float8 zero point (and float4's in DequantizeLinear) is not read, as in onnx's reference; the
+    spec requires it to be 0, so a constant one that is not is refused rather than ignored."""
+    if isinstance(zp, _Const) and np.any(zp.array.astype(np.float32) != 0):
+        raise imp.unsupported(f"a {qt.value} zero point that is not 0",
+                              fix="float8 (and float4, when dequantizing) zero points must be 0: drop it "
+                                  "or fold it into the values")
 
 
 def _float32(imp: _Importer, x: Tensor) -> Tensor:
@@ -130,8 +151,9 @@ def _quantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     else:
         code = int(attrs.get("output_dtype", 0) or 2)
         if code not in _ONNX_QTYPES:
-            raise imp.unsupported(f"QuantizeLinear to ONNX type {code} is not translated",
-                                  fix="quantize to uint8, int8, int16 or uint16")
+            raise imp.unsupported(f"QuantizeLinear to ONNX type {_onnx._onnx_type_name(code)} is not "
+                                  f"translated",
+                                  fix=f"quantize to {_QNAMES}")
         qt = _ONNX_QTYPES[code]
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0) or 0)
     scale_dt = _dtype(imp, ins[1])
@@ -144,6 +166,17 @@ def _quantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     if x.dtype == scale_dt and scale_dt in (DType.F16, DType.BF16):
         # Both half precision: the reference's quotient is rounded to it before rounding to integers.
         y = imp.g.op("cast", imp.g.op("cast", y, to=scale_dt), to=ct)
+    if qt in _QFLOATS:
+        # onnx's reference: float8 casts x / scale with ``saturate`` and ignores the zero point (the
+        # spec requires 0); float4 adds the zero point and casts (it always saturates).
+        if qt is DType.F4E2M1 and zp is not None:
+            y = y + _broadcast_param(imp, zp, x, axis, block, "the zero point", ct)
+        elif zp is not None:
+            _unread_zero_point(imp, zp, qt)
+        saturate = int(attrs.get("saturate", 1))
+        if saturate not in (0, 1):
+            raise imp.unsupported(f"saturate={saturate}", fix="saturate is 0 or 1 (the model is malformed)")
+        return [cast_onnx(imp, y, qt, bool(saturate))]
     y = imp.g.op("round", y)
     if zp is not None:
         y = y + _broadcast_param(imp, zp, x, axis, block, "the zero point", ct)
@@ -153,9 +186,9 @@ def _quantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
 @_handler("DequantizeLinear")
 def _dequantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     x = imp.t(ins[0])
-    if x.dtype not in _QRANGE and x.dtype is not DType.I32:
+    if x.dtype not in _QRANGE and x.dtype not in _QFLOATS and x.dtype is not DType.I32:
         raise imp.unsupported(f"DequantizeLinear of a {x.dtype.value} input",
-                              fix="dequantize uint8, int8, int16, uint16 or int32")
+                              fix=f"dequantize {_QNAMES} or int32")
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0) or 0)
     out_dt = _dtype(imp, ins[1])
     if int(attrs.get("output_dtype", 0) or 0):
@@ -170,6 +203,11 @@ def _dequantize_linear(imp: _Importer, node: Any, ins: list, attrs: dict) -> lis
     ct = DType.F64 if out_dt is DType.F64 else DType.F32
     g = imp.g
     zp = ins[2] if len(ins) > 2 else None
+    if x.dtype in _QFLOATS:
+        # onnx's reference ignores a float zero point (float8's must be 0; float4's is not read).
+        if zp is not None:
+            _unread_zero_point(imp, zp, x.dtype)
+        zp = None
     if zp is not None:
         d = g.op("cast", x, to=DType.I32) - _broadcast_param(imp, zp, x, axis, block, "the zero point",
                                                              DType.I32)

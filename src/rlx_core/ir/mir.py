@@ -20,11 +20,12 @@ from .indices import normalize as normalize_indices
 # with all their facts, in their family's module: importing it registers them.
 from .ops import bitwise as _bitwise  # noqa: F401  (bitwise_and/or/xor/not on integers)
 from .ops import elementwise as _elementwise  # noqa: F401
+from .ops import exact as _exact  # noqa: F401  (mod on floats, bitcast: exact primitives)
 from .ops import linalg as _linalg  # noqa: F401  (CSR sparse, solvers, dense factorizations)
 from .ops import movement as _movement  # noqa: F401
 from .ops import reduction as _reduction  # noqa: F401
 from .ops import splat as _splat  # noqa: F401  (3D Gaussian splatting: project, SH colour, rasterize)
-from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED  # noqa: F401  (re-exported)
+from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED, STORAGE  # noqa: F401  (re-exported)
 from .ops._common import check_dtypes as _check_dtypes
 from .ops._common import same_dtype as _same_dtype
 from .ops._common import wrap_int as _wrap_int
@@ -82,7 +83,7 @@ def _ref_gather(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
 
 register_op(OpSchema("gather", ("x", "indices"), _infer_gather, _ref_gather,
                      attrs=(AttrSpec("axis", "int", default=0),), category="movement",
-                     flops=lambda i, o, a: 0.0, index_inputs=(IndexInput(1),),
+                     flops=lambda i, o, a: 0.0, index_inputs=(IndexInput(1),), dtypes=STORAGE,
                      doc="take along axis (NumPy take). Indices follow ONNX: valid in [-n, n-1] for "
                          "an axis of size n, a negative one counts from the end once, anything else "
                          "is an error (InputError; see rlx_core.ir.indices)"))

@@ -30,7 +30,8 @@ HALF = frozenset({DType.F16, DType.BF16})
 #: Ops computed exactly in storage precision, so half types may run natively.
 EXACT = frozenset({"reshape", "transpose", "expand", "slice", "concat", "pad", "gather", "where",
                    "cast", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
-                   "neg", "abs", "maximum", "minimum", "iota", "argmax", "argmin", "sign"})
+                   "neg", "abs", "maximum", "minimum", "iota", "argmax", "argmin", "sign",
+                   "bitcast"})
 IN_PLACE = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "abs", "exp", "log",
                       "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "floor",
                       "ceil", "round", "sign", "logical_not", "logical_and", "logical_or",
@@ -84,6 +85,9 @@ def factories() -> dict[str, Any]:
         from . import bitwise  # bitwise_and/or/xor/not (claimed like the elementwise kernels)
 
         out.update(bitwise.FACTORIES)
+        from . import ops2  # mod on floats, bitcast (rlx_core.ir.ops.exact)
+
+        out.update(ops2.FACTORIES)
         from . import splat  # Gaussian splatting (Numba when bound)
 
         out.update(splat.FACTORIES)
@@ -96,8 +100,28 @@ def factories() -> dict[str, Any]:
         out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
                     "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
                     "cpu.attention": hk.k_attention})
+        from .conv import k_conv2d_bias  # oneDNN's primitive adds the bias (rlx_cpu.onednn_conv)
+
+        out["cpu.conv2d_bias"] = k_conv2d_bias
+        from .conv_fusion import k_conv2d_bias_relu
+
+        out["cpu.rlx_cpu.conv2d_bias_relu"] = out["cpu.rlx_cpu.conv2d_bias_add_relu"] = k_conv2d_bias_relu
         _FACTORIES = out
     return _FACTORIES
+
+
+@hookimpl
+def rlx_ops() -> list[Any]:
+    from .conv_fusion import ops  # conv tails with oneDNN post-ops (rlx_cpu.conv_fusion)
+
+    return ops()
+
+
+@hookimpl
+def rlx_fusion_rules() -> list[Any]:
+    from .conv_fusion import RULE
+
+    return [RULE]
 
 
 @hookimpl
@@ -190,6 +214,9 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                KernelClaim("softmax", "cpu.softmax", dtypes=f),
                KernelClaim("log_softmax", "cpu.log_softmax", dtypes=f),
                KernelClaim("layer_norm", "cpu.layer_norm", dtypes=f),
+               KernelClaim("conv2d_bias", "cpu.conv2d_bias", dtypes=f),
+               KernelClaim("rlx_cpu.conv2d_bias_relu", "cpu.rlx_cpu.conv2d_bias_relu", dtypes=f),
+               KernelClaim("rlx_cpu.conv2d_bias_add_relu", "cpu.rlx_cpu.conv2d_bias_add_relu", dtypes=f),
                KernelClaim("attention", "cpu.attention", dtypes=f | {DType.BOOL, DType.I32, DType.I64},
                            out_dtypes=f, predicate=_attention_pred,
                            constraint="(B,H,S,D) with mask none/causal/padding/bias")]

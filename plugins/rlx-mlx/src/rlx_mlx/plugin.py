@@ -150,7 +150,8 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     kind = _kind(device)
     claims = []
     for op in OPS:
-        dts = frozenset(REGISTRY.get(op).dtypes)
+        # float8/float4/int4/int2 (DType.is_lowp) have no MLX dtype: not claimed.
+        dts = frozenset(d for d in REGISTRY.get(op).dtypes if not d.is_lowp)
         pred = _refusal(op, kind)
         if op == "cast":
             claims.append(KernelClaim(op, "mlx.cast", dtypes=dts, out_dtypes=dts, predicate=pred))

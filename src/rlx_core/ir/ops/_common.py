@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import FLOAT_DTYPES, INT_DTYPES, WIDE_UINT_DTYPES, DType
+from ...dtypes import FLOAT_DTYPES, INT_DTYPES, STORAGE_DTYPES, WIDE_UINT_DTYPES, DType
 from ...errors import DTypeError
 from ..types import Attrs, TensorType
 
@@ -21,6 +21,9 @@ BOOL = (DType.BOOL,)
 #: comparisons, min/max and the sum/max/min reductions, what ONNX graphs on unsigned tensors use.
 NUMERIC_U = NUMERIC + WIDE_UINT_DTYPES
 REAL_U = REAL + WIDE_UINT_DTYPES
+#: cast and the movement ops that ONNX graphs apply to float8/float4/int4/int2 tensors (reshape,
+#: transpose, concat, slice, gather, where) also take the low-precision types (dtypes.LOWP_DTYPES).
+STORAGE = STORAGE_DTYPES
 
 
 def check_dtypes(op: str, ts: Sequence[TensorType], allowed: Sequence[DType]) -> None:

@@ -24,7 +24,7 @@ from ...dtypes import ALL_DTYPES, FLOAT_DTYPES, DType
 from ...errors import DTypeError
 from ..schema import AttrSpec, CaseSpec, OpSchema, register_op
 from ..types import Attrs, TensorType, attr_dtype, broadcast_shapes
-from ._common import BOOL, FLOATS_C, NUMERIC_U, REAL_U, SIGNED, check_dtypes, same_dtype, wrap_int
+from ._common import BOOL, FLOATS_C, NUMERIC_U, REAL_U, SIGNED, STORAGE, check_dtypes, same_dtype, wrap_int
 
 Expr = str
 #: ``unary expression(d, x, dtype)``
@@ -394,7 +394,8 @@ register_op(OpSchema("where", ("cond", "a", "b"), _infer_where,
                      doc="cond ? a : b", elementwise=True, fusion="elementwise",
                      expr=lambda d, args, in_dtypes, out, attrs: d.ternary.format(
                          c=args[0], a=args[1], b=args[2]),
-                     vjp=_where_vjp, jvp=_where_jvp, cases=CaseSpec("where"), accuracy="exact"))
+                     vjp=_where_vjp, jvp=_where_jvp, cases=CaseSpec("where"), accuracy="exact",
+                     dtypes=STORAGE))
 
 
 def _infer_cast(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
@@ -439,6 +440,8 @@ def _cast_jvp(b: Any, ins: Sequence[Any], outs: Sequence[Any], ts: Sequence[Any]
 register_op(OpSchema("cast", ("x",), _infer_cast, _ref_cast,
                      attrs=(AttrSpec("to", "dtype", doc="target dtype, e.g. to='f32'"),),
                      category="elementwise", elementwise=True, fusion="elementwise", expr=_cast_expr,
-                     vjp=_cast_vjp, jvp=_cast_jvp, cases=CaseSpec("cast"),
+                     vjp=_cast_vjp, jvp=_cast_jvp, cases=CaseSpec("cast"), dtypes=STORAGE,
                      doc="convert dtype; float->int truncates toward zero, ->bool is x != 0, "
-                         "complex->real drops the imaginary part"))
+                         "complex->real drops the imaginary part; to a float8/float4 type rounds to "
+                         "nearest even, overflow gives Inf or NaN where the type has them (ONNX "
+                         "Cast with saturate=0; saturate=1 is a clip first), to int4/int2 wraps"))

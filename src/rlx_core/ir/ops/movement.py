@@ -22,6 +22,7 @@ from ...errors import ShapeError
 from .. import symexpr
 from ..schema import AttrSpec, CaseSpec, OpSchema, register_op
 from ..types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
+from ._common import STORAGE
 from ._common import same_dtype as _same_dtype
 
 Rule = Callable[..., list]
@@ -233,6 +234,7 @@ register_op(OpSchema("reshape", ("x",), _infer_reshape,
                      lambda xs, a: [xs[0].reshape([d for d in _concrete_shape(a["shape"], xs[0])])],
                      attrs=(AttrSpec("shape", "shape", doc="target shape; one -1 may be inferred"),),
                      category="movement", flops=_no_flops, accuracy="exact", cases=CaseSpec("reshape"),
+                     dtypes=STORAGE,
                      vjp=_reshape_vjp, jvp=_linear_jvp("reshape"), batch=_reshape_batch,
                      doc="same elements, new shape"))
 
@@ -256,6 +258,7 @@ register_op(OpSchema("transpose", ("x",), _infer_transpose,
                      lambda xs, a: [np.transpose(xs[0], _any(a["perm"]))],
                      attrs=(AttrSpec("perm", "ints", default=None, doc="axis order; None reverses"),),
                      category="movement", flops=_no_flops, accuracy="exact", cases=CaseSpec("transpose"),
+                     dtypes=STORAGE,
                      vjp=_transpose_vjp, jvp=_linear_jvp("transpose"), batch=_transpose_batch,
                      doc="permute axes"))
 
@@ -335,6 +338,7 @@ register_op(OpSchema("slice", ("x",), _infer_slice, _ref_slice,
                             AttrSpec("axes", "ints", default=None),
                             AttrSpec("steps", "ints", default=None)),
                      category="movement", flops=_no_flops, accuracy="exact", cases=CaseSpec("slice"),
+                     dtypes=STORAGE,
                      vjp=_slice_vjp, jvp=_linear_jvp("slice"), batch=_slice_batch,
                      doc="Python slicing per axis (negative indices and steps, clamped)"))
 
@@ -358,6 +362,7 @@ register_op(OpSchema("concat", ("xs*",), _infer_concat,
                      lambda xs, a: [np.concatenate(list(xs), axis=a["axis"])],  # type: ignore[arg-type]
                      attrs=(AttrSpec("axis", "int"),),
                      category="movement", flops=_no_flops, accuracy="exact", cases=CaseSpec("concat"),
+                     dtypes=STORAGE,
                      vjp=_concat_vjp, jvp=_concat_jvp, batch=_concat_batch, doc="join along an axis"))
 
 
