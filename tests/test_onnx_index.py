@@ -18,12 +18,12 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from _onnxtools import make_model, run_rlx  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
 from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.errors import RLXError  # noqa: E402
 from rlx_core.frontends.onnx import UnsupportedOnnxError, load_onnx  # noqa: E402
-from rlx_core.runtime import Session  # noqa: E402
 
 F32, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
 I8, U8 = TensorProto.INT8, TensorProto.UINT8
@@ -40,25 +40,9 @@ def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def model(node: Any, inputs: Sequence[tuple[str, int, Sequence[int]]], n_out: int = 1,
           inits: dict[str, np.ndarray] | None = None, opset: int = 18) -> Any:
-    """A one-node model; the output types come from ONNX shape inference (ORT needs them)."""
-    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in node.output[:n_out]]
-    graph = helper.make_graph([node], "case",
-                              [helper.make_tensor_value_info(n, dt, list(s)) for n, dt, s in inputs], outs,
-                              initializer=[numpy_helper.from_array(np.asarray(a), n)
-                                           for n, a in (inits or {}).items()])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8 if opset <= 18 else 11
-    inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.output}
-    for vi in m.graph.output:
-        vi.type.tensor_type.elem_type = types.get(vi.name) or inputs[0][1]
-    return m
-
-
-def run_rlx(m: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    graph = load_onnx(m)
-    out = Session("cpu", use_cache=False).compile(graph).run(feeds)
-    return [out[o] for o in graph.outputs]
+    """A one-node model of ``node``'s first ``n_out`` outputs."""
+    return make_model(node, inputs, list(node.output[:n_out]), inits, opset,
+                      ir_version=8 if opset <= 18 else 11)
 
 
 def check(m: Any, feeds: dict[str, np.ndarray], ref: list[np.ndarray] | None = None) -> None:

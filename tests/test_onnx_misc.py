@@ -17,6 +17,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from _onnxtools import make_model, run_rlx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
@@ -38,26 +39,7 @@ def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def model(nodes: Any, inputs: Sequence[tuple[str, int, Sequence[int]]], outputs: Sequence[str] = ("y",),
           inits: dict[str, np.ndarray] | None = None, opset: int = 18) -> Any:
-    """A model of ``nodes``; the output types come from ONNX shape inference."""
-    nodes = nodes if isinstance(nodes, list) else [nodes]
-    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
-    graph = helper.make_graph(nodes, "case",
-                              [helper.make_tensor_value_info(n, dt, list(s)) for n, dt, s in inputs], outs,
-                              initializer=[numpy_helper.from_array(np.asarray(a), n)
-                                           for n, a in (inits or {}).items()])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8 if opset <= 18 else 10
-    inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.output}
-    for vi in m.graph.output:
-        vi.type.tensor_type.elem_type = types.get(vi.name) or inputs[0][1]
-    return m
-
-
-def run_rlx(m: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    graph = load_onnx(m)
-    out = Session("cpu", use_cache=False).compile(graph).run(feeds)
-    return [np.asarray(out[o]) for o in graph.outputs]
+    return make_model(nodes, inputs, outputs, inits, opset)
 
 
 def ort_run(m: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -17,6 +17,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from _onnxtools import run_rlx as run_outputs  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
@@ -55,9 +56,7 @@ def ref_run(m: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 
 def run_rlx(m: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    graph = load_onnx(m)
-    out = Session("cpu", use_cache=False).compile(graph).run(feeds)
-    return np.asarray(out[graph.outputs[0]])
+    return run_outputs(m, feeds)[0]
 
 
 def ort_run(m: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:

@@ -12,12 +12,12 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
+from _onnxtools import run_rlx as run_outputs  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from rlx_core._hub import Hub, reset_hub  # noqa: E402
 from rlx_core.frontends.onnx import UnsupportedOnnxError, load_onnx  # noqa: E402
-from rlx_core.runtime import Session  # noqa: E402
 
 F32, F64, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64
 
@@ -44,9 +44,7 @@ def model(node: Any, inputs: Sequence[tuple[str, int, Sequence[int]]],
 
 
 def run_rlx(m: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    graph = load_onnx(m)
-    out = Session("cpu", use_cache=False).compile(graph).run(feeds)
-    return np.asarray(out[graph.outputs[0]])
+    return run_outputs(m, feeds)[0]
 
 
 def as_pairs(z: np.ndarray) -> np.ndarray:
