@@ -4,7 +4,7 @@ The test cases are generated in memory from the installed ``onnx`` package's own
 (``onnx.backend.test.case.node``), run through ``rlx_core.frontends.onnx_backend.RLXBackend`` and
 compared as ``onnx.backend.test.runner`` compares them (each case's rtol/atol, default 1e-3/1e-7).
 Each case is passed, failed (wrong numbers, shape or dtype), unsupported (the importer or the
-backend says clearly that it cannot, or the case is out of scope: sequence, optional, string,
+backend says clearly that it cannot, or the case is out of scope: optional, string,
 training) or error (anything else: a bug).
 
     python scripts/onnx_node_tests.py                          # cpu, prints the summary
@@ -50,8 +50,7 @@ _OP_KINDS: dict[str, tuple[str, ...]] = {
                            "QLinearMatMul", "ConvInteger", "MatMulInteger"),
     "random-number operator": ("Bernoulli", "RandomNormal", "RandomNormalLike", "RandomUniform",
                                "RandomUniformLike", "Multinomial"),
-    "data-dependent output shape (RLX shapes are static)": ("NonZero", "Unique", "NonMaxSuppression",
-                                                            "Compress"),
+    "data-dependent output shape (run on the host between stages)": ("Unique",),
     "image resampling / region operator": ("Resize", "Upsample", "GridSample", "AffineGrid", "RoiAlign",
                                            "MaxRoiPool", "CenterCropPad", "Col2Im", "DeformConv"),
     "image decoding (needs an image codec: decode the image before the model)": ("ImageDecoder",),
@@ -122,9 +121,6 @@ def human_reason(r: ob.CaseResult, clamped: ob.CaseResult | None = None) -> str:
                 "(data-dependent shape)")
     if msg.startswith("out of scope:"):
         return msg
-    if r.name.startswith("test_ai_onnx_ml_") and "no default-domain" in msg:
-        return ("op ai.onnx.ml.*: classical-ML domain, not translated; importer bug: reported as a "
-                "malformed file (SerializationError) instead of UnsupportedOnnxError")
     m = re.search(r"DTypeError: (?:op )?'?(\w+)'?:? (?:does not accept|x is) (\w+)", msg)
     if m and r.status == ob.ERROR:
         return (f"importer bug: ONNX {r.op} on {m.group(2)} data becomes RLX {m.group(1)}, which does not "
@@ -206,7 +202,7 @@ def _broad(reason: str) -> str:
     if reason.startswith("dtype "):
         return "dtype RLX does not have"
     if reason.startswith("out of scope"):
-        return "out of scope (sequence/optional/string/training)"
+        return "out of scope (optional/string/training)"
     if reason.startswith("importer bug"):
         return "importer bug"
     return "attribute, mode, optional output or run-time value the importer does not translate"
@@ -227,7 +223,7 @@ def summary_lines(run: Run) -> list[str]:
     return [f"device {suite.device}: {c[ob.PASSED]}/{n} passed ({_pct(c[ob.PASSED], n)}); "
             f"failed {c[ob.FAILED]}, unsupported {c[ob.UNSUPPORTED]}, error {c[ob.ERROR]}; "
             f"{suite.seconds:.1f} s",
-            f"  in scope (no sequence/optional/string/training): {rate(scoped)}",
+            f"  in scope (no optional/string/training): {rate(scoped)}",
             f"  in scope and opset {ob.MIN_OPSET}-{ob.MAX_OPSET}: {rate(in_range)}",
             f"  what-if, opsets clamped into {ob.MIN_OPSET}-{ob.MAX_OPSET}: {c[ob.PASSED] + gained}/{n} "
             f"({_pct(c[ob.PASSED] + gained, n)}), {gained} more",
@@ -268,14 +264,15 @@ def markdown(run: Run, command: str) -> str:
     out += ["Notes:", "",
             "- *unsupported*: the importer raised `UnsupportedOnnxError` (operator, attribute, opset or "
             "dtype), the backend had no dispatch path (`DispatchError`), or the case is out of scope "
-            "(sequence, optional, string, training); *failed*: it ran and the outputs differ; *error*: "
+            "(optional, string, training); *failed*: it ran and the outputs differ; *error*: "
             "anything else (a bug, listed below).",
             f"- {len(staged)} of the passes ran with the core's staged execution "
             "(`rlx_core.frontends.onnx_staged`, what `load_onnx_model` and `rlx run` do): the node tests "
             "feed axes, pads, repeats, split sizes, K … as run-time inputs, and RLX shapes are static per "
             "signature, so the stage computing them runs first and the next one is compiled per distinct "
-            "value; data-dependent ops (NonZero, Compress, Unique, NonMaxSuppression) run on the host "
-            "between compiled stages. A case whose every output is computed on the host (nothing on the "
+            "value; NonZero, NonMaxSuppression and Compress run on the backend as bounded ops (a padded "
+            "result and a count, trimmed at the cut) where the backend claims them, Unique (and those "
+            "three elsewhere) on the host between compiled stages. A case whose every output is computed on the host (nothing on the "
             "backend) is counted unsupported, not passed. The adapter itself compiles no input in as a "
             "constant (its former `freeze_inputs` is gone), so every pass is what a user of "
             "`load_onnx_model` gets.",

@@ -63,11 +63,15 @@ SHAPES = [
     (2, 24, 7, 40, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),    # 1x1
     (1, 24, 13, 20, 1, (2, 2), (0, 0, 0, 0), (1, 1), 4),   # 1x1 strided, grouped
     (1, 5, 6, 7, 5, (3, 1), (0, 4, 1, 0), (1, 2), 1),      # a kernel as large as the padded input
+    (1, 32, 5, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),    # weights outweigh the input: split by channels
+    (1, 4, 10, 8, 3, (3, 1), (0, 1, 2, 1), (2, 1), 1),     # row pieces: the last reads bottom padding
 ]
 
 
 def _conv_graph(dt: str, shape: tuple, tail: str, fed_weights: bool) -> tuple[Any, np.ndarray]:
-    """conv2d (``tail`` "none") or conv2d_bias, then "relu" or "add_relu" (a residual input r)."""
+    """conv2d (``tail`` "none") or conv2d_bias, then "relu", "add_relu" (a residual input r),
+    "silu" (the core op), "sig_mul" (``y * sigmoid(y)``, as ONNX exporters write SiLU) or "hswish"
+    (``y * min(max(y / 6 + 1/2, 0), 1)``, as they write HardSwish)."""
     n, c, s, oc, k, strides, pads, dil, groups = shape
     r = np.random.default_rng(7)
     npdt = np.float32 if dt == "f32" else np.float64
@@ -86,29 +90,42 @@ def _conv_graph(dt: str, shape: tuple, tail: str, fed_weights: bool) -> tuple[An
         y = y + g.input("r", dt, (n, oc, ho, wo))
     if tail in ("relu", "add_relu"):
         y = g.op("relu", y)
+    if tail == "silu":
+        y = g.op("silu", y)
+    if tail == "sig_mul":
+        y = g.op("sigmoid", y) * y
+    if tail == "hswish":
+        t = g.op("maximum", y * g.const(1 / 6, dt) + g.const(0.5, dt), g.const(0.0, dt))
+        y = y * g.op("minimum", t, g.const(1.0, dt))
     g.output(y, "y")
     return g.build(), wv
 
 
-#: what oneDNN must have been asked for: (bias, residual, relu)
-POST = {"none": (False, False, False), "bias": (True, False, False), "relu": (True, False, True),
-        "add_relu": (True, True, True)}
+#: what oneDNN must have been asked for: (bias, residual, activation)
+POST = {"none": (False, False, ""), "bias": (True, False, ""), "relu": (True, False, "relu"),
+        "add_relu": (True, True, "relu"), "silu": (True, False, "silu"), "sig_mul": (True, False, "silu"),
+        "hswish": (True, False, ("hardswish", float(np.float32(1 / 6)), 0.5))}
 
 
+# split: every conv cut into pieces on the 2-thread row pool (images, else output channels, else
+# output rows), whatever its size; else only convs of 1M+ multiply-adds a piece are (none here).
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"s{i}" for i in range(len(SHAPES))])
 @pytest.mark.parametrize(("tail", "fed"), [("none", False), ("bias", False), ("relu", True),
-                                           ("add_relu", False), ("add_relu", True)])
-def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool,
+                                           ("add_relu", False), ("add_relu", True), ("silu", False),
+                                           ("sig_mul", True), ("hswish", False)])
+@pytest.mark.parametrize("split", [False, True])
+def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool, split: bool,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import parallel
 
     onednn_conv = _onednn()
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))  # no load probe: 2 threads throughout
+    monkeypatch.setattr(onednn_conv, "MIN_MACS_PER_PIECE", 0 if split else 1 << 62)
     built: list[tuple[bool, bool, bool]] = []
     orig = onednn_conv._build
 
     def counting(*a: Any) -> Any:
-        built.append((a[8] is not None, a[9] is not None, a[10]))  # bias, residual, relu
+        built.append((a[8] is not None, a[9] is not None, a[10]))  # bias, residual, activation
         return orig(*a)
     monkeypatch.setattr(onednn_conv, "_build", counting)
     graph, wv = _conv_graph("f32", shape, tail, fed)
@@ -130,17 +147,57 @@ def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: boo
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
         if tail in ("relu", "add_relu"):
             assert (got == 0).any() and (got > 0).any()  # the ReLU did clamp something
-    assert built == [POST[tail]], "the conv and its tail did not run as one oneDNN primitive"
+    # Each piece is the conv and its tail as one oneDNN primitive; only a batch of 1 with a single
+    # output row (s6) has nothing to cut.
+    assert built == [POST[tail]] * len(built), "the conv and its tail did not run as one oneDNN primitive"
+    assert (len(built) > 1) == (split and shape is not SHAPES[6])
 
 
-def test_onednn_conv_follows_the_pools_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    """While other processes take cores (the pool's ``active`` drops) the conv runs on a
-    primitive made for that many threads, with the same results."""
+def test_onednn_conv_pieces_run_on_the_row_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conv's pieces run as one-thread primitives on the row pool (no OpenMP team, whose
+    spinning worker would slow the pool's next step); while other processes take cores (the pool's
+    ``active`` drops) the same pieces run one after another, with the same results."""
     from rlx_cpu import parallel
 
     onednn_conv = _onednn()
     pl = parallel.RowPool(2)
     monkeypatch.setattr(parallel, "_POOL", pl)
+    monkeypatch.setattr(onednn_conv, "MIN_MACS_PER_PIECE", 0)
+    threads: list[int] = []
+    orig = onednn_conv._build
+
+    def counting(*a: Any) -> Any:
+        threads.append(a[11])
+        return orig(*a)
+    monkeypatch.setattr(onednn_conv, "_build", counting)
+    graph, _ = _conv_graph("f32", SHAPES[1], "add_relu", False)
+    ref, _ = _conv_graph("f64", SHAPES[1], "add_relu", False)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xv, rv = RNG.standard_normal((2, 16, 9, 9)), RNG.standard_normal((2, 32, 9, 9))
+    want = evaluate(ref, {"x": xv, "r": rv})["y"]
+    ran: list[int] = []
+    orig_run = pl.run
+
+    def run(fn: Any, n: int, args: Any, parts: int, chunks: int = 0, exact: bool = False) -> None:
+        ran.append(min(parts, pl.active))
+        orig_run(fn, n, args, parts, chunks, exact)
+    monkeypatch.setattr(pl, "run", run)
+    for active in (2, 1, 1, 2):
+        pl.active = active
+        got = exe.run(x=xv.astype(np.float32), r=rv.astype(np.float32))["y"]
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    assert threads == [1, 1]  # one image a piece, each a one-thread primitive made once
+    assert ran == [2, 1, 1, 2]
+
+
+def test_onednn_conv_openmp_team_follows_the_pools_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ROW_POOL = False`` (the A/B side): one primitive per thread count the pool runs with."""
+    from rlx_cpu import parallel
+
+    onednn_conv = _onednn()
+    pl = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pl)
+    monkeypatch.setattr(onednn_conv, "ROW_POOL", False)
     threads: list[int] = []
     orig = onednn_conv._build
 
@@ -186,3 +243,30 @@ def test_conv_tails_are_fused_only_where_nothing_else_reads_them() -> None:
     g.output(g.op("relu", y), "relu_out")
     g.output(y, "conv_out")
     assert find_conv_tails(g.build()) == []
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2]], ids=["s1", "s2"])
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize(("tail", "op"), [("sig_mul", "silu"), ("hswish", "hardswish")])
+def test_conv_activation_tail_matches_reference_with_nan_and_inf(
+        shape: tuple, onednn: bool, tail: str, op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conv2d_bias -> y * sigmoid(y) runs as one rlx_cpu.conv2d_bias_silu (oneDNN's swish post-op,
+    or the im2col path's NumPy tail), the HardSwish chain as rlx_cpu.conv2d_bias_hardswish, NaN
+    and infinite inputs included."""
+    from rlx_cpu import onednn_conv
+
+    if onednn:
+        _onednn()
+    else:
+        monkeypatch.setattr(onednn_conv, "USE", False)
+    graph, _ = _conv_graph("f32", shape, tail, False)
+    ref, _ = _conv_graph("f64", shape, tail, False)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    assert f"cpu.rlx_cpu.conv2d_bias_{op}" in exe.report.to_text()
+    n, c, s = shape[:3]
+    xv = RNG.standard_normal((n, c, s, s)) * 4
+    xv[0, 0, 1, 1], xv[-1, -1, 2, 3] = np.nan, np.inf
+    got = exe.run(x=xv.astype(np.float32))["y"]
+    want = evaluate(ref, {"x": xv})["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    assert np.isnan(got).any() and (got < 0).any()

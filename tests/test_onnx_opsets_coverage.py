@@ -103,8 +103,9 @@ def test_opset_7_logical_and_opset_28_cast() -> None:
 
 
 def test_ml_domain_only_model_names_the_domain() -> None:
-    m = _model([h.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml")], [("x", T.FLOAT, [2])], ["y"],
-               0, domains={"ai.onnx.ml": 1})
+    # Normalizer: an ai.onnx.ml operator without a translation (Binarizer has one: onnx_misc2)
+    m = _model([h.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="MAX")],
+               [("x", T.FLOAT, [2])], ["y"], 0, domains={"ai.onnx.ml": 1})
     with pytest.raises(UnsupportedOnnxError, match=r"'ai\.onnx\.ml'") as ei:
         load_onnx(m)
     assert "default ONNX domain" in ei.value.fix and "register_handler" in ei.value.fix

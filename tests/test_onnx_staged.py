@@ -110,7 +110,8 @@ def test_plain_import_names_the_data_dependent_node() -> None:
 
 def test_nonzero_gather_chain_runs_on_the_host_between_stages() -> None:
     m = _nonzero_model(False)
-    sm = load_onnx_model(m, device="cpu")
+    # the host path (rlx-cpu runs NonZero as the bounded op `nonzero`: tests/test_onnx_bounded_ops.py)
+    sm = load_onnx_model(m, device="cpu", bounded_ops=False)
     x = np.array([[1, 0, 2, 0], [0, 0, 3, 0], [4, 5, 0, 0]], np.float32)
     _check(m, sm, {"x": x})
     assert sm.last_origins == {"y": "backend", "nz": "host"}
@@ -126,7 +127,7 @@ def test_nonzero_gather_chain_runs_on_the_host_between_stages() -> None:
 
 def test_nonzero_of_a_computed_tensor_runs_stage_one_on_the_backend() -> None:
     m = _nonzero_model(True)
-    sm = load_onnx_model(m, device="cpu")
+    sm = load_onnx_model(m, device="cpu", bounded_ops=False)
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     _check(m, sm, {"x": x})
     s1 = sm.root.stage1
@@ -137,7 +138,7 @@ def test_nonzero_of_a_computed_tensor_runs_stage_one_on_the_backend() -> None:
 
 def test_host_ops_refused_when_disallowed() -> None:
     with pytest.raises(UnsupportedOnnxError) as e:
-        load_onnx_model(_nonzero_model(True), device="cpu", host_ops=False)
+        load_onnx_model(_nonzero_model(True), device="cpu", host_ops=False, bounded_ops=False)
     msg = str(e.value)
     assert "nz_node" in msg and "NonZero" in msg and "host_ops=True" in msg
 
@@ -235,13 +236,13 @@ def test_cli_run_and_explain_use_staged_execution(tmp_path: Any) -> None:
     res = CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "-i", f"x={tmp_path / 'x.npy'}",
                                    "--json"], prog_name="rlx")
     assert res.exit_code == 0, res.output
-    assert "host-evaluated op(s): NonZero 'nz_node'" in res.output  # the stages, on stderr
+    assert "bounded op(s) on cpu:0 (trimmed at the cut): NonZero 'nz_node'" in res.output  # the stages
     data = json.loads(res.stdout)
     want: Any = ReferenceEvaluator(_nonzero_model(True)).run(None, {"x": x})
     np.testing.assert_allclose(data["outputs"]["y"]["preview"], want[0].tolist())
     res = CliRunner().invoke(cli, ["explain", str(path), "--device", "cpu"], prog_name="rlx")
     assert res.exit_code == 0, res.output
-    assert "host op NonZero" in res.output and "model/stage1:" in res.output
+    assert "bounded op NonZero" in res.output and "model/stage1:" in res.output
     assert "Dispatch report" in res.output
 
 

@@ -41,6 +41,8 @@ import numpy as np
 from rlx_core.plugin import REGISTRY, REQUIRED, DType, Graph, OpSchema, RLXError, TensorType, normalize_axis
 
 from .bitwise_cases import GENERATORS as BITWISE_GENERATORS
+from .bounded_cases import GENERATORS as BOUNDED_GENERATORS
+from .conv_cases import GENERATORS as CONV_GENERATORS
 from .linalg_cases import GENERATORS as LINALG_GENERATORS
 from .ops2_cases import GENERATORS as OPS2_GENERATORS
 from .quant_cases import GENERATORS as QUANT_GENERATORS
@@ -1338,6 +1340,10 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
     **BITWISE_GENERATORS,
     # mod on floats and bitcast (rlx_core.ir.ops.exact; generator in ops2_cases)
     **OPS2_GENERATORS,
+    # nonzero and non_max_suppression (rlx_core.ir.ops.bounded; generator in bounded_cases)
+    **BOUNDED_GENERATORS,
+    # conv2d_bias with a residual operand (rlx_cpu.conv2d_bias_add_relu; generator in conv_cases)
+    **CONV_GENERATORS,
     # the linear algebra ops (rlx_core.ir.ops.linalg; generators in linalg_cases)
     **LINALG_GENERATORS,
     # the Gaussian splatting ops (rlx_core.ir.ops.splat; generators in splat_cases)

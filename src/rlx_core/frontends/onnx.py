@@ -234,6 +234,18 @@ class _Const:
         self.tensors: dict[Any, Tensor] = {}
 
 
+class _Live(_Const):
+    """A value-keyed graph input of a staged import: its value is known (the stage is compiled for
+    it, so shapes, axes and limits read it as a constant), and it is also fed at run time (``live``),
+    so arithmetic on it runs on the backend instead of being folded at import."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, array: Any, live: Tensor, name: str | None = None) -> None:
+        super().__init__(array, name)
+        self.live = live
+
+
 class _Sym:
     """A small integer tensor whose entries are ints or :class:`SymInt` (a symbolic shape)."""
 
@@ -684,8 +696,9 @@ def _schema_attrs(op: str, opset: int) -> frozenset[str]:
 
 def _domain_fix() -> str:
     return ("RLX translates the default ONNX domain (ai.onnx) only, plus operators registered with "
-            "rlx_core.frontends.onnx.register_handler(op, fn, domain=...); classical-ML models "
-            "(ai.onnx.ml: trees, linear classifiers, scalers...) run in ONNX Runtime, or convert them to "
+            "rlx_core.frontends.onnx.register_handler(op, fn, domain=...) (ai.onnx.ml: Binarizer, "
+            "ArrayFeatureExtractor, TreeEnsemble; ai.onnx.preview.training: Adagrad, Adam, Momentum); other "
+            "classical-ML models (linear classifiers, scalers...) run in ONNX Runtime, or convert them to "
             "default-domain operators (e.g. hummingbird)")
 
 
@@ -711,7 +724,8 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
               input_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
               symbols: Mapping[str, int | str] | None = None,
               batch_symbol: str | None = "batch", fuse: bool = True,
-              fold_max_elements: int | None = None, fold_max_bytes: int | None = None) -> Graph:
+              fold_max_elements: int | None = None, fold_max_bytes: int | None = None,
+              _live: Iterable[str] = ()) -> Graph:
     """Translate an ONNX model into an RLX :class:`~rlx_core.ir.graph.Graph`.
 
     ``model`` is a path, the file's bytes or an ``onnx.ModelProto``. Initializers become
@@ -729,6 +743,10 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
       whose folded result would be larger than its largest input by more than that (ConstantOfShape,
       Expand, Tile, Range, broadcasting...) stays a graph node computed at run time, so a tiny file
       cannot make the import (or ``rlx explain``) allocate gigabytes; see :class:`FoldBudget`.
+
+    ``_live`` (staged execution's, private): initializers also listed as graph inputs that are fed
+    at run time with exactly the initializer's value (the value the stage is compiled for): shapes
+    read the value, arithmetic on them runs in the graph.
 
     Raises :class:`~rlx_core.errors.SerializationError` for malformed or truncated files and
     :class:`UnsupportedOnnxError` for operators, attributes or shapes it cannot translate.
@@ -751,7 +769,7 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
             name = proto.graph.name or "onnx_model"
     imp = _Importer(proto, opset, source, name=name, input_shapes=input_shapes or {},
                     symbols=symbols or {}, batch_symbol=batch_symbol, fuse=fuse,
-                    budget=FoldBudget.for_model(proto, fold_max_elements, fold_max_bytes))
+                    budget=FoldBudget.for_model(proto, fold_max_elements, fold_max_bytes), live=_live)
     return imp.run()
 
 
@@ -887,8 +905,11 @@ def _predict_fold(node: Any, feeds: Mapping[str, np.ndarray], ovis: Sequence[Any
 class _Importer:
     def __init__(self, proto: Any, opset: int, source: str, *, name: str,
                  input_shapes: Mapping[str, Sequence[int | str | None]], symbols: Mapping[str, int | str],
-                 batch_symbol: str | None, fuse: bool, budget: FoldBudget | None = None) -> None:
+                 batch_symbol: str | None, fuse: bool, budget: FoldBudget | None = None,
+                 live: Iterable[str] = ()) -> None:
         self.proto = proto
+        #: Initializers that are also graph inputs fed at run time (staged execution's value keys).
+        self.live = frozenset(live)
         self.opset = opset
         self.source = source
         self.g = GraphBuilder(name)
@@ -947,6 +968,10 @@ class _Importer:
             self.env[t.name] = _Const(self._tensor_array(t), t.name)
         for vi in graph.input:
             if vi.name in inits:
+                if vi.name in self.live:  # value-keyed by staged execution, and fed
+                    const = self.env[vi.name]
+                    assert isinstance(const, _Const)
+                    self.env[vi.name] = _Live(const.array, self._graph_input(vi), vi.name)
                 continue  # an initializer listed as an input (old exporters): a constant
             self.env[vi.name] = self._graph_input(vi)
         unknown = sorted(set(self.input_shapes) - {vi.name for vi in graph.input})
@@ -968,6 +993,9 @@ class _Importer:
                                          fix="export or download the model again")
             self.node_where = f"{self.source}, graph output {o.name!r}"
             self.g.prefix = ""
+            if isinstance(v, _onnx_seq.SeqValue):  # one RLX output per element (onnx_seq docstring)
+                _onnx_seq.emit_output(self, v, o.name)
+                continue
             t = self.t(v)
             self.g.output(t, o.name)
         try:
@@ -1049,7 +1077,8 @@ class _Importer:
         if op in ("Identity", "Dropout"):
             return list(_HANDLERS[op](self, node, ins, attrs))  # pass values through, constants included
         present = [v for v in ins if v is not None]
-        if present and op not in _NO_FOLD and not any(isinstance(v, Tensor) for v in present):
+        if present and op not in _NO_FOLD and not any(isinstance(v, Tensor) for v in present) \
+                and not _onnx_seq.involves_sequences(op, present):  # lists never fold to one array
             small_ints = all(isinstance(v, _Sym) or (v.array.dtype.kind in "iub" and v.array.size <= 4096)
                              for v in present)
             if op in _SHAPE_OPS and (small_ints or op in ("Shape", "Size")):
@@ -1058,9 +1087,19 @@ class _Importer:
                 except _NotSymbolic:
                     pass
             if all(isinstance(v, _Const) for v in present) and op not in _CUSTOM_DEFAULT:
+                if op in _HANDLERS and any(isinstance(v, _Live) for v in present):
+                    try:  # computed on the backend from the fed value-keyed inputs
+                        return self._translate(node, ins, attrs)
+                    except UnsupportedOnnxError:
+                        pass  # the handler cannot (it needs another input constant): fold it
                 folded = self._fold(node, ins)
                 if folded is not None:
                     return folded
+        return self._translate(node, ins, attrs)
+
+    def _translate(self, node: Any, ins: list[Value | None], attrs: dict[str, Any]) -> list[Value | None]:
+        """``node`` translated by its handler (not folded)."""
+        op = node.op_type
         fn = _CUSTOM.get(("", op))
         if fn is None:
             fn = _HANDLERS.get(op)
@@ -1159,6 +1198,9 @@ class _Importer:
 
     def _graph_input(self, vi: Any) -> Tensor:
         where = f"{self.source}, graph input {vi.name!r}"
+        if _onnx_seq.is_sequence_input(vi):  # imported per fed length by staged execution
+            raise _onnx_seq.sequence_input_error(vi, where)
+        vi = _onnx_optional.present_input(vi)  # an optional tensor is imported present: the tensor
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOnnxError(f"graph input {vi.name!r} is not a tensor", where=where,
                                        fix="RLX graphs take tensors only (no sequences, maps or optionals)")
@@ -1209,6 +1251,8 @@ class _Importer:
             raise self.unsupported("a required input is missing", fix="check the node's inputs")
         if isinstance(v, Tensor):
             return v
+        if isinstance(v, _Live):
+            return v.live if dtype is None or v.live.dtype == dtype else self.g.op("cast", v.live, to=dtype)
         if isinstance(v, _Sym):
             if v.tensor is None:
                 v.tensor = self._materialize_sym(v)
@@ -2273,17 +2317,21 @@ def _reduce(kind: str) -> Handler:
         ax = tuple(sorted({a % max(x.rank, 1) for a in axes}))
         if kind in ("max", "min", "logsumexp") and any(x.shape[a] == 0 for a in ax):
             # ONNX: an empty max is -inf (the dtype's minimum for integers, False for bool), an empty
-            # min +inf (maximum, True), an empty log-sum-exp -inf; RLX's reductions have no identity.
-            shape = tuple(1 if i in ax else d for i, d in enumerate(x.shape) if keep or i not in ax)
+            # min +inf (maximum, True), an empty log-sum-exp -inf. RLX's reduce_max/min have no
+            # identity, but reduce_sum has (0): the backend sums the empty axis and shifts the exact 0
+            # to the identity, so the result is computed from the input's shape on the device.
+            if kind == "logsumexp":  # log(0) = -inf; no max to subtract from an empty set
+                return [g.op("log", g.op("reduce_sum", g.op("exp", x), axes=ax, keepdims=keep))]
             big = kind == "min"
             if x.dtype is DType.BOOL:
-                fill: Any = big
-            elif x.dtype.is_float:
-                fill = math.inf if big else -math.inf
+                zero = g.op("reduce_sum", g.op("cast", x, to=DType.I32), axes=ax, keepdims=keep)
+                return [g.op("equal" if big else "not_equal", zero, g.const(0, DType.I32))]
+            if x.dtype.is_float:
+                fill: Any = math.inf if big else -math.inf
             else:
                 info = np.iinfo(x.dtype.np)
                 fill = int(info.max if big else info.min)
-            return [g.op("expand", g.const(fill, x.dtype), shape=shape)]
+            return [g.op("reduce_sum", x, axes=ax, keepdims=keep) + g.const(fill, x.dtype)]
         if kind in ("max", "min") and x.dtype is DType.BOOL:  # any / all
             m = g.op(f"reduce_{kind}", g.op("cast", x, to=DType.I32), axes=ax, keepdims=keep)
             return [g.op("cast", m, to=DType.BOOL)]
@@ -2632,13 +2680,20 @@ def _range(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
                                "Range with a run-time start or delta")
     dt = DType.parse(start.array.dtype)
     s0, d0 = start.array.reshape(-1)[0].item(), delta.array.reshape(-1)[0].item()
+    cdt = dt
     if dt in (DType.F16, DType.BF16):  # Range-27: computed in stash_type (float32) and cast back
         if int(attrs.get("stash_type", 1)) != 1:
             raise imp.unsupported(f"Range stash_type={attrs['stash_type']} is not translated (float32 only)",
                                   fix="export with the default stash_type=1 (float32)")
-        out = _range_values(imp, s0, limit, d0, DType.F32)
-        return [imp.g.op("cast", out, to=dt)]
-    return [_range_values(imp, s0, limit, d0, dt)]
+        cdt = DType.F32
+    if (isinstance(start, _Live) or isinstance(delta, _Live)) and isinstance(limit, _Const) and d0 != 0:
+        # Staged execution keyed the stage on these values and feeds them: the length comes from the
+        # key, start + delta * i is computed from the fed tensors on the backend.
+        n = max(0, math.ceil((limit.array.reshape(-1)[0].item() - s0) / d0))
+        out = imp.g.op("iota", shape=(n,), axis=0, dtype=cdt) * imp.t(delta, cdt) + imp.t(start, cdt)
+    else:
+        out = _range_values(imp, s0, limit, d0, cdt)
+    return [out if cdt == dt else imp.g.op("cast", out, to=dt)]
 
 
 def _range_values(imp: _Importer, s0: Any, limit: Value, d0: Any, dt: DType) -> Tensor:
@@ -2797,17 +2852,19 @@ def _pad_border(imp: _Importer, x: Tensor, pads: Sequence[int], mode: str) -> Te
     return x
 
 
-@_handler("If")
-def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
-    cond = ins[0]
-    if not isinstance(cond, _Const):
-        msg = "If with a condition computed at run time (data-dependent control flow)"
-        if isinstance(cond, Tensor):  # staged execution computes it first and takes the branch
-            raise imp.needs_values([cond], msg)
-        if imp.has_symbols():
-            raise imp.symbolic(msg)
-        raise imp.unsupported(msg, fix="export without data-dependent branches (torch.cond)")
-    branch = attrs["then_branch" if bool(cond.array.reshape(-1)[0]) else "else_branch"]
+#: A branch with more nodes than this (subgraphs included) is not predicated: both branches would run.
+_PREDICATE_MAX_NODES = 256
+
+
+def _branch_nodes(graph: Any) -> Iterable[Any]:
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == 5 else list(a.graphs) if a.type == 10 else []):
+                yield from _branch_nodes(sub)
+
+
+def _import_branch(imp: _Importer, branch: Any) -> list[Value]:
     saved = (imp.node, imp.node_where)
     for t in branch.initializer:
         imp.env[t.name] = _Const(imp._tensor_array(t), t.name)
@@ -2820,12 +2877,59 @@ def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     return [imp.env[o.name] for o in branch.output]
 
 
+def _if_predicated(imp: _Importer, node: Any, cond: Tensor, attrs: dict) -> list | None:
+    """If with a run-time condition as ``where(cond, then, else)`` per output, both branches computed
+    on the backend; None (staged execution takes the branch instead) when a branch is large, has a
+    side effect (random numbers), gives a non-tensor or its outputs differ in shape or dtype."""
+    branches = [attrs["then_branch"], attrs["else_branch"]]
+    if cond.dtype is not DType.BOOL or len(branches[0].output) != len(branches[1].output):
+        return None
+    for b in branches:
+        nodes = list(_branch_nodes(b))
+        if len(nodes) > _PREDICATE_MAX_NODES or any(n.op_type in _NO_FOLD - {"If", "Loop", "Scan"}
+                                                    for n in nodes):
+            return None
+        if any(o.type.WhichOneof("value") not in (None, "tensor_type") for o in b.output):
+            return None  # sequence/optional branches: not values a where() selects
+    if symexpr.numel(cond.shape) != 1:
+        return None  # ONNX requires a one-element condition; anything else is left to staging
+    try:
+        outs = [_import_branch(imp, b) for b in branches]
+        then, other = ([imp.t(v) for v in vs] for vs in outs)
+    except RLXError:
+        return None  # a branch needs staging itself (run-time values, data-dependent shapes ...)
+    if any(a.dtype != b.dtype or a.shape != b.shape for a, b in zip(then, other)):
+        return None  # shapes/dtypes differ per branch: only taking the branch can type the result
+    c = cond if cond.rank == 0 else imp.g.op("reshape", cond, shape=())
+    return [imp.g.op("where", c, a, b) for a, b in zip(then, other)]
+
+
+@_handler("If")
+def _if(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
+    cond = ins[0]
+    if not isinstance(cond, _Const):
+        msg = "If with a condition computed at run time (data-dependent control flow)"
+        if isinstance(cond, Tensor):
+            predicated = _if_predicated(imp, node, cond, attrs)
+            if predicated is not None:
+                return predicated
+            # staged execution computes it first and takes the branch
+            raise imp.needs_values([cond], msg)
+        if imp.has_symbols():
+            raise imp.symbolic(msg)
+        raise imp.unsupported(msg, fix="export without data-dependent branches (torch.cond)")
+    return _import_branch(imp, attrs["then_branch" if bool(cond.array.reshape(-1)[0]) else "else_branch"])
+
+
 from . import onnx_index as _onnx_index  # noqa: E402,F401  (indexing/integer handlers register here)
 from . import onnx_misc as _onnx_misc  # noqa: E402,F401  (trig, Col2Im, Scan/Loop, bitwise... register here)
+from . import onnx_misc2 as _onnx_misc2  # noqa: E402,F401  (training optimizers, ai.onnx.ml)
 from . import onnx_nn as _onnx_nn  # noqa: E402,F401  (Resize, Attention, norms, losses register here)
 from . import onnx_ops2 as _onnx_ops2  # noqa: E402,F401  (float Mod, BitCast, LpPool... register here)
+from . import onnx_optional as _onnx_optional  # noqa: E402  (Optional* on tensors, optional inputs)
 from . import onnx_quant as _onnx_quant  # noqa: E402,F401  (quantized operators register here)
 from . import onnx_rnn as _onnx_rnn  # noqa: E402,F401  (RNN, GRU, LSTM register here)
+from . import onnx_seq as _onnx_seq  # noqa: E402  (sequence values and operators, If over sequences)
 from . import onnx_signal as _onnx_signal  # noqa: E402,F401  (DFT, STFT, windows register here)
 from . import onnx_staged as _onnx_staged  # noqa: E402  (NonZero, Unique, NMS register here; staging)
 

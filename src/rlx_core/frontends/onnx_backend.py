@@ -50,6 +50,8 @@ from .onnx import (
     load_onnx,
     read_model,
 )
+from .onnx_optional import optional_tensor_inputs, with_presence
+from .onnx_seq import pack_outputs
 
 try:  # the adapter subclasses onnx's own base classes when onnx is installed
     from onnx.backend.base import Backend as _OnnxBackend
@@ -153,11 +155,38 @@ class RLXBackendRep(_OnnxBackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``inputs``: a list/tuple in the model's input order, a dict by name, or one array."""
         feed = self._feed(inputs)
-        out = self.staged.run(feed) if self.staged is not None else self.executable.run(feed)
+        if self.staged is not None:
+            out = self.staged.run(feed)
+        else:  # a sequence output's elements y[0], y[1] ... as one list (onnx_seq)
+            out = pack_outputs(self.output_names, self.executable.run(feed))[0]
         values = [out[n] for n in self.output_names]
         if _namedtupledict is None:  # pragma: no cover
             return tuple(values)
         return _namedtupledict("Outputs", self.output_names)(*values)
+
+
+class PresenceRep(RLXBackendRep):
+    """A model with ``optional(tensor)`` inputs: fed an array, an optional is that tensor; fed None,
+    it is empty. One :class:`RLXBackendRep` per presence signature (which optional inputs are None),
+    each prepared from the model with the empty ones removed (:func:`~rlx_core.frontends.onnx_optional.
+    with_presence`); ``executable``/``staged``/``graph`` are those of the variant run last."""
+
+    def __init__(self, proto: Any, input_names: Sequence[str], output_names: Sequence[str], device: str,
+                 prepare: Any) -> None:
+        super().__init__(None, input_names, output_names, device)
+        self.proto = proto
+        self.optional = tuple(optional_tensor_inputs(proto))
+        self.prepare = prepare
+        self.variants: dict[tuple[str, ...], RLXBackendRep] = {}
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        feed = self._feed(inputs)
+        absent = tuple(n for n in self.optional if n in feed and feed[n] is None)
+        rep = self.variants.get(absent)
+        if rep is None:
+            rep = self.variants[absent] = self.prepare(with_presence(self.proto, absent))
+        self.executable, self.staged, self.graph = rep.executable, rep.staged, rep.graph
+        return rep.run({k: v for k, v in feed.items() if k not in absent}, **kwargs)
 
 
 class RLXBackend(_OnnxBackend):
@@ -187,7 +216,8 @@ class RLXBackend(_OnnxBackend):
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> RLXBackendRep:
         dev = rlx_device(device, kwargs.pop("rlx_device", None))
-        session = _session(dev, kwargs.pop("use_cache", None), kwargs.pop("fusion", None))
+        use_cache, fusion = kwargs.pop("use_cache", None), kwargs.pop("fusion", None)
+        session = _session(dev, use_cache, fusion)
         kwargs.pop("freeze_inputs", None)  # replaced by the core's staged execution
         clamp = kwargs.pop("clamp_opset", False)
         load_kw = {k: kwargs.pop(k) for k in ("symbols", "input_shapes", "batch_symbol", "fuse", "name")
@@ -198,6 +228,10 @@ class RLXBackend(_OnnxBackend):
         inits = {t.name for t in proto.graph.initializer}
         input_names = [vi.name for vi in proto.graph.input if vi.name not in inits]
         output_names = [o.name for o in proto.graph.output]
+        if optional_tensor_inputs(proto):  # compiled per presence of each optional input (None: empty)
+            return PresenceRep(proto, input_names, output_names, dev,
+                               lambda p: cls.prepare(p, rlx_device=dev, use_cache=use_cache, fusion=fusion,
+                                                     **load_kw))
         try:
             graph = load_onnx(proto, **load_kw)
         except (RuntimeValueError, DataDependentShapeError, SymbolicShapeError):
@@ -253,7 +287,8 @@ class RLXBackend(_OnnxBackend):
 PASSED, FAILED, UNSUPPORTED, ERROR = "passed", "failed", "unsupported", "error"
 STATUSES = (PASSED, FAILED, UNSUPPORTED, ERROR)
 
-#: Out of scope for RLX (tensors only): these operators, and any sequence/optional/map/string value.
+#: Out of scope for RLX (tensors only): these operators, and any optional/map/string value. Sequences
+#: are in scope: import-time lists of tensors (:mod:`rlx_core.frontends.onnx_seq`).
 SEQUENCE_OPS = frozenset({"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
                           "SequenceInsert", "SequenceLength", "SequenceMap", "SplitToSequence",
                           "ConcatFromSequence"})
@@ -369,14 +404,12 @@ def _all_nodes(graph: Any) -> Iterator[Any]:
 
 
 def out_of_scope(model: Any) -> str | None:
-    """Why a model is out of scope for RLX (sequence/optional/string/training), or None."""
+    """Why a model is out of scope for RLX (optional/string/training), or None."""
     nodes = list(_all_nodes(model.graph))
     kinds = _value_kinds(model)
     ops = {n.op_type for n in nodes}
     if any(n.domain in TRAINING_DOMAINS for n in nodes):
         return "out of scope: training operator (ai.onnx.preview.training: optimizers, gradients)"
-    if ops & SEQUENCE_OPS or "sequence" in kinds:
-        return "out of scope: sequence values (RLX graphs carry tensors only)"
     if ops & OPTIONAL_OPS or "optional" in kinds:
         return "out of scope: optional values (RLX graphs carry tensors only)"
     if ops & STRING_OPS or "string" in kinds:
@@ -398,7 +431,7 @@ def run_case(case: Any, device: str = "cpu", *, use_cache: bool = False, fusion:
 
     passed: the outputs match; failed: it ran, the outputs differ (numbers, shape or dtype);
     unsupported: the importer raised UnsupportedOnnxError, the backend has no dispatch path
-    (DispatchError), or the model is out of scope (sequence/optional/string/training); error:
+    (DispatchError), or the model is out of scope (optional/string/training); error:
     anything else (an importer or backend bug).
     """
     from onnx.backend.test.runner import Runner, _normalize_tensor
@@ -463,6 +496,8 @@ def _staged_summary(sm: Any) -> str:
             parts.append("value-keyed " + ",".join(st.needed))
         elif st.kind == "host":
             parts.append("host op " + st.host.op_type)
+        elif st.kind == "bounded":
+            parts.append("bounded op " + st.host.op_type)
         elif st.kind == "shapes":
             parts.append("shape-specialised")
         for sub in ([st.stage1] if st.stage1 is not None else []) + list(st.variants.items.values()):

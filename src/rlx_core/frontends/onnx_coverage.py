@@ -112,6 +112,9 @@ def _type_problem(tp: Any) -> str | None:
     which = tp.WhichOneof("value") if tp is not None else None
     if which is None:
         return None
+    if which == "sequence_type":  # a list of tensors at import (onnx_seq): its elements must be RLX tensors
+        inner = _type_problem(tp.sequence_type.elem_type)
+        return None if inner is None else f"a sequence of {inner}"
     if which != "tensor_type":
         return {"sequence_type": "a sequence", "map_type": "a map", "optional_type": "an optional",
                 "sparse_tensor_type": "a sparse tensor"}.get(which, which) + " (RLX values are dense tensors)"

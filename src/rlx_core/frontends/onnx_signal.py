@@ -4,8 +4,9 @@ DFT (opset 17 and 20 forms) and STFT are matrix products with a DFT matrix built
 entry ``exp(-+2 pi i j k / n)`` is computed in float64 from ``(j * k) mod n`` (so large products lose
 nothing) and rounded once to the signal's dtype. Window functions (HannWindow, HammingWindow,
 BlackmanWindow) and MelWeightMatrix whose inputs are constants are folded at import by the generic
-constant folding; with a run-time size their output shape is data-dependent, which is refused here
-with that reason. The handlers register in :mod:`rlx_core.frontends.onnx`'s table (that module
+constant folding; a window with a run-time size is :mod:`~rlx_core.frontends.onnx_misc2`'s (staged
+on the size, computed on the backend); MelWeightMatrix with run-time inputs is refused (its output
+shape is data-dependent). The handlers register in :mod:`rlx_core.frontends.onnx`'s table (that module
 imports this one).
 """
 
@@ -222,6 +223,5 @@ def _runtime_size(op: str, what: str) -> Any:
     return h
 
 
-for _op in ("HannWindow", "HammingWindow", "BlackmanWindow"):
-    _handler(_op)(_runtime_size(_op, "size"))
+# HannWindow/HammingWindow/BlackmanWindow with a run-time size: onnx_misc2 (computed on the backend).
 _handler("MelWeightMatrix")(_runtime_size("MelWeightMatrix", "num_mel_bins/dft_length/sample_rate"))

@@ -14,13 +14,22 @@ ONNX graph at that boundary:
   if needed) and compiled on the chosen device; any of its tensors a later node needs is an output,
   so stage 1 is never recomputed;
 * **shape values** (small tensors: axes, shapes, sizes, k, limits) become constants of the next stage,
-  which is compiled once per distinct value (*value-keyed*);
+  which is compiled once per distinct value (*value-keyed*). They are also fed to it (``load_onnx``'s
+  ``_live``): shapes and attributes read the key, while arithmetic on the value (a window's angles
+  from its size, Range's ``start + delta * i``) runs on the backend instead of being folded at import;
 * **host ops**: a data-dependent op runs on the host between the stages, with onnx's NumPy reference
   implementation (exactly ONNX's semantics); its outputs are *run-time inputs* of the next stage, which
   is compiled once per distinct output shape, so new data of the same shape does not recompile;
+* **bounded ops**: ``NonZero``, ``NonMaxSuppression`` and ``Compress`` run on the backend instead
+  where it claims the bounded IR op (``nonzero``, ``non_max_suppression``: the result padded to its
+  upper bound, plus a count; :mod:`rlx_core.frontends.onnx_bounded`): the stage before the cut computes
+  them and the cut trims the padded result to the count, feeding the next stage as a host op's outputs
+  would be;
 * **shape-specialised**: a dynamic-axes model whose shapes the IR cannot hold symbolically
   (:class:`~rlx_core.frontends.onnx.SymbolicShapeError`) is imported again with the actual input shapes
-  bound, once per input-shape signature.
+  bound, once per input-shape signature; a sequence input's signature is its length and its elements'
+  dtypes and shapes (the list is fed as one tensor input per element, and a sequence output comes back
+  as a list: :mod:`rlx_core.frontends.onnx_seq`).
 
 Compiled stages are kept in a bounded LRU per boundary (``RLX_ONNX_STAGED_CACHE``). Nothing is hidden:
 :meth:`StagedModel.describe` (and ``rlx explain`` / ``rlx run`` of such a model) lists the stages, the
@@ -38,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..ir.builder import Tensor
+from ..errors import InputError, RLXError
+from ..ir.builder import GraphBuilder, Tensor
 from .onnx import (
     _HANDLERS,
     DataDependentShapeError,
@@ -51,8 +60,20 @@ from .onnx import (
     load_onnx,
     read_model,
 )
+from .onnx_bounded import DOMAIN as _BOUNDED_DOMAIN
+from .onnx_bounded import BoundedShapeError, boundary, bounded_by, replacement, trim
+from .onnx_seq import (
+    bind_sequences,
+    flatten_feed,
+    is_sequence_input,
+    normalize_feed,
+    pack_outputs,
+    sequence_value_info,
+    signature,
+)
 
-#: Ops whose output shape depends on their input data: run on the host between compiled stages.
+#: Ops whose output shape depends on their input data: run on the host between compiled stages (NonZero,
+#: NonMaxSuppression and Compress run on the backend instead where it claims their bounded form).
 HOST_OPS = ("NonZero", "Unique", "NonMaxSuppression", "Compress")
 #: A value-keyed tensor larger than this is refused: compiling per value of a data tensor would
 #: recompile on every run, which is not what a shape value is.
@@ -80,12 +101,14 @@ def _host_op(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
         # Constant inputs fold at import unless they exceed the folding budget; that refusal stands.
         raise imp.unsupported(f"{node.op_type} on constants larger than the import's folding budget "
                               f"({imp.fold_refused or 'over budget'})", fix=imp.budget.fix)
+    boundary(imp, node, ins, attrs)  # raises BoundedShapeError where the backend runs it bounded
     raise _data_dependent(imp, node, "on a run-time tensor")
 
 
 @_handler("Compress")
 def _compress(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     if len(ins) > 1 and isinstance(ins[1], Tensor):
+        boundary(imp, node, ins, attrs)  # raises BoundedShapeError where the backend runs it bounded
         raise _data_dependent(imp, node, "with a condition computed at run time")
     if _compress_const is None:  # pragma: no cover - onnx_index registers it first
         raise imp.unsupported("Compress is not translated", fix="select with Gather on constant indices")
@@ -157,9 +180,12 @@ def _inline_ifs(nodes: Sequence[Any], values: Mapping[str, np.ndarray], inits: l
     return out
 
 
-def _vi(name: str, arr: np.ndarray) -> Any:
+def _vi(name: str, arr: Any) -> Any:
     from onnx import helper
 
+    if isinstance(arr, list):  # a sequence carried to the next stage (onnx_seq)
+        return sequence_value_info(name, arr)
+    arr = np.asarray(arr)
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
 
 
@@ -172,13 +198,17 @@ def _model(template: Any, nodes: Sequence[Any], inputs: Sequence[Any], outputs: 
     m = ModelProto()
     m.ir_version = template.ir_version
     m.opset_import.extend(template.opset_import)
+    if any(n.domain == _BOUNDED_DOMAIN for n in nodes) and \
+            all(o.domain != _BOUNDED_DOMAIN for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid(_BOUNDED_DOMAIN, 1))
     m.graph.CopyFrom(graph)
     return m
 
 
 def _key_of(arrays: Mapping[str, np.ndarray], by_value: Iterable[str] = ()) -> tuple[Any, ...]:
     vals = set(by_value)
-    return tuple((n, str(a.dtype), a.shape, a.tobytes() if n in vals else None)
+    return tuple((n, "seq", signature(a), None) if isinstance(a, list) else
+                 (n, str(a.dtype), a.shape, a.tobytes() if n in vals else None)
                  for n, a in sorted(arrays.items()))
 
 
@@ -215,9 +245,13 @@ class _LRU:
 class _Stage:
     """One ONNX proto: a plain compiled graph, or a boundary with the stages around it."""
 
-    def __init__(self, owner: StagedModel, proto: Any, label: str, depth: int = 0) -> None:
+    def __init__(self, owner: StagedModel, proto: Any, label: str, depth: int = 0,
+                 live: Sequence[str] = ()) -> None:
         self.owner = owner
         self.proto = proto
+        #: Value-keyed tensors this proto has as initializers and also takes as inputs, fed the same
+        #: value at run: arithmetic on them runs on the backend (load_onnx's ``_live``).
+        self.live = tuple(live)
         self.label = label
         self.depth = depth
         self.kind = ""
@@ -225,7 +259,7 @@ class _Stage:
         self.exe: Any = None
         self.error: UnsupportedOnnxError | None = None
         self.needed: tuple[str, ...] = ()         # value-keyed tensors ("values")
-        self.host: Any = None                     # the host node ("host")
+        self.host: Any = None                     # the host node ("host"), the bounded one ("bounded")
         self.stage1: _Stage | None = None
         self.carried: tuple[str, ...] = ()        # stage-1 tensors fed to the next stage as inputs
         self.s1_nodes: set[int] = set()
@@ -241,7 +275,8 @@ class _Stage:
                                        f"one after another", where=self.label,
                                        fix="export with constant shapes for most of the model")
         try:
-            self.graph = load_onnx(self.proto, **self.owner.load_kw)
+            with bounded_by(self.owner.bounded_check if self.owner.bounded_ops else None):
+                self.graph = load_onnx(self.proto, _live=self.live, **self.owner.load_kw)
             self.kind = "graph"
             self.independent = _independent(self.graph)
             return
@@ -259,15 +294,17 @@ class _Stage:
     def _has_dynamic_inputs(self) -> bool:
         inits = {t.name for t in self.proto.graph.initializer}
         return any(not d.HasField("dim_value") for vi in self.proto.graph.input if vi.name not in inits
-                   for d in vi.type.tensor_type.shape.dim)
+                   for d in vi.type.tensor_type.shape.dim) or \
+            any(is_sequence_input(vi) for vi in self.proto.graph.input)  # imported per fed length
 
     def _graph_inputs(self) -> set[str]:
         inits = {t.name for t in self.proto.graph.initializer}
         return {vi.name for vi in self.proto.graph.input if vi.name not in inits}
 
-    def _split(self, targets: Sequence[str]) -> None:
-        """Stage 1: the nodes computing ``targets``; ``carried``: its tensors the rest reads."""
-        nodes = self.proto.graph.node
+    def _split(self, targets: Sequence[str], nodes: Sequence[Any] | None = None) -> None:
+        """Stage 1: the nodes computing ``targets``; ``carried``: its tensors the rest reads.
+        ``nodes``: the proto's nodes with the bounded node's replacement in its place."""
+        nodes = self.proto.graph.node if nodes is None else nodes
         self.s1_nodes = _slice(nodes, targets)
         rest_reads: set[str] = set()
         for k, n in enumerate(nodes):
@@ -317,6 +354,12 @@ class _Stage:
         if not hit:
             raise e  # inside a subgraph (If/Loop body): no top-level boundary to cut at
         self.host = hit[0]
+        if isinstance(e, BoundedShapeError):
+            # Computed in stage 1 by the backend (padded + count); the cut trims it (run()).
+            self.kind = "bounded"
+            nodes = [replacement(n) if n is self.host else n for n in self.proto.graph.node]
+            self._split(list(replacement(self.host).output), nodes)
+            return
         if not self.owner.host_ops:
             raise UnsupportedOnnxError(
                 f"{self.host.op_type} node {e.node!r} has a data-dependent output shape: it would run on the "
@@ -337,16 +380,18 @@ class _Stage:
                 self.owner.compiles += 1
             names = {v.name for v in self.graph.inputs}
             out = self.exe.run({k: v for k, v in feed.items() if k in names})
-            return dict(out), {o: "host" if o in self.independent else "backend" for o in out}
+            # A sequence output's elements are outputs y[0], y[1] ...: returned as one list (onnx_seq).
+            return pack_outputs([o.name for o in self.proto.graph.output], out, self.independent)
         if self.kind == "shapes":
-            shapes = {vi.name: np.asarray(feed[vi.name]).shape for vi in self.proto.graph.input
+            shapes = {vi.name: signature(feed[vi.name]) for vi in self.proto.graph.input
                       if vi.name in self._graph_inputs() and vi.name in feed}
             key = tuple(sorted(shapes.items()))
             st = self.variants.get(key)
             if st is None:
-                st = _Stage(self.owner, self._bound(shapes), f"{self.label}[shapes {key}]", self.depth + 1)
+                st = _Stage(self.owner, self._bound(shapes), f"{self.label}[shapes {key}]", self.depth + 1,
+                            live=self.live)
                 self.variants.put(key, st)
-            return st.run(feed)
+            return st.run(flatten_feed(feed))  # a sequence is its elements' inputs x[0] ... there
         env: dict[str, np.ndarray] = dict(feed)
         origin: dict[str, str] = {k: "host" for k in feed}
         if self.stage1 is not None:
@@ -372,11 +417,16 @@ class _Stage:
             key = _key_of({**values, **carried}, values)
             inputs = carried
         else:
-            host_out = self._run_host(env)
+            if self.kind == "bounded":
+                padded, count = replacement(self.host).output
+                host_out = {self.host.output[0]: trim(self.host, env[padded], env[count])}
+                where = origin.get(padded, "backend")  # a slice of the backend's padded result
+            else:
+                host_out, where = self._run_host(env), "host"
             env.update(host_out)
             for o, a in host_out.items():
                 if o in outs:
-                    result[o], res_origin[o] = a, "host"
+                    result[o], res_origin[o] = a, where
             carried = {c: env[c] for c in self.carried}
             inputs = {**carried, **host_out}
             values = {}
@@ -389,9 +439,11 @@ class _Stage:
             keyed = [f"{n}={a.reshape(-1).tolist()[:8]}" for n, a in values.items()] + \
                 [f"{n}: {a.dtype}{list(a.shape)}" for n, a in inputs.items()]
             st = _Stage(self.owner, self._rest(values, inputs, rest_outs),
-                        f"{self.label}/stage2[{', '.join(keyed)}]", self.depth + 1)
+                        f"{self.label}/stage2[{', '.join(keyed)}]", self.depth + 1,
+                        live=tuple(dict.fromkeys([*values, *self.live])))
             self.variants.put(key, st)
-        rest_feed = {k: np.asarray(v) for k, v in {**feed, **inputs}.items()}
+        rest_feed = {k: v if isinstance(v, list) else np.asarray(v)
+                     for k, v in {**feed, **inputs, **values}.items()}
         out2, origin2 = st.run(rest_feed)
         for o in rest_outs:
             result[o], res_origin[o] = out2[o], origin2.get(o, "host")
@@ -445,9 +497,11 @@ class _Stage:
         nodes = [n for k, n in enumerate(g.node) if k not in skip and n is not self.host]
         vis = [vi for vi in g.input if vi.name in self._graph_inputs() and vi.name not in values
                and vi.name not in inputs]
-        vis += [_vi(n, np.asarray(a)) for n, a in inputs.items()]
+        vis += [_vi(n, a) for n, a in inputs.items()]
         inits = [t for t in g.initializer if t.name not in values and t.name not in inputs]
         inits += [numpy_helper.from_array(np.asarray(a), n) for n, a in values.items()]
+        vis += [_vi(n, a) for n, a in values.items()]  # also fed: live (load_onnx's _live)
+        vis += [vi for vi in g.input if vi.name in self.live and vi.name not in values]  # still fed
         nodes = _inline_ifs(nodes, values, inits)
         return _model(self.proto, nodes, vis, outs, inits, f"{g.name or 'model'}_stage2")
 
@@ -457,12 +511,12 @@ class _Stage:
         m = ModelProto()
         m.CopyFrom(self.proto)
         for vi in m.graph.input:
-            if vi.name in shapes:
+            if vi.name in shapes and vi.type.HasField("tensor_type"):
                 dims = vi.type.tensor_type.shape.dim
                 for d, n in zip(dims, shapes[vi.name]):
                     d.ClearField("dim_param")
                     d.dim_value = int(n)
-        return m
+        return bind_sequences(m, shapes)  # a fed sequence becomes its elements' tensor inputs
 
     # -- reporting ---------------------------------------------------------------------------
     def describe(self, indent: str = "") -> list[str]:
@@ -485,6 +539,12 @@ class _Stage:
                          f"{getattr(self.error, 'node', '?')!r}{spec}: computed first, then compiled in as "
                          f"constants, one compiled stage per distinct value ({len(self.variants.items)} "
                          f"cached); at {where}")
+        elif self.kind == "bounded":
+            lines.append(f"{indent}{self.label}: bounded op {self.host.op_type} node "
+                         f"{self.host.name or self.host.op_type!r} runs on {self.owner.device} in the stage "
+                         f"before the cut (padded to its upper bound, with a count); the cut trims it and "
+                         f"{self.host.output[0]} is a run-time input of the next stage, compiled per shape "
+                         f"({len(self.variants.items)} cached)")
         else:
             lines.append(f"{indent}{self.label}: host op {self.host.op_type} node "
                          f"{self.host.name or self.host.op_type!r} runs on the host (NumPy, onnx.reference) "
@@ -509,10 +569,12 @@ class _Stage:
             out += st.reports()
         return out
 
-    def host_ops(self) -> list[str]:
-        out = [] if self.host is None else [f"{self.host.op_type} {self.host.name or self.host.op_type!r}"]
+    def host_ops(self, kind: str = "host") -> list[str]:
+        """The data-dependent nodes run on the host (``kind="bounded"``: those the backend runs)."""
+        out = [] if self.host is None or self.kind != kind else \
+            [f"{self.host.op_type} {self.host.name or self.host.op_type!r}"]
         for st in ([self.stage1] if self.stage1 else []) + list(self.variants.items.values()):
-            out += st.host_ops()
+            out += st.host_ops(kind)
         return out
 
 
@@ -527,7 +589,7 @@ class StagedModel:
     """
 
     def __init__(self, model: Any, *, device: str | None = None, session: Any = None, host_ops: bool = True,
-                 cache_size: int | None = None, **load_kw: Any) -> None:
+                 cache_size: int | None = None, bounded_ops: bool = True, **load_kw: Any) -> None:
         from .. import settings
         from ..runtime import Session
 
@@ -541,6 +603,8 @@ class StagedModel:
         self.proto = proto
         self.load_kw = load_kw
         self.host_ops = host_ops
+        self.bounded_ops = bounded_ops
+        self._bounded_memo: dict[Any, bool] = {}
         self.cache_size = int(cache_size if cache_size is not None else settings.ONNX_STAGED_CACHE.get())
         self.session = session if session is not None else Session(device)
         self.device = self.session.device.name
@@ -553,6 +617,25 @@ class StagedModel:
         self.root = _Stage(self, proto, "model")
         self.root.analyse()  # unsupported operators and refused host ops fail here, at compile time
 
+    def bounded_check(self, op_type: str, types: Sequence[Any], attrs: Mapping[str, Any], emit: Any) -> bool:
+        """Does the session's backend run the fragment ``emit`` builds for ONNX ``op_type`` (its bounded
+        op) on operands of ``types``: a small graph through the public ``Session.check`` (native,
+        decomposed or rewritten on this device; never a fallback elsewhere)."""
+        key = (op_type, tuple(types), tuple(sorted(attrs.items())))
+        hit = self._bounded_memo.get(key)
+        if hit is None:
+            try:
+                g = GraphBuilder(f"bounded_{op_type}")
+                outs = emit(g, [g.input(f"in{i}", t.dtype, t.shape) for i, t in enumerate(types)], attrs)
+                for o in outs:
+                    g.output(o)
+                self.session.check(g.build())
+                hit = True
+            except RLXError:  # DispatchError: no legal path; ShapeError ...: not this op's variant
+                hit = False
+            self._bounded_memo[key] = hit
+        return hit
+
     @property
     def staged(self) -> bool:
         """True when the model needs more than one plain graph."""
@@ -564,7 +647,7 @@ class StagedModel:
         return self.root.graph
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
-        feed = {k: np.asarray(v) for k, v in {**dict(inputs or {}), **kw}.items()}
+        feed = normalize_feed(self.proto, {**dict(inputs or {}), **kw})  # a sequence input: a list
         missing = [n for n in self.input_names if n not in feed]
         if missing:
             raise InputError(f"missing input(s) {', '.join(missing)}", where=f"ONNX model {self.source}",
@@ -586,6 +669,9 @@ class StagedModel:
         hosts = self.root.host_ops()
         if hosts:
             lines.append(f"  host-evaluated op(s): {', '.join(hosts)}")
+        bounded = self.root.host_ops("bounded")
+        if bounded:
+            lines.append(f"  bounded op(s) on {self.device} (trimmed at the cut): {', '.join(bounded)}")
         return "\n".join(lines)
 
     def reports(self) -> list[tuple[str, Any]]:
@@ -593,15 +679,17 @@ class StagedModel:
 
 
 def load_onnx_model(model: Any, *, device: str | None = None, session: Any = None, host_ops: bool = True,
-                    cache_size: int | None = None, **load_kw: Any) -> StagedModel:
+                    cache_size: int | None = None, bounded_ops: bool = True, **load_kw: Any) -> StagedModel:
     """Compile an ONNX model for ``device`` (or ``session``), staged where needed (module docstring).
 
     ``load_kw``: :func:`~rlx_core.frontends.onnx.load_onnx`'s keywords (``symbols``, ``input_shapes``,
     ``fuse`` ...). ``host_ops=False``: refuse data-dependent ops on the host (UnsupportedOnnxError naming
     the node). ``cache_size``: compiled stages kept per boundary (default ``RLX_ONNX_STAGED_CACHE``).
+    ``bounded_ops=False``: run NonZero/NonMaxSuppression/Compress on the host even where the backend
+    claims their bounded IR ops (:mod:`rlx_core.frontends.onnx_bounded`).
     """
     return StagedModel(model, device=device, session=session, host_ops=host_ops, cache_size=cache_size,
-                       **load_kw)
+                       bounded_ops=bounded_ops, **load_kw)
 
 
 __all__ = ["HOST_OPS", "MAX_VALUE_ELEMENTS", "StagedModel", "load_onnx_model"]

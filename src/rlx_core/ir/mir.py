@@ -19,6 +19,7 @@ from .indices import normalize as normalize_indices
 # argmin) and data movement (reshape, transpose, expand, slice, concat, pad) are declared once each,
 # with all their facts, in their family's module: importing it registers them.
 from .ops import bitwise as _bitwise  # noqa: F401  (bitwise_and/or/xor/not on integers)
+from .ops import bounded as _bounded  # noqa: F401  (nonzero, non_max_suppression: padded + count)
 from .ops import elementwise as _elementwise  # noqa: F401
 from .ops import exact as _exact  # noqa: F401  (mod on floats, bitcast: exact primitives)
 from .ops import linalg as _linalg  # noqa: F401  (CSR sparse, solvers, dense factorizations)

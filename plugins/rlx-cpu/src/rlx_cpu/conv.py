@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 Run = Callable[[], None]
+
+if TYPE_CHECKING:
+    from .onednn_conv import Act
 
 
 _TLS = threading.local()
@@ -41,8 +44,9 @@ def _align(n: int) -> int:
 def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
                  pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
                  bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-                 relu: bool = False) -> Run:
-    """``o = conv2d(x, w) (+ bias per output channel) (+ residual)``, then ReLU if ``relu``:
+                 act: Act = "") -> Run:
+    """``o = conv2d(x, w) (+ bias per output channel) (+ residual)``, then the activation ``act``
+    (:data:`rlx_cpu.onednn_conv.Act`):
     float32 on oneDNN's convolution primitive where rlx-cpu has oneDNN (:mod:`rlx_cpu.onednn_conv`),
     else :func:`conv2d_im2col` and the rest in place afterwards."""
     # oneDNN skips the zero padding, so a NaN/inf weight that the padding multiplies gives a finite
@@ -53,10 +57,10 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     if x.dtype == np.float32 and not (padded and not w.flags.writeable and not np.isfinite(w).all()):
         from .onednn_conv import conv2d_onednn
 
-        fast = conv2d_onednn(x, w, o, strides, pads, dil, g, bias, residual, relu)
+        fast = conv2d_onednn(x, w, o, strides, pads, dil, g, bias, residual, act)
         if fast is not None and not (padded and w.flags.writeable):
             return fast
-    slow = _conv2d_im2col_post(x, w, o, strides, pads, dil, g, bias, residual, relu)
+    slow = _conv2d_im2col_post(x, w, o, strides, pads, dil, g, bias, residual, act)
     if fast is None:
         return slow
     checked_fast, checked_slow = fast, slow
@@ -66,11 +70,21 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     return run_checked
 
 
+def silu_inplace(o: np.ndarray) -> None:
+    """``o *= sigmoid(o)``, sigmoid as the core's reference computes it (exp overflows to inf for
+    large negatives, giving -0)."""
+    with np.errstate(over="ignore"):
+        s = np.exp(-o)
+    s += 1
+    np.divide(o, s, out=o)
+
+
 def _conv2d_im2col_post(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
                         pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
-                        bias: np.ndarray | None, residual: np.ndarray | None, relu: bool) -> Run:
+                        bias: np.ndarray | None, residual: np.ndarray | None, act: Act) -> Run:
     run = conv2d_im2col(x, w, o, strides, pads, dil, g)
-    if bias is None and residual is None and not relu:
+    name, alpha, beta = (act, 0.0, 0.0) if isinstance(act, str) else act
+    if bias is None and residual is None and not name:
         return run
     b = None if bias is None else bias.reshape(1, -1, 1, 1)
 
@@ -80,8 +94,16 @@ def _conv2d_im2col_post(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tu
             np.add(o, b, out=o)
         if residual is not None:
             np.add(o, residual, out=o)
-        if relu:
+        if name == "relu":
             np.maximum(o, 0, out=o)
+        elif name == "silu":
+            silu_inplace(o)
+        elif name == "hardswish":
+            t = o * o.dtype.type(alpha)
+            t += o.dtype.type(beta)
+            np.maximum(t, 0, out=t)
+            np.minimum(t, 1, out=t)
+            np.multiply(o, t, out=o)
     return run_post
 
 
@@ -200,7 +222,7 @@ def _pool_images(n: int, og: int, cols_of: Callable[[int, np.ndarray], np.ndarra
 
 
 def k_conv2d_bias(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Mapping[str, Any],
-                  residual: np.ndarray | None = None, relu: bool = False) -> Run:
+                  residual: np.ndarray | None = None, act: Act = "") -> Run:
     """HIR ``conv2d_bias`` (f32/f64) natively, and with ``residual``/``relu`` the fused tails of
     :mod:`rlx_cpu.conv_fusion`: oneDNN applies them while the output tile is in registers; the
     im2col path applies them in place afterwards."""
@@ -209,4 +231,4 @@ def k_conv2d_bias(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: 
     pt, pl, pb, pr = attrs["pads"]
     dh, dw = attrs["dilations"]
     return conv2d_float(x, w, outs[0], (int(sh), int(sw)), (int(pt), int(pl), int(pb), int(pr)),
-                        (int(dh), int(dw)), int(attrs["groups"]), b, residual, relu)
+                        (int(dh), int(dw)), int(attrs["groups"]), b, residual, act)

@@ -6,27 +6,29 @@ MLAS NCHWc ones) read the input once in channel-blocked layouts and keep output 
 registers. The primitive picks its layouts (format "any": NHWC or nChw16c here); the weights are
 reordered into its layout once when the kernel is bound (the program owns the copy; weights that
 are not constants are reordered every run) and the NCHW activations are reordered at the edges of
-each conv, into this thread's conv scratch. Bias, a residual (oneDNN's sum post-op) and ReLU are
-applied while the output tile is in registers (:mod:`rlx_cpu.conv_fusion` makes the ops).
+each conv, into this thread's conv scratch. Bias, a residual (oneDNN's sum post-op) and an
+activation (ReLU, SiLU, HardSwish) are applied while the output tile is in registers
+(:mod:`rlx_cpu.conv_fusion` makes the ops).
 
 oneDNN comes from the optional ``onednn-cpu-gomp`` wheel that :mod:`rlx_cpu.blas` already loads
 (``RLX_CPU_ONEDNN=0`` turns it off); without it, or where the primitive refuses a shape,
 :func:`conv2d_onednn` returns None and the im2col path runs. The library is reached through its C
 API with ctypes (no headers, no compiler); every call releases the GIL.
 
-Threads: a primitive runs on OpenMP with the thread count it was created for (oneDNN splits the
-work then and opens that many threads at every run). The conv is created for all the threads of
-rlx-cpu's row pool, and once more for fewer when the pool runs on fewer
-(:attr:`rlx_cpu.parallel.RowPool.active`, while other processes load the CPUs: a 2-thread team
-with one core taken waits at every barrier; with 2-thread primitives only, ResNet-18 at batch 1
-took 0.9-1.9 s on this 2-core VM at load 4-8, with the variants 40 ms). Each run sets the calling
-thread's OpenMP count to that number and puts it back (:mod:`rlx_cpu._gemm_rows` sets 1 for its
-single-threaded GEMMs).
+Threads: one pool for everything. A conv is cut into pieces (whole images; at batch 1 output
+channels or output rows) that run as one-thread primitives on rlx-cpu's row pool
+(:mod:`rlx_cpu.parallel`), so libgomp never opens a team. With a team (one primitive for all
+threads, the design before), libgomp's worker kept spinning on the second core after each conv
+while the row pool ran the next steps there: quiet ResNet-18 at batch 1 went from 31 ms (im2col)
+to 47-52 ms. Pieces also follow the pool's load adaptation (:attr:`rlx_cpu.parallel.RowPool.active`:
+with one core taken they run one after another on the caller, where a 2-thread team waited at every
+barrier). ``ROW_POOL = False`` brings the team back for A/B runs (``bench/conv_ab.py``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +38,9 @@ import numpy as np
 from rlx_core.plugin import RLXError
 
 Run = Callable[[], None]
+#: The activation after the conv: "", "relu", "silu", or ("hardswish", alpha, beta) for
+#: ``y * min(max(alpha * y + beta, 0), 1)``.
+Act = str | tuple[str, float, float]
 
 # oneDNN v3 C API constants (oneapi/dnnl/dnnl_types.h, dnnl_common_types.h).
 _F32 = 3  # dnnl_f32
@@ -44,7 +49,8 @@ _CPU = 1  # dnnl_cpu
 _IN_ORDER = 1  # dnnl_stream_in_order
 _FWD_INFERENCE = 0x60  # dnnl_forward_inference
 _CONV_DIRECT = 0x1  # dnnl_convolution_direct
-_ELTWISE_ELU, _ELTWISE_LINEAR = 0x22, 0x26  # dnnl_eltwise_elu, dnnl_eltwise_linear (v3)
+_ELTWISE_ELU, _ELTWISE_LINEAR, _ELTWISE_SWISH = 0x22, 0x26, 0x2C  # dnnl_eltwise_elu, _linear, _swish (v3)
+_ELTWISE_HARDSWISH = 0x34  # dnnl_eltwise_hardswish
 _DT_UNDEF = 0  # dnnl_data_type_undef: the sum post-op reads the destination's type
 _QUERY_EXEC_ARG_MD = 255  # dnnl_query_exec_arg_md (index: a DNNL_ARG_*)
 _QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
@@ -259,15 +265,28 @@ def _aligned(nbytes: int) -> np.ndarray:
 
 #: False turns this path off (tests compare it with the im2col path; users set RLX_CPU_ONEDNN=0).
 USE = True
+#: True: the conv's pieces run on rlx-cpu's row pool, each a one-thread primitive. False: one
+#: primitive on an OpenMP team (the earlier design; kept for A/B runs, ``bench/conv_ab.py``).
+ROW_POOL = True
+#: Multiply-adds a piece must keep for a conv to be split over threads: a hand-off to the pool's
+#: other thread costs ~20 us, a 1M-MAC conv piece ~15 us on one core (MobileNet's late depthwise
+#: convs stay whole).
+MIN_MACS_PER_PIECE = 1_000_000
 
 
 def conv2d_onednn(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
                   pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
                   bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-                  relu: bool = False) -> Run | None:
-    """A run computing ``o = conv2d(x, w) (+ bias) (+ residual)``, then ReLU if ``relu``, through
-    oneDNN (the residual and ReLU as post-ops while the output tile is in registers), or None where
-    it cannot (no oneDNN, not float32, negative or unaligned strides, a shape the primitive refuses)."""
+                  act: Act = "") -> Run | None:
+    """A run computing ``o = conv2d(x, w) (+ bias) (+ residual)``, then the activation ``act``
+    (:data:`Act`), through oneDNN (the residual and the activation as post-ops while the
+    output tile is in registers), or None where
+    it cannot (no oneDNN, not float32, negative or unaligned strides, a shape the primitive refuses).
+
+    The conv is cut into pieces (images, else output rows or output channels) that run as
+    one-thread primitives on rlx-cpu's row pool: no OpenMP team is ever opened, so no libgomp
+    worker spins on the core the row pool needs for the next step (ResNet-18 at batch 1 lost
+    ~15 ms a run to that on 2 cores), and a core taken by another process takes fewer pieces."""
     ops = tuple(a for a in (x, w, o, bias, residual) if a is not None)
     if not USE or any(a.dtype != np.float32 for a in ops) or not (x.size and o.size and w.size):
         return None
@@ -279,7 +298,81 @@ def conv2d_onednn(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[in
     from .parallel import pool
 
     pl = pool()
-    args = (x, w, o, strides, pads, dil, g, bias, residual, relu)
+    if not ROW_POOL:
+        return _openmp_run(api, pl, x, w, o, strides, pads, dil, g, bias, residual, act)
+    pieces = _pieces(x, w, o, strides, pads, dil, g, bias, residual, pl.threads)
+    shared: dict[str, Any] = {}  # packed weights the pieces share
+    try:
+        runs = [_build(api, xp, wp, op, st, pd, dil, g, bp, rp, act, 1, shared)
+                for xp, wp, op, st, pd, bp, rp in pieces]
+    except OneDNNError:
+        return None
+    if len(runs) == 1:
+        return runs[0]
+    parts = min(pl.threads, len(runs))
+
+    def some(lo: int, hi: int) -> None:
+        for k in range(lo, hi):
+            runs[k]()
+
+    def run() -> None:
+        pl.run(some, len(runs), (), parts, len(runs))
+    run.onednn_impl = runs[0].onednn_impl  # type: ignore[attr-defined]
+    run.onednn_pieces = len(runs)  # type: ignore[attr-defined]
+    return run
+
+
+_Piece = tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int], tuple[int, int, int, int],
+               "np.ndarray | None", "np.ndarray | None"]
+
+
+def _pieces(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+            pads: tuple[int, int, int, int], dil: tuple[int, int], g: int, bias: np.ndarray | None,
+            residual: np.ndarray | None, threads: int) -> list[_Piece]:
+    """The conv as independent convs on views (x, w, o, strides, pads, bias, residual): whole
+    images where the batch has one a thread at least; else output channels where the weights
+    outweigh the input (ResNet's late 7x7 layers: each thread reads half the weights), else output
+    rows (each piece reads its rows of the input plus the kernel's halo)."""
+    whole: list[_Piece] = [(x, w, o, strides, pads, bias, residual)]
+    n, oc, ho, wo = o.shape
+    most = o.size * w[0].size // max(1, MIN_MACS_PER_PIECE)  # pieces the conv's work is worth
+    k = min(threads, most)
+    if k < 2:
+        return whole
+    if n >= threads:
+        # Whole images, up to two pieces a thread: a thread slowed by another process takes fewer.
+        k = min(n, 2 * threads, most)
+        cuts = [n * i // k for i in range(k + 1)]
+        return [(x[a:b], w, o[a:b], strides, pads, bias, None if residual is None else residual[a:b])
+                for a, b in itertools.pairwise(cuts)]
+    if g == 1 and oc % (16 * k) == 0 and w.nbytes >= x.nbytes:
+        step = oc // k  # a multiple of 16: whole channel blocks of oneDNN's nChw16c layout
+        return [(x, w[a:a + step], o[:, a:a + step], strides, pads,
+                 None if bias is None else bias[a:a + step],
+                 None if residual is None else residual[:, a:a + step]) for a in range(0, oc, step)]
+    k = min(k, ho)  # a row a piece at least (many threads, small late layers)
+    if k < 2:
+        return whole
+    (sh, _), (pt, pl, _, pr), dh = strides, pads, dil[0]
+    h, kh = x.shape[2], w.shape[2]
+    out: list[_Piece] = []
+    cuts = [ho * i // k for i in range(k + 1)]
+    for a, b in itertools.pairwise(cuts):
+        lo = a * sh - pt  # the first input row piece a:b reads (negative: in the top padding)
+        hi = (b - 1) * sh - pt + dh * (kh - 1) + 1  # one past the last
+        if lo >= h or hi <= 0:  # a piece reading padding only: keep the conv whole
+            return whole
+        out.append((x[:, :, max(lo, 0):min(hi, h)], w, o[:, :, a:b], strides,
+                    (max(-lo, 0), pl, max(hi - h, 0), pr), bias,
+                    None if residual is None else residual[:, :, a:b]))
+    return out
+
+
+def _openmp_run(api: dict[str, Any], pl: Any, x: np.ndarray, w: np.ndarray, o: np.ndarray,
+                strides: tuple[int, int], pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                bias: np.ndarray | None, residual: np.ndarray | None, act: Act) -> Run | None:
+    """The whole conv as one primitive on an OpenMP team of the pool's active thread count."""
+    args = (x, w, o, strides, pads, dil, g, bias, residual, act)
     # A primitive's thread count is fixed when it is created (oneDNN sizes its work split then and
     # opens that many OpenMP threads at every run whatever omp_get_max_threads says later); one
     # variant per thread count the pool runs with, the one for all its threads made now.
@@ -300,20 +393,23 @@ def conv2d_onednn(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[in
 
 def _build(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
            pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
-           bias: np.ndarray | None, residual: np.ndarray | None, relu: bool, threads: int) -> Run:
-    """The conv as primitives created for ``threads`` OpenMP threads, and a run on that many."""
+           bias: np.ndarray | None, residual: np.ndarray | None, act: Act, threads: int,
+           shared: dict[str, Any] | None = None) -> Run:
+    """The conv as primitives created for ``threads`` OpenMP threads, and a run on that many
+    (``shared``: packed constant weights that pieces of one conv reuse)."""
     get_t, set_t = api["omp"]
     prev = get_t()
     set_t(threads)
     try:
-        return _build_for(api, x, w, o, strides, pads, dil, g, bias, residual, relu, threads)
+        return _build_for(api, x, w, o, strides, pads, dil, g, bias, residual, act, threads, shared)
     finally:
         set_t(prev)
 
 
 def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
                pads: tuple[int, int, int, int], dil: tuple[int, int], g: int, bias: np.ndarray | None,
-               residual: np.ndarray | None, relu: bool, threads: int) -> Run:
+               residual: np.ndarray | None, act: Act, threads: int,
+               shared: dict[str, Any] | None = None) -> Run:
     fns = api["fns"]
     p = _Prim(api)
     oc, ci, kh, kw = w.shape
@@ -332,7 +428,7 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
     p.check(fns["dnnl_convolution_forward_primitive_desc_create"](
         ctypes.byref(pd), api["engine"], _FWD_INFERENCE, _CONV_DIRECT, p.md_any(x.shape),
         p.md_any(wshape), b_user, p.md_any(o.shape), _dims((sh, sw)), _dims((dh - 1, dw - 1)),
-        _dims((pt, pl)), _dims((pb, pr)), _post_ops(p, residual is not None, relu)),
+        _dims((pt, pl)), _dims((pb, pr)), _post_ops(p, residual is not None, act)),
         "convolution primitive_desc")
     p.owned.append(("dnnl_primitive_desc_destroy", pd))
     conv = p.primitive(pd)
@@ -359,8 +455,12 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
     # Weights: packed once now when they are constants (read-only: the program's own copy).
     w_src = p.memory(w_user, w.ctypes.data)
     pack = None
+    prev_w = None if shared is None or w.flags.writeable else shared.get("w")
     if eq(w_md, w_user):
         w_mem = w_src
+    elif prev_w is not None and prev_w[0] is w and eq(w_md, prev_w[1]):
+        w_mem = prev_w[2]  # another piece of this conv packed the same weights the same way
+        keep.append(prev_w[3])
     else:
         wb = _aligned(size(w_md))
         keep.append(wb)
@@ -368,6 +468,8 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
         pack = step(*p.reorder(w_user, w_md, w_src, w_mem))
         if w.flags.writeable:
             steps.append(pack)
+        elif shared is not None:  # the next piece's primitive may read them as they are
+            shared["w"] = (w, w_md, w_mem, (p, wb))
     o_mem = p.memory(o_user, o.ctypes.data) if eq(o_md, o_user) else p.scratch_memory(o_md)
     if residual is not None:  # the sum post-op adds what the destination holds: the residual
         r_user = p.md_plain(residual.shape, _strides_elems(residual))
@@ -403,23 +505,31 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
     return run
 
 
-def _post_ops(p: _Prim, add: bool, relu: bool) -> Any:
-    """The conv's attribute: a user scratchpad, and the sum (residual) and ReLU post-ops."""
+def _post_ops(p: _Prim, add: bool, act: Act) -> Any:
+    """The conv's attribute: a user scratchpad, and the sum (residual) and activation post-ops."""
     fns = p.fns
     attr = p.attr()
-    if not (add or relu):
+    name, alpha, beta = (act, 0.0, 0.0) if isinstance(act, str) else act
+    if not (add or name):
         return attr
     ops = _VP()
     p.check(fns["dnnl_post_ops_create"](ctypes.byref(ops)), "post_ops_create")
     p.owned.append(("dnnl_post_ops_destroy", ops))
     if add:
         p.check(fns["dnnl_post_ops_append_sum"](ops, 1.0, 0, _DT_UNDEF), "post_ops_append_sum")
-    if relu:
+    if name == "relu":
         # ReLU that keeps NaN (as the core's relu): oneDNN's own relu is vmaxps(x, 0), which turns
         # NaN into 0. elu with alpha 0 is x where x > 0, else 0 * (exp(x) - 1): NaN stays NaN and
         # negatives become -0, which the linear 1 * y + 0 makes +0.
         p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_ELU, 0.0, 0.0), "append_eltwise")
         p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_LINEAR, 1.0, 0.0), "append_eltwise")
+    elif name == "silu":  # swish with alpha 1: x * sigmoid(x)
+        p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_SWISH, 1.0, 0.0), "append_eltwise")
+    elif name == "hardswish":  # x * min(max(alpha * x + beta, 0), 1); NaN stays NaN (tested)
+        p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_HARDSWISH, alpha, beta), "append_eltwise")
+    elif name:
+        raise OneDNNError(f"no oneDNN post-op for activation {act!r}", where="rlx_cpu.onednn_conv",
+                          fix="use one of rlx_cpu.onednn_conv.Act")
     p.check(fns["dnnl_primitive_attr_set_post_ops"](attr, ops), "primitive_attr_set_post_ops")
     return attr
 

@@ -97,6 +97,9 @@ def factories() -> dict[str, Any]:
         from . import linalg  # CSR, solvers, LAPACK (claimed in linalg.claims)
 
         out.update(linalg.FACTORIES)
+        from . import bounded  # nonzero, non_max_suppression: padded result + count (bounded.claims)
+
+        out.update(bounded.FACTORIES)
         out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
                     "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
                     "cpu.attention": hk.k_attention})
@@ -106,6 +109,15 @@ def factories() -> dict[str, Any]:
         from .conv_fusion import k_conv2d_bias_relu
 
         out["cpu.rlx_cpu.conv2d_bias_relu"] = out["cpu.rlx_cpu.conv2d_bias_add_relu"] = k_conv2d_bias_relu
+        from .conv_fusion import k_conv2d_bias_silu
+
+        out["cpu.rlx_cpu.conv2d_bias_silu"] = k_conv2d_bias_silu
+        from .conv_fusion import k_conv2d_bias_hardswish
+
+        out["cpu.rlx_cpu.conv2d_bias_hardswish"] = k_conv2d_bias_hardswish
+        from .pooling import k_max_pool2d  # one pass instead of pad + a slice and a max a tap
+
+        out["cpu.max_pool2d"] = k_max_pool2d
         _FACTORIES = out
     return _FACTORIES
 
@@ -217,6 +229,9 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                KernelClaim("conv2d_bias", "cpu.conv2d_bias", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_relu", "cpu.rlx_cpu.conv2d_bias_relu", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_add_relu", "cpu.rlx_cpu.conv2d_bias_add_relu", dtypes=f),
+               KernelClaim("rlx_cpu.conv2d_bias_silu", "cpu.rlx_cpu.conv2d_bias_silu", dtypes=f),
+               KernelClaim("rlx_cpu.conv2d_bias_hardswish", "cpu.rlx_cpu.conv2d_bias_hardswish", dtypes=f),
+               KernelClaim("max_pool2d", "cpu.max_pool2d", dtypes=f),
                KernelClaim("attention", "cpu.attention", dtypes=f | {DType.BOOL, DType.I32, DType.I64},
                            out_dtypes=f, predicate=_attention_pred,
                            constraint="(B,H,S,D) with mask none/causal/padding/bias")]
@@ -229,6 +244,9 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     from .linalg import claims as linalg_claims
 
     claims += linalg_claims()
+    from .bounded import claims as bounded_claims
+
+    claims += bounded_claims()
     return claims
 
 
@@ -253,10 +271,11 @@ def _fused_pred(v: Any) -> str | None:
 
 
 def factories_ops() -> list[str]:
-    from . import linalg  # its ops' index operands need claims of their own (linalg.claims)
+    from . import bounded, linalg  # claimed in their own claims() (index operands, i64 outputs)
 
     return [name[4:] for name in factories()
             if name not in ("cpu.div_int", "cpu.fused_elementwise") and name not in linalg.FACTORIES
+            and name not in bounded.FACTORIES
             and REGISTRY.get(name[4:]).level == "mir"]
 
 

@@ -1,0 +1,84 @@
+"""rlx-cpu convolutions A/B in one process: ResNet-18 (or a zoo CNN) with oneDNN's convs on the row
+pool (one-thread primitives, the default) vs on an OpenMP team (``onednn_conv.ROW_POOL = False``),
+and optionally vs im2col (``--im2col``). Both programs are compiled first; then blocks of runs
+alternate A, B, A, B so that drift and other processes' load hit both. The first run of each block is
+dropped (libgomp's worker may still spin from the other side's last conv). Prints each side's median
+over blocks of the block p50, the fastest run, and the median process CPU time a run (a spinning
+OpenMP worker counts there; on a loaded machine it varies less than wall time), and ONNX Runtime's
+p50 from its own process (``--ort``).
+
+    taskset -c 0,1 python bench/conv_ab.py --batch 1 --batch 8 --rounds 6 --ort
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+
+def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, Any]:
+    from rlx_cpu import onednn_conv
+
+    from rlx_core.runtime import Session
+
+    exes = {}
+    for side in sides:
+        onednn_conv.ROW_POOL = side == "pool"
+        onednn_conv.USE = side != "im2col"
+        exe = Session("cpu", use_cache=False).compile(graph)
+        exe.run(feed)  # binds the kernels with the switches above
+        exes[side] = exe
+    onednn_conv.ROW_POOL, onednn_conv.USE = True, True
+    return exes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, action="append")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--block", type=int, default=8, help="runs per block (the first is dropped)")
+    ap.add_argument("--im2col", action="store_true", help="a third side: the im2col path")
+    ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process")
+    a = ap.parse_args()
+    from rlx_core import bench
+
+    sides = ["pool", "openmp"] + (["im2col"] if a.im2col else [])
+    print(f"cpus {sorted(os.sched_getaffinity(0))}, load {os.getloadavg()}")
+    for batch in a.batch or [1]:
+        graph = bench.rlx_graph("resnet18")
+        feed = bench.inputs("resnet18", batch, 128)
+        exes = _programs(graph, feed, sides)
+        ref = exes["pool"].run(feed)
+        for s in sides[1:]:
+            for k, v in exes[s].run(feed).items():
+                err = float(abs(v - ref[k]).max())
+                assert err < 1e-3 * max(1.0, float(abs(ref[k]).max())), (s, k, err)
+        p50s: dict[str, list[float]] = {s: [] for s in sides}
+        cpu: dict[str, list[float]] = {s: [] for s in sides}  # process CPU time a run (spinning counts)
+        best = dict.fromkeys(sides, float("inf"))  # fastest run: the moments both cores were free
+        for r in range(a.rounds):
+            for s in sides if r % 2 == 0 else sides[::-1]:
+                ts = []
+                exes[s].run(feed)
+                c0 = time.process_time()
+                for _ in range(a.block - 1):
+                    t0 = time.perf_counter()
+                    exes[s].run(feed)
+                    ts.append(time.perf_counter() - t0)
+                cpu[s].append((time.process_time() - c0) / len(ts) * 1e3)
+                best[s] = min(best[s], min(ts) * 1e3)
+                p50s[s].append(statistics.median(ts) * 1e3)
+        line = ", ".join(f"{s} {statistics.median(v):.2f} ms (blocks {min(v):.1f}-{max(v):.1f}; "
+                         f"fastest {best[s]:.1f}; CPU {statistics.median(cpu[s]):.1f} ms a run)"
+                         for s, v in p50s.items())
+        if a.ort:
+            o = bench.run_one("ort", "resnet18", batch, 128, False)
+            line += f", ORT {o.get('p50_s', float('nan')) * 1e3:.2f} ms"
+        print(f"resnet18 batch {batch}: {line}; load {os.getloadavg()[0]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
