@@ -688,6 +688,349 @@ void main() {{
 """
 
 
+#: GPU GEMM tiles (BM, BN, BK, TM, TN): a workgroup of (BN/TN) x (BM/TM) invocations computes a BM x BN
+#: block of C, each invocation a TM x TN block held in registers, K stepping BK at a time through shared
+#: memory. "large" amortises the shared-memory traffic best (8x8 per invocation); "small" keeps enough
+#: workgroups in flight for the thin GEMMs of transformer layers (4096 x 384 is 384 small tiles but
+#: only 96 large ones); "medium" sits between (not picked by "auto": a setting to measure).
+GEMM_TILES: dict[str, tuple[int, int, int, int, int]] = {"large": (128, 128, 8, 8, 8),
+                                                         "medium": (128, 64, 8, 8, 4),
+                                                         "small": (64, 64, 16, 4, 4)}
+
+
+@cache
+def matmul_tiled(fl: GlslFlavour, dt: DType, bufs: str = "AA", tile: str = "small", bias: bool = False,
+                 bt: bool = False, split: bool = False, res: bool = False,
+                 epi: tuple[str, int, int] | None = None) -> str:
+    """Register-blocked, shared-memory tiled (batched) matmul for GPUs (:data:`GEMM_TILES`). ``bufs``
+    bakes each operand's buffer into the shader (the hot loop reads ``A[]``/``W[]`` directly, not
+    through :func:`rd`'s switch); ``bt``: B is stored transposed, (N, K) (a linear's weight);
+    ``bias``: adds the f32 row vector whose (buf, byte offset) follow the batch words. ``split``
+    (with ``bias``, unbatched): C's (row, col) is stored at ``(row / S, row % S, col / D, col % D)``
+    with the 4 element strides that follow the bias words after S and D (a head split + transpose
+    folded into the store); ``res`` (with ``bias``, unbatched): adds the f32 (M, N) residual whose
+    (buf, byte offset) follow the bias words (a residual add folded into the store); ``epi`` =
+    (fused elementwise program, its input count, the input that is C) applies an f32 program to
+    each stored value, its other inputs f32 scalars whose (buf, byte offset) follow the bias words.
+    Meta as :func:`matmul`.
+
+    Shared memory holds 4-vectors: an invocation owns TM/4 x TN/4 blocks of 4x4, block (g, h) at rows
+    ``(g*TY + ty)*4 ..`` and columns ``(h*TX + tx)*4 ..``, so one K step reads TM/4 + TN/4 vectors
+    (A's are broadcast across a warp, B's consecutive: no bank conflicts) for TM*TN FMAs. The next K
+    step's operands are fetched into registers while this one is multiplied."""
+    bm, bn, bk, tm, tn = GEMM_TILES[tile]
+    tx, ty = bn // tn, bm // tm
+    nt = tx * ty
+    la, lb = bm * bk // nt, bk * bn // nt
+    t = TYPES[dt]
+    v = "vec4" if dt is DType.F32 else "ivec4"
+    cv = "uintBitsToFloat" if dt is DType.F32 else "int"
+    st = "floatBitsToUint" if dt is DType.F32 else "uint"
+    un = "[[unroll]] " if fl is VULKAN else ""  # GL_EXT_control_flow_attributes: keeps acc in registers
+    ext = "#extension GL_EXT_control_flow_attributes : require\n" if fl is VULKAN else ""
+    ba, bb_ = bufs[0], bufs[1]
+    # B tile element e: (kk, n) with consecutive invocations on consecutive addresses of B
+    bpos = ("int kk = e % BK, n = e / BK;", "uint(c * K + k)") if bt else \
+        ("int n = e % BN, kk = e / BN;", "uint(k * N + c)")
+    badd = ("  int bw = B + 9 + 3 * br; int bsb = M[bw]; uint bso = uint(M[bw + 1]);\n" if bias else "")
+    bval = " + ldf(bsb, bso + uint(c) * 4u)" if bias else ""
+    if split:
+        badd += ("  int PS = M[bw + 2], PD = M[bw + 3], T0 = M[bw + 4], T1 = M[bw + 5], T2 = M[bw + 6], "
+                 "T3 = M[bw + 7];\n")
+    if res:
+        badd += "  int rsb = M[bw + 2]; uint rso = uint(M[bw + 3]);\n"
+        bval += " + ldf(rsb, rso + uint(row * N + c) * 4u)"
+    efn = ""
+    if epi is not None:
+        prog, nin, k0 = epi
+        lines, out, rdt = render_program(prog, [f"x{k}" for k in range(nin)], (DType.F32,) * nin, GLSL)
+        if rdt is not DType.F32:
+            raise IRError(f"linear epilogue program yields {rdt}, not f32", fix="do not fold this program")
+        loads = [f"  float x{k} = ldf(M[eb + {2 * j}], uint(M[eb + {2 * j + 1}]));"
+                 for j, k in enumerate(k for k in range(nin) if k != k0)]
+        efn = "\n".join([f"float epi_f(float x{k0}, int eb) {{", *loads, *("  " + ln for ln in lines),
+                         f"  return {out};", "}"]) + "\n"
+        bval = ""  # the bias goes inside the program's input
+    store = ("epi_f(acc[g * 4 + r][h][q] + ldf(bsb, bso + uint(c) * 4u), bw + 2)" if epi is not None
+             else f"acc[g * 4 + r][h][q]{bval}")
+    cidx = ("uint(row / PS * T0 + row % PS * T1 + c / PD * T2 + c % PD * T3)" if split
+            else "uint(row * N + c)")
+    return header(fl, tx, ty, ext) + efn + f"""
+const int BM = {bm}, BN = {bn}, BK = {bk}, TM = {tm}, TN = {tn}, TX = {tx}, TY = {ty}, NT = {nt};
+const int GM = TM / 4, GN = TN / 4;
+shared {v} As[BK][BM / 4 + 1];  // padded by a vector: the transposing stores spread over the banks
+shared {v} Bs[BK][BN / 4 + 1];
+void main() {{
+{_MATMUL_META}{badd}  int lx = int(gl_LocalInvocationID.x), ly = int(gl_LocalInvocationID.y);
+  int tid = ly * TX + lx;
+  int row0 = int(gl_WorkGroupID.y) * BM, col0 = int(gl_WorkGroupID.x) * BN;
+  uint pa = (ao >> 2) + uint(ae), pb = (bo >> 2) + uint(be);
+  {v} acc[TM][GN];
+  {un}for (int i = 0; i < TM; ++i) {un}for (int h = 0; h < GN; ++h) acc[i][h] = {v}(0);
+  {t} ra[{la}], rb[{lb}];
+  // A tile element e: (m, kk) = (e / BK, e % BK): consecutive invocations read along a row of A
+#define FETCH(K0) \\
+  {un}for (int i = 0; i < {la}; ++i) {{ int e = tid + i * NT; int r = row0 + e / BK, k = (K0) + e % BK; \\
+    ra[i] = (r < Mr && k < K) ? {cv}({ba}[pa + uint(r * K + k)]) : {t}(0); }} \\
+  {un}for (int i = 0; i < {lb}; ++i) {{ int e = tid + i * NT; {bpos[0]} int c = col0 + n, k = (K0) + kk; \\
+    rb[i] = (c < N && k < K) ? {cv}({bb_}[pb + {bpos[1]}]) : {t}(0); }}
+  FETCH(0)
+  for (int k0 = 0; k0 < K; k0 += BK) {{
+    {un}for (int i = 0; i < {la}; ++i) {{
+      int e = tid + i * NT; int m = e / BK; As[e % BK][m >> 2][m & 3] = ra[i];
+    }}
+    {un}for (int i = 0; i < {lb}; ++i) {{ int e = tid + i * NT; {bpos[0]} Bs[kk][n >> 2][n & 3] = rb[i]; }}
+    barrier();
+    if (k0 + BK < K) {{ FETCH(k0 + BK) }}
+    {un}for (int kk = 0; kk < BK; ++kk) {{
+      {v} a[GM], b[GN];
+      {un}for (int g = 0; g < GM; ++g) a[g] = As[kk][g * TY + ly];
+      {un}for (int h = 0; h < GN; ++h) b[h] = Bs[kk][h * TX + lx];
+      {un}for (int g = 0; g < GM; ++g) {un}for (int r = 0; r < 4; ++r)
+        {un}for (int h = 0; h < GN; ++h) acc[g * 4 + r][h] += a[g][r] * b[h];
+    }}
+    barrier();
+  }}
+  uint oc = (co >> 2) + bi * uint(Mr * N);
+  {un}for (int g = 0; g < GM; ++g) {un}for (int r = 0; r < 4; ++r) {{
+    int row = (g * TY + ly) * 4 + row0 + r;
+    if (row < Mr) {{
+      {un}for (int h = 0; h < GN; ++h) {un}for (int q = 0; q < 4; ++q) {{
+        int c = col0 + (h * TX + lx) * 4 + q;
+        if (c < N) A[oc + {cidx}] = {st}({store});
+      }}
+    }}
+  }}
+}}
+"""
+
+
+#: invocations per row of :func:`rows_wg` (one workgroup per row)
+ROW_WG = 128
+
+
+#: Workgroup reductions over :data:`ROW_WG` invocations (every invocation calls them, in uniform control
+#: flow): the total, the maximum and the minimum of one value per invocation; NaN wins max/min, as in
+#: the sequential kernels.
+_WG_REDUCE = f"""const int RW = {ROW_WG};
+shared float red[RW];
+int lid;
+float wg_sum(float v) {{
+  red[lid] = v; barrier();
+  for (int s = RW / 2; s > 0; s >>= 1) {{ if (lid < s) red[lid] = red[lid] + red[lid + s]; barrier(); }}
+  float t = red[0]; barrier(); return t;
+}}
+float wg_max(float v) {{
+  red[lid] = v; barrier();
+  for (int s = RW / 2; s > 0; s >>= 1) {{
+    if (lid < s) {{
+      float a = red[lid], b = red[lid + s]; red[lid] = (a != a || b != b) ? rlx_nan() : max(a, b);
+    }}
+    barrier();
+  }}
+  float t = red[0]; barrier(); return t;
+}}
+float wg_min(float v) {{
+  red[lid] = v; barrier();
+  for (int s = RW / 2; s > 0; s >>= 1) {{
+    if (lid < s) {{
+      float a = red[lid], b = red[lid + s]; red[lid] = (a != a || b != b) ? rlx_nan() : min(a, b);
+    }}
+    barrier();
+  }}
+  float t = red[0]; barrier(); return t;
+}}
+"""
+
+
+@cache
+def reduce_wg(fl: GlslFlavour, op: str) -> str:
+    """f32 reduce_sum / reduce_mean / reduce_max / reduce_min over the innermost ``R`` contiguous
+    elements, one workgroup of :data:`ROW_WG` invocations per output (GPUs: :func:`reduce`'s
+    invocation per output reads its run of R words alone). Sums are compensated per invocation, then
+    combined by a tree. Meta: nout, R, in_buf, in_off, out_off (R > 0)."""
+    if op in ("reduce_sum", "reduce_mean"):
+        body = """
+    precise float acc = 0.0; precise float comp = 0.0;
+    for (int j = lid; j < R; j += RW) { float v = X(j);
+      if (isinf(acc) || isinf(v) || isnan(v)) { acc += v; continue; }
+      precise float y = v - comp; precise float s = acc + y; comp = (s - acc) - y; acc = s; }
+    float t = wg_sum(acc);""" + (" t = t / float(R);" if op == "reduce_mean" else "")
+    else:
+        cmp, fn = (">", "wg_max") if op == "reduce_max" else ("<", "wg_min")
+        body = f"""
+    float acc = X(0);
+    for (int j = lid; j < R; j += RW) {{ float v = X(j); if (v {cmp} acc || v != v) acc = v; }}
+    float t = {fn}(acc);"""
+    return header(fl, ROW_WG) + _WG_REDUCE + f"""
+#define X(j) ldf(xb, xo + (r * uint(R) + uint(j)) * 4u)
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); int R = M[B + 1]; int xb = M[B + 2]; uint xo = uint(M[B + 3]);
+  uint oo = uint(M[B + 4]) >> 2;
+  lid = int(gl_LocalInvocationID.x);
+  for (uint r = gl_WorkGroupID.x; r < n; r += gl_NumWorkGroups.x) {{{body}
+    if (lid == 0) A[oo + r] = floatBitsToUint(t);
+  }}
+}}
+"""
+
+
+@cache
+def rows_wg(fl: GlslFlavour, op: str) -> str:
+    """softmax / log_softmax / layer_norm with one workgroup of :data:`ROW_WG` invocations per row
+    (GPUs: a row per invocation leaves most of the device idle and reads rows uncoalesced). Each
+    invocation reduces a strided part of the row (compensated, as :func:`rows`), then a tree in
+    shared memory combines the parts; NaN and infinities propagate as in :func:`rows`. Meta as
+    :func:`rows`."""
+    if op == "layer_norm":
+        body = """
+    precise float mean = 0.0; precise float comp = 0.0;
+    for (int j = lid; j < C; j += RW) { float v = X(j);
+      if (isinf(mean) || isinf(v) || isnan(v)) { mean += v; continue; }
+      precise float y = v - comp; precise float s = mean + y; comp = (s - mean) - y; mean = s; }
+    mean = wg_sum(mean) / float(C);
+    precise float var = 0.0; comp = 0.0;
+    for (int j = lid; j < C; j += RW) { float d = X(j) - mean;
+      if (isinf(var) || isinf(d * d) || isnan(d)) { var += d * d; continue; }
+      precise float y = d * d - comp; precise float s = var + y; comp = (s - var) - y; var = s; }
+    var = wg_sum(var) / float(C);
+    float inv = 1.0 / sqrt(var + eps);
+    for (int j = lid; j < C; j += RW)
+      A[oo + r * uint(C) + uint(j)] = floatBitsToUint((X(j) - mean) * inv * ldf(gb, go + uint(j) * 4u)
+                                                      + ldf(bb, bo + uint(j) * 4u));"""
+    else:
+        final = ("(X(j) - mx) - rlx_log(s)" if op == "log_softmax" else "rlx_exp(X(j) - mx) / s")
+        body = f"""
+    float mx = -rlx_inf();
+    for (int j = lid; j < C; j += RW) {{ float v = X(j); if (v > mx || v != v) mx = v; }}
+    mx = wg_max(mx);
+    if (isinf(mx) && mx < 0.0) mx = 0.0;
+    precise float s = 0.0;
+    for (int j = lid; j < C; j += RW) s += rlx_exp(X(j) - mx);
+    s = wg_sum(s);
+    for (int j = lid; j < C; j += RW) A[oo + r * uint(C) + uint(j)] = floatBitsToUint({final});"""
+    return header(fl, ROW_WG) + _WG_REDUCE + f"""
+#define X(j) ldf(xb, xo + (r * uint(C) + uint(j)) * 4u)
+void main() {{
+  int B = pc.base; uint n = uint(M[B]); int C = M[B + 1]; int xb = M[B + 2]; uint xo = uint(M[B + 3]);
+  uint oo = uint(M[B + 4]) >> 2; float eps = intBitsToFloat(M[B + 5]);
+  int gb = M[B + 6]; uint go = uint(M[B + 7]); int bb = M[B + 8]; uint bo = uint(M[B + 9]);
+  lid = int(gl_LocalInvocationID.x);
+  for (uint r = gl_WorkGroupID.x; r < n; r += gl_NumWorkGroups.x) {{{body}
+  }}
+}}
+"""
+
+
+#: invocations (query rows) per workgroup of :func:`attention_wg`, and keys per shared-memory chunk
+ATT_QB, ATT_KB = 64, 32
+#: attention mask kinds as :func:`attention_wg` numbers them (meta word 12)
+ATT_MASKS = {"none": 0, "causal": 1, "sliding_window": 2, "bias": 3, "padding": 4}
+#: how :func:`attention_wg` reads a padding mask element (meta word 16), by dtype
+ATT_MASK_DTYPES = {DType.F32: 0, DType.I32: 1, DType.I64: 2, DType.BOOL: 3}
+#: the largest head dim :func:`attention_wg` takes (q and the output row live in registers)
+ATT_MAX_D = 128
+
+
+@cache
+def attention_wg(fl: GlslFlavour, d: int, dv: int) -> str:
+    """Fused f32 attention for GPUs: ``softmax(q k^T * scale + mask) v`` with the scores never in
+    global memory. A workgroup of :data:`ATT_QB` invocations takes ATT_QB query rows of one (batch,
+    head), an invocation one row (q in registers); K and V pass through shared memory
+    :data:`ATT_KB` keys at a time, and each chunk's scores update a running max / sum / output
+    (online softmax: one rescale per chunk). Masked scores are ``MASKED_SCORE`` (-1e9) as in the
+    reference, so a fully masked row attends uniformly; NaN and infinities propagate as in the
+    decomposition. Every operand is addressed by (batch, head, row, column) strides, in elements.
+
+    Meta: Sq, Sk, NB, H, q (buf, off), k (buf, off), v (buf, off), out off, scale (f32 bits), mask
+    kind (:data:`ATT_MASKS`), window, mask (buf, off), mask dtype (:data:`ATT_MASK_DTYPES`), the
+    bias's 4 strides, then q, k, v and out strides (4 each)."""
+    un = "[[unroll]] " if fl is VULKAN else ""
+    ext = "#extension GL_EXT_control_flow_attributes : require\n" if fl is VULKAN else ""
+    return header(fl, ATT_QB, 1, ext) + f"""
+const int QB = {ATT_QB}, KB = {ATT_KB}, D = {d}, DV = {dv};
+shared float Ks[KB][D];
+shared float Vs[KB][DV];
+void main() {{
+  int B = pc.base;
+  int Sq = M[B], Sk = M[B + 1], NB = M[B + 2], H = M[B + 3];
+  int qb = M[B + 4]; uint qo = uint(M[B + 5]); int kb = M[B + 6]; uint ko = uint(M[B + 7]);
+  int vb = M[B + 8]; uint vo = uint(M[B + 9]); uint oo = uint(M[B + 10]) >> 2;
+  float scale = intBitsToFloat(M[B + 11]); int kind = M[B + 12]; int win = M[B + 13];
+  int mb = M[B + 14]; uint mo = uint(M[B + 15]); int mdt = M[B + 16];
+  int bs0 = M[B + 17], bs1 = M[B + 18], bs2 = M[B + 19], bs3 = M[B + 20];
+  int qs0 = M[B + 21], qs1 = M[B + 22], qs2 = M[B + 23], qs3 = M[B + 24];
+  int ks0 = M[B + 25], ks1 = M[B + 26], ks2 = M[B + 27], ks3 = M[B + 28];
+  int vs0 = M[B + 29], vs1 = M[B + 30], vs2 = M[B + 31], vs3 = M[B + 32];
+  int os0 = M[B + 33], os1 = M[B + 34], os2 = M[B + 35], os3 = M[B + 36];
+  int lid = int(gl_LocalInvocationID.x);
+  for (int bh = int(gl_WorkGroupID.y); bh < NB * H; bh += int(gl_NumWorkGroups.y)) {{
+    int b = bh / H, h = bh % H;
+    for (int q0 = int(gl_WorkGroupID.x) * QB; q0 < Sq; q0 += int(gl_NumWorkGroups.x) * QB) {{
+      int i = q0 + lid;
+      bool live = i < Sq;
+      float qv[D], acc[DV], sc[KB];
+      {un}for (int c = 0; c < D; ++c)
+        qv[c] = live ? ldf(qb, qo + uint(b * qs0 + h * qs1 + i * qs2 + c * qs3) * 4u) : 0.0;
+      {un}for (int c = 0; c < DV; ++c) acc[c] = 0.0;
+      float m = -rlx_inf(), l = 0.0;
+      for (int j0 = 0; j0 < Sk; j0 += KB) {{
+        barrier();  // the previous chunk is consumed
+        for (int e = lid; e < KB * D; e += QB) {{
+          int jj = e / D, c = e % D, j = j0 + jj;
+          Ks[jj][c] = j < Sk ? ldf(kb, ko + uint(b * ks0 + h * ks1 + j * ks2 + c * ks3) * 4u) : 0.0;
+        }}
+        for (int e = lid; e < KB * DV; e += QB) {{
+          int jj = e / DV, c = e % DV, j = j0 + jj;
+          Vs[jj][c] = j < Sk ? ldf(vb, vo + uint(b * vs0 + h * vs1 + j * vs2 + c * vs3) * 4u) : 0.0;
+        }}
+        barrier();
+        if (live) {{
+          int nk = min(KB, Sk - j0);
+          float cm = m;
+          {un}for (int jj = 0; jj < KB; ++jj) {{
+            if (jj < nk) {{
+              int j = j0 + jj;
+              float p4[4] = float[4](0.0, 0.0, 0.0, 0.0);  // 4 chains: the FMAs overlap
+              {un}for (int c = 0; c < D; ++c) p4[c & 3] += qv[c] * Ks[jj][c];
+              float s = ((p4[0] + p4[1]) + (p4[2] + p4[3])) * scale;
+              if (kind == 3) s += ldf(mb, mo + uint(b * bs0 + h * bs1 + i * bs2 + j * bs3) * 4u);
+              bool keep = true;
+              if (kind == 1 || kind == 2) keep = j <= i && (kind == 1 || j > i - win);
+              else if (kind == 4) {{
+                uint ma = mo + uint(b * Sk + j) * (mdt == 2 ? 8u : mdt == 3 ? 1u : 4u);
+                keep = mdt == 0 ? ldf(mb, ma) != 0.0 : mdt == 1 ? ldi(mb, ma) != 0
+                     : mdt == 2 ? (rd(mb, ma) | rd(mb, ma + 4u)) != 0u : ldb(mb, ma);
+              }}
+              if (!keep) s = -1e9;
+              sc[jj] = s;
+              if (s > cm || s != s) cm = s;
+            }}
+          }}
+          float mu = (isinf(cm) && cm < 0.0) ? 0.0 : cm;
+          float corr = rlx_exp(m - mu);
+          l *= corr;
+          {un}for (int c = 0; c < DV; ++c) acc[c] *= corr;
+          {un}for (int jj = 0; jj < KB; ++jj) {{
+            if (jj < nk) {{
+              float p = rlx_exp(sc[jj] - mu);
+              l += p;
+              {un}for (int c = 0; c < DV; ++c) acc[c] += p * Vs[jj][c];
+            }}
+          }}
+          m = cm;
+        }}
+      }}
+      if (live) {{
+        uint ob = oo + uint(b * os0 + h * os1 + i * os2);
+        {un}for (int c = 0; c < DV; ++c) A[ob + uint(c * os3)] = floatBitsToUint(Sk > 0 ? acc[c] / l : 0.0);
+      }}
+    }}
+  }}
+}}
+"""
+
+
 # -- lowering: one LIR step -> dispatches ------------------------------------------------------------
 
 def cstrides(shape: tuple[int, ...]) -> list[int]:
@@ -1025,11 +1368,43 @@ class ShaderProgram(KitProgram):
 
 
 class GlslProgram(ShaderProgram):
-    """:class:`ShaderProgram` over this module's GLSL templates in flavour ``flavour``."""
+    """:class:`ShaderProgram` over this module's GLSL templates in flavour ``flavour``.
+
+    ``gpu_kernels`` (a GPU target opts in; rlx-vulkan does on non-CPU devices) lowers matmul and
+    linear to :func:`matmul_tiled` and softmax / log_softmax / layer_norm to :func:`rows_wg`;
+    ``gemm_tile`` picks its tile (``"auto"``: ``"large"`` when that still gives at least
+    :data:`LARGE_TILES_MIN` workgroups, else ``"small"``; or a key of :data:`GEMM_TILES`);
+    ``epilogues`` lets a linear's store do a following head-split transpose or residual add
+    (:meth:`_store_folds`)."""
+
+    #: workgroups a GEMM must fill with large tiles before "auto" picks them. Measured on the H200
+    #: (132 SMs): MiniLM b32 s128's GEMMs (384-1536 large tiles: 4096 x 1536 linears, 384 batched
+    #: 128 x 128 attention products) ran faster as small tiles (device 6.98 vs 7.45 ms), while
+    #: 4096^3 (1024 large tiles) needs large ones to stay within 1.41x of cuBLAS.
+    LARGE_TILES_MIN = 1024
+    #: f32 reductions over innermost runs of >= 32 that :func:`reduce_wg` serves (a workgroup per output)
+    WG_REDUCE_OPS = frozenset({"reduce_sum", "reduce_mean", "reduce_max", "reduce_min"})
 
     def __init__(self, program: Program, allocator: Allocator, runtime: Runtime, flavour: GlslFlavour, *,
-                 prefix: str, cpu_device: bool, max_groups: int) -> None:
+                 prefix: str, cpu_device: bool, max_groups: int, gpu_kernels: bool = False,
+                 gemm_tile: str = "auto", epilogues: bool = True) -> None:
         self.flavour = flavour
+        if gemm_tile != "auto" and gemm_tile not in GEMM_TILES:
+            raise IRError(f"unknown GEMM tile {gemm_tile!r}", fix=f"use auto or one of {sorted(GEMM_TILES)}")
+        self.gpu_kernels, self.gemm_tile = gpu_kernels and not cpu_device, gemm_tile
+        #: the GEMM variant each matmul/linear step ran, by node (benchmarks report it)
+        self.gemm_variants: dict[str, str] = {}
+        #: head-split transposes folded into a linear's store (:meth:`_store_folds`), on first use
+        self._folds: dict[str, tuple[str, list[int]]] | None = None
+        #: residual adds folded into a linear's store: the linear's output -> (the add's output, the
+        #: residual); and the step outputs whose work a linear's store did (they launch nothing)
+        self._resid: dict[str, tuple[str, str]] = {}
+        #: fused elementwise programs folded into a linear's store: its output -> (the program's
+        #: output, the program's step)
+        self._ew: dict[str, tuple[str, Step]] = {}
+        self._done: set[str] = set()
+        #: whether :meth:`_store_folds` may fold (False: every step launches its own kernel)
+        self.epilogues = epilogues
         super().__init__(program, allocator, runtime, prefix=prefix, cpu_device=cpu_device,
                          max_groups=max_groups)
 
@@ -1038,12 +1413,259 @@ class GlslProgram(ShaderProgram):
             args = args[:1]
         return str(TEMPLATES[name](self.flavour, *args))
 
+    def _tile(self, m: int, n: int, nb: int) -> str:
+        if self.gemm_tile != "auto":
+            return self.gemm_tile
+        bm, bn = GEMM_TILES["large"][:2]
+        return "large" if -(-m // bm) * -(-n // bn) * nb >= self.LARGE_TILES_MIN else "small"
+
+    def _tiled(self, s: Step, meta: list[int], m: int, n: int, nb: int, bufs: str, dt: DType, *,
+               bias: bool = False, bt: bool = False, split: bool = False, res: bool = False,
+               epi: tuple[str, int, int] | None = None) -> None:
+        tile = self._tile(m, n, nb)
+        bm, bn = GEMM_TILES[tile][:2]
+        self.gemm_variants[s.node] = (f"tiled-{tile} {bm}x{bn}" + (" +bias" if bias else "")
+                                      + (" +split-heads" if split else "") + (" +residual" if res else "")
+                                      + (" +elementwise" if epi else ""))
+        self.emit(self.source("matmul_tiled", dt, bufs, tile, bias, bt, split, res, epi), meta,
+                  groups=(-(-n // bn), -(-m // bm), nb))
+
+    def _k_matmul(self, s: Step) -> None:
+        if not self.gpu_kernels:
+            self.gemm_variants[s.node] = "untiled (CPU device)" if self.cpu_device else "basic 16x16"
+            super()._k_matmul(s)
+            return
+        a, b = (self.shape(i) for i in s.inputs)
+        a2 = (1, *a) if len(a) == 1 else a
+        b2 = (*b, 1) if len(b) == 1 else b
+        m, k, n = a2[-2], a2[-1], b2[-1]
+        ab, bb = a2[:-2], b2[:-2]
+        batch = tuple(np.broadcast_shapes(ab, bb))
+        ast = [x * m * k for x in bstrides(ab, batch)] if ab else [0] * len(batch)
+        bst = [x * k * n for x in bstrides(bb, batch)] if bb else [0] * len(batch)
+        meta = [m, n, k, *self.locate(s.inputs[0]), *self.locate(s.inputs[1]), self.locate(s.outputs[0])[1],
+                len(batch), *batch, *ast, *bst]
+        bufs = "".join("AW"[self.locate(v)[0]] for v in s.inputs)
+        self._tiled(s, meta, m, n, math.prod(batch), bufs, self.types[s.outputs[0]].dtype)
+
+    def _k_linear(self, s: Step) -> None:
+        if not self.gpu_kernels:
+            self.gemm_variants[s.node] = "linear one invocation per output"
+            super()._k_linear(s)
+            return
+        x, w = self.shape(s.inputs[0]), self.shape(s.inputs[1])
+        n, k = w
+        r = math.prod(x[:-1])
+        wname = self.transposed.get(s.inputs[1], s.inputs[1])  # (K, N) when pre-transposed, else (N, K)
+        fold = self._store_folds().get(s.outputs[0])
+        resid = self._resid.get(s.outputs[0])
+        ew = self._ew.get(s.outputs[0])
+        out = (fold[0] if fold is not None else resid[0] if resid is not None else ew[0] if ew is not None
+               else s.outputs[0])
+        meta = [r, n, k, *self.locate(s.inputs[0]), *self.locate(wname), self.locate(out)[1],
+                0, *self.locate(s.inputs[2])]
+        if fold is not None:
+            meta += fold[1]
+        if resid is not None:
+            meta += self.locate(resid[1])
+        epi: tuple[str, int, int] | None = None
+        if ew is not None:
+            fs = ew[1]
+            k0 = fs.inputs.index(s.outputs[0])
+            meta += [w for v in fs.inputs if v != s.outputs[0] for w in self.locate(v)]
+            epi = (str(fs.attrs["program"]), len(fs.inputs), k0)
+        bufs = "".join("AW"[self.locate(v)[0]] for v in (s.inputs[0], wname))
+        self._tiled(s, meta, r, n, 1, bufs, DType.F32, bias=True, bt=wname == s.inputs[1],
+                    split=fold is not None, res=resid is not None, epi=epi)
+
+    def _rows(self, s: Step) -> None:
+        if not self.gpu_kernels:
+            super()._rows(s)
+            return
+        x = self.shape(s.inputs[0])
+        ax = normalize_axis(_int(s, "axis", -1), len(x))
+        nrows, cols = math.prod(x[:ax]), math.prod(x[ax:])
+        eps = f2i(_float(s, "eps", 0.0))
+        gb = self.locate(s.inputs[1]) if len(s.inputs) > 1 else (0, 0)
+        bb = self.locate(s.inputs[2]) if len(s.inputs) > 2 else (0, 0)
+        meta = [nrows, cols, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1], eps, *gb, *bb]
+        if nrows and cols:
+            self.emit(self.source("rows_wg", s.op), meta, groups=(min(nrows, self.max_groups), 1, 1))
+
+    _k_softmax = _k_log_softmax = _k_layer_norm = _rows
+
+    def _reduce(self, s: Step) -> None:
+        x = self.shape(s.inputs[0])
+        given = _opt_ints(s, "axes")
+        axes = set(range(len(x))) if given is None else {normalize_axis(int(a), len(x)) for a in given}
+        inner = axes == set(range(len(x) - len(axes), len(x)))  # the innermost axes: contiguous runs
+        r = math.prod(x[d] for d in axes)
+        if (not self.gpu_kernels or not inner or r < 32 or s.op not in self.WG_REDUCE_OPS
+                or self.types[s.inputs[0]].dtype is not DType.F32):
+            super()._reduce(s)
+            return
+        n = math.prod(x) // r
+        if n:
+            self.emit(self.source("reduce_wg", s.op),
+                      [n, r, *self.locate(s.inputs[0]), self.locate(s.outputs[0])[1]],
+                      groups=(min(n, self.max_groups), 1, 1))
+
+    _k_reduce_sum = _k_reduce_prod = _k_reduce_mean = _k_reduce_max = _k_reduce_min = _reduce
+
+    def _k_attention(self, s: Step) -> None:
+        """One :func:`attention_wg` dispatch (claimed only by a target that serves it: rlx-vulkan's
+        GPU path, for f32 and static head dims of at most :data:`ATT_MAX_D`)."""
+        q, k, v = (self.shape(i) for i in s.inputs[:3])
+        out = self.shape(s.outputs[0])
+        four = len(q) == 4
+        nb, h = q[0], (q[1] if four else 1)
+        sq, d, sk, dv = q[-2], q[-1], k[-2], v[-1]
+        kind = str(s.attrs.get("mask", "none"))
+        sc = s.attrs.get("scale")
+        scale = float(sc) if isinstance(sc, (int, float)) else 1.0 / math.sqrt(d)
+        win = _int(s, "window", 0) if s.attrs.get("window") is not None else 0
+
+        def st4(shape: tuple[int, ...]) -> list[int]:  # (batch, head, row, col) strides in elements
+            c = cstrides(shape)
+            return c if four else [c[0], 0, c[1], c[2]]
+
+        mloc: tuple[int, int] = (0, 0)
+        mdt, bst = 0, [0, 0, 0, 0]
+        if kind in ("bias", "padding"):
+            mloc = self.locate(s.inputs[3])
+        if kind == "bias":
+            bst = bstrides(self.shape(s.inputs[3]), (nb, h, sq, sk) if four else (nb, sq, sk))
+            if not four:
+                bst.insert(1, 0)
+        elif kind == "padding":
+            mdt = ATT_MASK_DTYPES[self.types[s.inputs[3]].dtype]
+        meta = [sq, sk, nb, h, *(w for i in s.inputs[:3] for w in self.locate(i)),
+                self.locate(s.outputs[0])[1], f2i(scale), ATT_MASKS[kind], win, *mloc, mdt, *bst,
+                *st4(q), *st4(k), *st4(v), *st4(out)]
+        if sq and nb * h:
+            self.emit(self.source("attention_wg", d, dv), meta,
+                      groups=(-(-sq // ATT_QB), min(nb * h, 65535), 1))
+
+    def _store_folds(self) -> dict[str, tuple[str, list[int]]]:
+        """Head splits folded into a linear's store: a linear's (B*S, H*D) result used only by an
+        in-place reshape to (B, S, H, D) used only by a transpose (the q/k/v of a transformer layer)
+        is stored by the GEMM straight into the transpose's output; maps the linear's output -> (the
+        transpose's output, [S, D, the element strides of B, S, H, D there]); the transpose then
+        launches nothing (:attr:`_done`). Only where the transpose's bytes are neither read by the
+        linear nor touched by the steps between the two. Likewise a residual ``add(linear, r)`` (same
+        shapes, f32) is done by the linear's store (:attr:`_resid`), and an f32 fused program of the
+        linear's result and scalars (GELU) applied by it (:attr:`_ew`)."""
+        if self._folds is not None:
+            return self._folds
+        folds: dict[str, tuple[str, list[int]]] = {}
+        self._folds = folds
+        if not (self.gpu_kernels and self.epilogues):
+            return folds
+        steps = list(self.program.kernels)
+        users: dict[str, list[int]] = {}
+        for i, st in enumerate(steps):
+            for v in st.inputs:
+                users.setdefault(v, []).append(i)
+        outs = {v for _, v in self.program.outputs}
+
+        def span(v: str) -> tuple[int, int, int]:
+            b, off = self.locate(v)
+            return b, off, off + self.types[v].nbytes()
+
+        def hits(v: str, others: Sequence[str]) -> bool:  # shares arena bytes with one of ``others``?
+            b, lo, hi = span(v)
+            return any(b2 == b == 0 and lo < hi2 and lo2 < hi for b2, lo2, hi2 in map(span, others))
+
+        for il, lin in enumerate(steps):
+            y = lin.outputs[0]
+            if lin.kernel != self.prefix + "linear" or y in outs or len(users.get(y, [])) != 1:
+                continue
+            ir = users[y][0]
+            rs = steps[ir]
+            z = rs.outputs[0]
+            if rs.kernel == self.prefix + "add" and len(rs.inputs) == 2 and rs.inputs[0] != rs.inputs[1]:
+                res = rs.inputs[1] if rs.inputs[0] == y else rs.inputs[0]
+                between = [v for st in steps[il + 1:ir] for v in (*st.inputs, *st.outputs) if v != y]
+                if (self.shape(res) == self.shape(y) == self.shape(z) and z not in self.constant_offsets
+                        and all(self.types[v].dtype is DType.F32 for v in (res, z))
+                        and not hits(z, [*lin.inputs, *between])
+                        # in place over the residual: each element is read, then written, by one invocation
+                        and (self.locate(z) == self.locate(res) or not hits(z, [res]))):
+                    self._resid[y] = (z, res)
+                    self._done.add(z)
+                continue
+            if rs.kernel == self.prefix + "fused_elementwise" and rs.inputs.count(y) == 1:
+                others = [v for v in rs.inputs if v != y]
+                between = [v for st in steps[il + 1:ir] for v in (*st.inputs, *st.outputs) if v != y]
+                if (self.shape(z) == self.shape(y) and z not in self.constant_offsets
+                        and all(self.types[v].dtype is DType.F32 for v in (*others, z))
+                        and all(math.prod(self.shape(v)) == 1 for v in others)
+                        and not hits(z, [*lin.inputs, *between]) and self._epi_renders(rs)):
+                    self._ew[y] = (z, rs)
+                    self._done.add(z)
+                continue
+            if (rs.kernel != self.prefix + "reshape" or self.locate(z) != self.locate(y) or z in outs
+                    or len(users.get(z, [])) != 1):
+                continue
+            it = users[z][0]
+            tr = steps[it]
+            dst = tr.outputs[0]
+            shape4, (rows, n) = self.shape(z), (math.prod(self.shape(y)[:-1]), self.shape(y)[-1])
+            if (tr.kernel != self.prefix + "transpose" or len(shape4) != 4 or dst in self.constant_offsets
+                    or shape4[0] * shape4[1] != rows or shape4[2] * shape4[3] != n or not rows or not n):
+                continue
+            between = [v for st in steps[il + 1:it] for v in (*st.inputs, *st.outputs) if v not in (y, z)]
+            if hits(dst, [*lin.inputs, *between]):
+                continue
+            given = _opt_ints(tr, "perm")
+            perm = [3, 2, 1, 0] if given is None else [normalize_axis(int(p), 4) for p in given]
+            cs = cstrides(self.shape(dst))
+            folds[y] = (dst, [shape4[1], shape4[3], *(cs[perm.index(e)] for e in range(4))])
+            self._done.add(dst)
+        return folds
+
+    def _k_transpose(self, s: Step) -> None:
+        if self.gpu_kernels:
+            self._store_folds()
+            if s.outputs[0] in self._done:
+                return  # the linear before it stored its result here already
+        super()._k_transpose(s)
+
+    def _epi_renders(self, s: Step) -> bool:
+        """Whether fused program ``s`` renders as an f32 store epilogue (no 64-bit helpers)."""
+        try:
+            lines, _, rdt = render_program(str(s.attrs["program"]), [f"x{k}" for k in range(len(s.inputs))],
+                                           (DType.F32,) * len(s.inputs), GLSL)
+        except Exception:
+            return False
+        return rdt is DType.F32 and not any(re.search(r"rlx_(sin|cos|pow)\(", ln) for ln in lines)
+
+    def _k_fused_elementwise(self, s: Step) -> None:
+        if self.gpu_kernels:
+            self._store_folds()
+            if s.outputs[0] in self._done:
+                return  # computed by the linear before it, as it stored
+        super()._k_fused_elementwise(s)
+
+    def _k_add(self, s: Step) -> None:
+        if self.gpu_kernels:
+            self._store_folds()
+            if s.outputs[0] in self._done:
+                return  # added by the linear before it, as it stored
+        self._elementwise(s, single_op_program(s.op, len(s.inputs), dict(s.attrs)))
+
+    def _k_reshape(self, s: Step) -> None:
+        if self.gpu_kernels and self.locate(s.inputs[0]) == self.locate(s.outputs[0]):
+            return  # planned in place: the bytes are already there (a dispatch saved per reshape)
+        super()._k_reshape(s)
+
 
 #: The GLSL template set by name (what :meth:`GlslProgram.source` serves).
 TEMPLATES: dict[str, Callable[..., str]] = {
     "copy8": copy8, "copy32": copy32, "fill32": fill32, "elementwise": elementwise, "matmul": matmul,
     "matmul_simple": matmul_simple, "matmul_4x4": matmul_4x4, "linear": linear, "reduce": reduce,
-    "rows": rows, "gather": gather, "scan": scan, "argext": argext, "conv2d": conv2d, "iota": iota}
+    "rows": rows, "gather": gather, "scan": scan, "argext": argext, "conv2d": conv2d, "iota": iota,
+    "matmul_tiled": matmul_tiled, "rows_wg": rows_wg, "reduce_wg": reduce_wg, "attention_wg": attention_wg}
 
 
 # -- claims -----------------------------------------------------------------------------------------
@@ -1108,7 +1730,8 @@ def template_claims(prefix: str, language: str) -> list[Any]:
 
     return [
         claim("matmul", W4,
-              constraint=f"tiled 16x16 shared-memory {language} kernel (untiled on CPU devices)"),
+              constraint=f"tiled shared-memory {language} kernel (16x16, or register-blocked 64-128 tiles "
+                         "where the target opts in; untiled on CPU devices)"),
         claim("linear", F32, constraint="one kernel: GEMM with the (pre-transposed constant) weight + bias"),
         claim("softmax", F32, predicate=_last_axis, constraint="last axis"),
         claim("log_softmax", F32, predicate=_last_axis, constraint="last axis"),
@@ -1143,8 +1766,9 @@ def claims(fl: GlslFlavour, prefix: str, wide: Callable[[], bool]) -> list[Any]:
     return out + template_claims(prefix, "GLSL")
 
 
-__all__ = ["GLSL", "GLSL64", "GLSL_FLAVOURS", "GlslFlavour", "GlslProgram", "OPENGL", "ShaderProgram",
-           "TEMPLATES", "VULKAN", "WG", "argext", "bstrides", "claims", "conv2d", "copy32", "copy8",
-           "cstrides", "elementwise", "elementwise_predicate", "fill32", "gather", "header", "iota",
-           "linear", "matmul", "matmul_4x4", "matmul_simple", "meta_block", "reduce", "rows", "scan",
+__all__ = ["ATT_MASKS", "ATT_MASK_DTYPES", "GEMM_TILES", "GLSL", "GLSL64", "GLSL_FLAVOURS", "GlslFlavour",
+           "GlslProgram", "OPENGL", "ShaderProgram", "TEMPLATES", "VULKAN", "WG", "argext", "attention_wg",
+           "bstrides", "claims", "conv2d", "copy32", "copy8", "cstrides", "elementwise",
+           "elementwise_predicate", "fill32", "gather", "header", "iota", "linear", "matmul", "matmul_4x4",
+           "matmul_simple", "matmul_tiled", "meta_block", "reduce", "reduce_wg", "rows", "rows_wg", "scan",
            "template_claims"]

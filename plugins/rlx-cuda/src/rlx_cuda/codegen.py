@@ -306,6 +306,13 @@ def _cdt(dt: DType) -> DType:
     return DType.F64 if dt is DType.F64 else DType.F32
 
 
+#: ``x`` of a residual add fused into layer_norm: ``a + b`` rounded to ``dt`` as the add's own
+#: kernel stores it (f16/bf16: computed in float, rounded once to nearest-even), so the statistics
+#: see the same values as when the sum went through memory.
+ADD_ROUNDED = {DType.F16: "rlx_h2f(rlx_f2h({a} + {b}))", DType.BF16: "rlx_b2f(rlx_f2b({a} + {b}))",
+               DType.F32: "({a} + {b})", DType.F64: "({a} + {b})"}
+
+
 @lru_cache(maxsize=64)
 def layer_norm_source(dt: DType, per: int = 0) -> tuple[str, str]:
     """y = (x - mean) / sqrt(var + eps) * gamma + beta (two-pass statistics). ``per == 0``: one
@@ -335,25 +342,29 @@ extern "C" __global__ void {name}(const {s}* xg, const {s}* g, const {s}* b, {s}
     return name, src
 
 
-def _layer_norm_warp(dt: DType, per: int) -> tuple[str, str]:
+def _layer_norm_warp(dt: DType, per: int, add: bool = False) -> tuple[str, str]:
     ct, f = _compute(dt)
     s = STORAGE[dt]
-    name = f"rlx_layer_norm_w{per}_{dt.value}"
+    name = f"rlx_{'add_' if add else ''}layer_norm_w{per}_{dt.value}"
     y = f"((v[t] - mu) * rstd) * {load(dt, 'g[j]')} + {load(dt, 'b[j]')}"
+    xin = (ADD_ROUNDED[dt].format(a=load(dt, "x[j]"), b=load(dt, "x2[j]")) if add
+           else load(dt, "x[j]"))
+    x2p = f"const {s}* x2g, " if add else ""
+    x2 = f"  const {s}* x2 = x2g + row * n;\n" if add else ""
     src = f"""{PREAMBLE}
-extern "C" __global__ void {name}(const {s}* xg, const {s}* g, const {s}* b, {s}* yg, int n, {ct} eps,
+extern "C" __global__ void {name}(const {s}* xg, {x2p}const {s}* g, const {s}* b, {s}* yg, int n, {ct} eps,
                                   long long rows) {{
   const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= rows) return;  /* whole warps leave together: the shuffles below stay full-warp */
   const int lane = threadIdx.x & 31;
   const {s}* x = xg + row * n;
-  {s}* y = yg + row * n;
+{x2}  {s}* y = yg + row * n;
   {ct} v[{per}];
   {ct} acc = 0;
 #pragma unroll
   for (int t = 0; t < {per}; ++t) {{
     const int j = lane + 32 * t;
-    v[t] = j < n ? ({ct}){load(dt, 'x[j]')} : ({ct})0;
+    v[t] = j < n ? ({ct}){xin} : ({ct})0;
     acc += v[t];
   }}
   const {ct} mu = rlx_warp_sum(acc) / n;
@@ -586,4 +597,195 @@ def all_row_kernels() -> list[tuple[str, str]]:
     for rank in range(1, PERMUTE_MAX_RANK + 1):
         for unit in PERMUTE_UNITS:
             out += [permute_source(rank, unit, False), permute_source(rank, unit, True)]
+    from . import flash  # (imports this module: not at the top)
+
+    for dt in flash.FLASH_DTYPES:  # the fused attention (sm_80+: the no-GPU test targets sm_90)
+        for hd in flash.HEAD_DIMS:
+            for vec in (True, False):
+                out += [flash.flash_source(dt, "padding", DType.I64, hd, vec),
+                        flash.flash_source(dt, "sliding_window", None, hd, vec)]
+    out += all_data_kernels()  # gather, sum/prod/mean, add + layer_norm
+    return list(dict.fromkeys(out))
+
+
+# -- gather (embedding lookups) -------------------------------------------------------------------
+
+#: Index dtypes a gather kernel reads (as stored: no widening pass over the indices first).
+GATHER_INDEX = {DType.I32: "int", DType.I64: "long long"}
+
+
+@lru_cache(maxsize=64)
+def gather_source(unit: int, idt: DType, wide: bool) -> tuple[str, str]:
+    """``y[b, j, c] = x[b, k(j), c]``: ``x`` viewed as (outer, n, inner) and ``y`` as (outer, nidx,
+    inner), both in copy units of ``unit`` bytes (``inner`` counts units). ``k(j)`` is ``idx[j]``
+    counted from the end once if negative (ONNX); an index still outside ``[0, n)`` gives zeros.
+
+    One fused pass (the old path ran a bounds kernel, CuPy's take with per-element int64 index
+    math, then a masked copy): consecutive threads copy consecutive units of one gathered row, so
+    an f16 embedding row of 384 moves as 48 coalesced 16-byte loads. ``wide``: 64-bit offsets."""
+    t = PERMUTE_UNITS[unit]
+    ct = GATHER_INDEX[idt]
+    it = "long long" if wide else "int"
+    name = f"rlx_gather_u{unit}_{idt.value}_{'w' if wide else 'n'}"
+    src = f"""extern "C" __global__ void {name}(const {t}* __restrict__ x, const {ct}* __restrict__ idx,
+    {t}* __restrict__ y, {it} total, {it} inner, {it} nidx, long long n) {{
+  for ({it} o = ({it})blockIdx.x * blockDim.x + threadIdx.x; o < total; o += ({it})gridDim.x * blockDim.x) {{
+    const {it} row = o / inner;
+    const {it} c = o - row * inner;
+    const {it} b = row / nidx;
+    long long v = (long long)idx[row - b * nidx];
+    if (v < 0) v += n;
+    {t} val{{}};  /* zeros: an out-of-range index reads nothing */
+    if (v >= 0 && v < n) val = x[(b * ({it})n + ({it})v) * inner + c];
+    y[o] = val;
+  }}
+}}
+"""
+    return name, src
+
+
+# -- sum / prod / mean over one run of adjacent axes ----------------------------------------------
+
+#: Accumulator C type per input dtype: integers wrap in unsigned 64-bit arithmetic (defined in C,
+#: and the same low bits as the int32/int64 result), floats accumulate in their own precision.
+REDUCE_ACC = {DType.F32: "float", DType.F64: "double", DType.I32: "unsigned long long",
+              DType.I64: "unsigned long long"}
+#: Threads splitting the reduced axis in the strided kernel (blockDim.y; blockDim.x = 32 outputs).
+REDUCE_SPLIT = 8
+#: Rows per block of the warp-per-row kernel.
+REDUCE_WARP_ROWS = 8
+
+
+@lru_cache(maxsize=128)
+def reduce_source(op: str, in_dt: DType, out_dt: DType, kind: str) -> tuple[str, str]:
+    """``y[o, i] = op over r of x[o, r, i]`` (``op``: sum, prod or mean), ``x`` contiguous as
+    (outer, R, inner). ``kind``:
+
+    * ``warp``: inner == 1, one warp per row (lanes stride the row: coalesced), shuffle reduction;
+    * ``block``: inner == 1, one 256-thread block per row, for few long rows;
+    * ``strided``: inner > 1, a block of 32 x 8 threads per 32 adjacent outputs: ``x`` lanes take
+      adjacent outputs (coalesced loads along ``inner``), the 8 ``y`` threads split R, and shared
+      memory adds their partials.
+    Floats accumulate in their own precision (as CuPy's sum); mean divides the total by R."""
+    acc = REDUCE_ACC[in_dt]
+    tin, tout = STORAGE[in_dt], STORAGE[out_dt]
+    ident = "1" if op == "prod" else "0"
+    sym = "*" if op == "prod" else "+"
+
+    def comb(a: str, b: str) -> str:
+        return f"{a} {sym} ({b})"
+    fin = f"acc / ({acc})R" if op == "mean" else "acc"
+    if acc == "unsigned long long":  # wrap back to the (signed) output type
+        final = f"({tout})(long long)({fin})"
+    else:
+        final = f"({tout})({fin})"
+    # (no file-scope helpers: CI compiles every kernel in one translation unit)
+    at, ld, ldi = acc, f"({acc})p[r]", f"({acc})p[r * inner]"
+    if kind == "warp":
+        body = f"""(const {tin}* __restrict__ x, {tout}* __restrict__ y, long long rows, long long R) {{
+  const int lane = threadIdx.x & 31;
+  for (long long row = (long long)blockIdx.x * {REDUCE_WARP_ROWS} + (threadIdx.x >> 5); row < rows;
+       row += (long long)gridDim.x * {REDUCE_WARP_ROWS}) {{  /* warp-uniform: full-mask shuffles below */
+    const {tin}* p = x + row * R;
+    {at} acc = ({ident});
+    for (long long r = lane; r < R; r += 32) acc = {comb('acc', ld)};
+    for (int s = 16; s > 0; s >>= 1) acc = {comb('acc', '__shfl_xor_sync(0xffffffffu, acc, s)')};
+    if (lane == 0) y[row] = {final};
+  }}
+}}
+"""
+    elif kind == "block":
+        body = f"""(const {tin}* __restrict__ x, {tout}* __restrict__ y, long long rows, long long R) {{
+  __shared__ {at} sh[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {{  /* block-uniform */
+    const {tin}* p = x + row * R;
+    {at} acc = ({ident});
+    for (long long r = threadIdx.x; r < R; r += blockDim.x) acc = {comb('acc', ld)};
+    for (int s = 16; s > 0; s >>= 1) acc = {comb('acc', '__shfl_xor_sync(0xffffffffu, acc, s)')};
+    if (lane == 0) sh[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {{
+      for (int w = 1; w < nw; ++w) acc = {comb('acc', 'sh[w]')};
+      y[row] = {final};
+    }}
+    __syncthreads();  /* sh is reused by the next row */
+  }}
+}}
+"""
+    elif kind == "strided":
+        body = f"""(const {tin}* __restrict__ x, {tout}* __restrict__ y, long long outer, long long R,
+    long long inner) {{
+  __shared__ {at} sh[{REDUCE_SPLIT}][33];
+  const long long i = (long long)blockIdx.x * 32 + threadIdx.x;
+  for (long long o = blockIdx.y; o < outer; o += gridDim.y) {{  /* block-uniform */
+    {at} acc = ({ident});
+    if (i < inner) {{
+      const {tin}* p = x + o * R * inner + i;
+      for (long long r = threadIdx.y; r < R; r += {REDUCE_SPLIT}) acc = {comb('acc', ldi)};
+    }}
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < inner) {{
+      for (int k = 1; k < {REDUCE_SPLIT}; ++k) acc = {comb('acc', 'sh[k][threadIdx.x]')};
+      y[o * inner + i] = {final};
+    }}
+    __syncthreads();  /* sh is reused by the next o */
+  }}
+}}
+"""
+    else:
+        raise ValueError(f"unknown reduce kernel kind {kind!r}")
+    name = _name(f"rlx_reduce_{op}_{kind}", body)
+    return name, f'extern "C" __global__ void {name}{body}'
+
+
+def reduce_plan(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, int, int] | None:
+    """``(outer, R, inner)`` when the reduced axes, ignoring size-1 dims, are adjacent; else None."""
+    red = set(axes)
+    kept = [(int(d), k in red) for k, d in enumerate(shape) if int(d) != 1]
+    flags = [r for _, r in kept]
+    if True in flags:
+        first, last = flags.index(True), len(flags) - 1 - flags[::-1].index(True)
+        if not all(flags[first:last + 1]):
+            return None
+    else:
+        first = last = len(kept)  # nothing (but size-1 dims) reduced: R = 1
+        last -= 1
+    dims = [d for d, _ in kept]
+    outer = 1
+    for d in dims[:first]:
+        outer *= d
+    rr = 1
+    for d in dims[first:last + 1]:
+        rr *= d
+    inner = 1
+    for d in dims[last + 1:]:
+        inner *= d
+    return outer, rr, inner
+
+
+@lru_cache(maxsize=64)
+def add_layer_norm_source(dt: DType, per: int) -> tuple[str, str]:
+    """layer_norm(a + b) in one warp-per-row kernel (``per`` as in :func:`layer_norm_source`): the
+    residual add's sum is rounded to ``dt`` in registers (:data:`ADD_ROUNDED`) and never stored."""
+    return _layer_norm_warp(dt, per, add=True)
+
+
+def all_data_kernels() -> list[tuple[str, str]]:
+    """Every gather, reduce and add + layer_norm kernel the plugin can emit (compiled by the
+    no-GPU tests)."""
+    out = []
+    for dt in ADD_ROUNDED:
+        for per in (1, 4, 12, 32):
+            out.append(add_layer_norm_source(dt, per))
+    for unit in PERMUTE_UNITS:
+        for idt in GATHER_INDEX:
+            out += [gather_source(unit, idt, False), gather_source(unit, idt, True)]
+    for in_dt in REDUCE_ACC:
+        for op in ("sum", "prod", "mean"):
+            if op == "mean" and in_dt not in (DType.F32, DType.F64):
+                continue
+            for kind in ("warp", "block", "strided"):
+                out.append(reduce_source(op, in_dt, in_dt, kind))
     return list(dict.fromkeys(out))

@@ -49,6 +49,8 @@ class Bound:
     out_types: list[TensorType]
     attrs: Attrs
     ctx: Any  # the CudaProgram: sm_count, workspace
+    #: attention only: buffers to use instead of q/k/v/o, with strides (see :func:`flash.bind`)
+    layout: dict[str, tuple[Any, int, int, int]] | None = None
 
 
 def _noop() -> None:
@@ -148,6 +150,43 @@ def k_layer_norm(b: Bound) -> Run:
         grid, block = (rows + codegen.WARP_ROWS - 1) // codegen.WARP_ROWS, 32 * codegen.WARP_ROWS
     else:
         grid, block = rows, codegen.row_block(n)
+    return lambda: k((grid,), (block,), args)
+
+
+def is_plain_add(kernel: str, attrs: Attrs, in_types: Sequence[TensorType], out_type: TensorType) -> bool:
+    """Whether a step computes exactly ``out = in0 + in1`` of one shape and dtype: a ``cuda.add``
+    (f32/f64) or the fused chain f16/bf16 adds legalize to (widen both, add, round once)."""
+    dt = out_type.dtype
+    shape = tuple(out_type.shape)
+    if (len(in_types) != 2 or any(t.dtype is not dt or tuple(t.shape) != shape for t in in_types)
+            or dt not in codegen.ADD_ROUNDED):
+        return False
+    if kernel == "cuda.add":
+        return dt in (DType.F32, DType.F64)
+    if kernel != "cuda.fused_elementwise" or dt not in HALF:
+        return False
+    ops, out = codegen.decode(str(attrs["program"]))
+    want = [("cast", ["i0"], {"to": DType.F32}), ("cast", ["i1"], {"to": DType.F32}),
+            ("add", ["t0", "t1"], {}), ("cast", ["t2"], {"to": dt})]
+    return out == "t3" and [(o, list(a), dict(kw)) for o, a, kw in ops] == want
+
+
+def add_layer_norm(b: Bound, a: Any, a2: Any) -> Run | None:
+    """layer_norm(a + a2) as one warp-per-row kernel (:func:`codegen.add_layer_norm_source`), for
+    a ``b`` whose input is that sum; None when the row is too long for a warp (then the caller
+    keeps the two steps)."""
+    x, g, beta = b.ins
+    o = b.outs[0]
+    t = b.in_types[0]
+    rows, n = _rows(t, normalize_axis(int(b.attrs["axis"]), t.rank))  # type: ignore[arg-type]
+    per = codegen.warp_per(n)
+    if rows == 0 or not per or t.dtype not in codegen.ADD_ROUNDED:
+        return None
+    name, src = codegen.add_layer_norm_source(t.dtype, per)
+    k = raw_kernel(name, src)
+    eps = (np.float64 if t.dtype is DType.F64 else np.float32)(float(b.attrs["eps"]))  # type: ignore[arg-type]
+    args: tuple[Any, ...] = (a, a2, g, beta, o, np.int32(n), eps, np.int64(rows))
+    grid, block = (rows + codegen.WARP_ROWS - 1) // codegen.WARP_ROWS, 32 * codegen.WARP_ROWS
     return lambda: k((grid,), (block,), args)
 
 
@@ -474,7 +513,13 @@ def k_linear(b: Bound) -> Run:
     return run
 
 
-def attention_workspace(in_types: Sequence[TensorType]) -> int:
+def attention_workspace(in_types: Sequence[TensorType], attrs: Attrs | None = None) -> int:
+    """Scratch bytes of the two-GEMM path (scores, and probabilities for halves); 0 when the fused
+    kernel will run the step (``attrs`` known and :func:`flash.flash_reason` accepts it)."""
+    from . import flash
+
+    if attrs is not None and flash.flash_reason(in_types, attrs, flash.device_cc()) is None:
+        return 0
     q, k = in_types[0], in_types[1]
     rows = math.prod(q.shape[:-1])  # type: ignore[arg-type]
     sk = int(k.shape[-2])  # type: ignore[arg-type]
@@ -487,7 +532,19 @@ def attention_workspace(in_types: Sequence[TensorType]) -> int:
 
 
 def k_attention(b: Bound) -> Run:
-    """softmax(scale * q @ k^T + mask) @ v: two batched cuBLAS GEMMs around one masked softmax."""
+    """softmax(scale * q @ k^T + mask) @ v: one fused flash kernel where :mod:`rlx_cuda.flash`
+    takes the variant (f16/bf16, head dim <= 128, no bias mask), else two batched cuBLAS GEMMs
+    around one masked softmax."""
+    from . import flash
+
+    fused = flash.bind(b)
+    if fused is not None:
+        return fused
+    if b.layout:  # the program dropped a head transpose only after flash_reason accepted the step
+        from rlx_core.plugin import IRError
+
+        raise IRError("an attention step whose head transposes were dropped was refused by the fused "
+                      "kernel", where="rlx-cuda attention", fix="set RLX_CUDA_FLASH=0 and report this bug")
     q, k, v = b.ins[:3]
     o = b.outs[0]
     qt, kt, vt = b.in_types[:3]
@@ -560,12 +617,54 @@ def _axes(attrs: Attrs, rank: int) -> tuple[int, ...]:
     return tuple(sorted({normalize_axis(a, rank) for a in axes}))  # type: ignore[union-attr]
 
 
-def k_reduce(fn: Any) -> Callable[[Bound], Run]:
+def fast_reduce(op: str, b: Bound, axes: tuple[int, ...]) -> Run | None:
+    """One generated kernel (:func:`codegen.reduce_source`) when the reduced axes are adjacent
+    (size-1 dims aside), both views are contiguous and ``RLX_CUDA_FAST_REDUCE`` is on; else None
+    (CuPy's reduction). CuPy's reduction kernels pick their launch shape on the host on every call
+    and read a non-last axis with strided per-thread loops; this one binds its launch once."""
+    from .settings import FAST_REDUCE
+
+    x, o = b.ins[0], b.outs[0]
+    in_dt, out_dt = b.in_types[0].dtype, b.out_types[0].dtype
+    if (not FAST_REDUCE.get() or in_dt not in codegen.REDUCE_ACC or out_dt not in codegen.REDUCE_ACC
+            or (op == "mean" and in_dt not in (DType.F32, DType.F64))
+            or not x.flags.c_contiguous or not o.flags.c_contiguous):
+        return None
+    plan = codegen.reduce_plan(x.shape, axes)
+    if plan is None:
+        return None
+    outer, rr, inner = plan
+    sm = int(b.ctx.sm_count)
+    if inner == 1:
+        if outer < sm * codegen.REDUCE_WARP_ROWS and rr >= 2048:  # few long rows: a block each
+            kind, block = "block", 256
+            grid: tuple[int, ...] = (min(outer, sm * 32),)
+        else:
+            kind, block = "warp", 32 * codegen.REDUCE_WARP_ROWS
+            grid = (max(1, min((outer + codegen.REDUCE_WARP_ROWS - 1) // codegen.REDUCE_WARP_ROWS, sm * 64)),)
+        args: tuple[Any, ...] = (x, o, np.int64(outer), np.int64(rr))
+        threads: tuple[int, ...] = (block,)
+    else:
+        gx = (inner + 31) // 32
+        if gx * outer < sm and rr * inner > 1 << 22:  # too few blocks for a long reduction: CuPy
+            return None
+        kind, threads = "strided", (32, codegen.REDUCE_SPLIT)
+        grid = (gx, min(outer, 65535))
+        args = (x, o, np.int64(outer), np.int64(rr), np.int64(inner))
+    name, src = codegen.reduce_source(op, in_dt, out_dt, kind)
+    k = raw_kernel(name, src)
+    return lambda: k(grid, threads, args)
+
+
+def k_reduce(fn: Any, op: str = "") -> Callable[[Bound], Run]:
     def make(b: Bound) -> Run:
         x, o = b.ins[0], b.outs[0]
         axes = _axes(b.attrs, x.ndim)
         if o.size == 0:
             return _noop
+        fast = fast_reduce(op, b, axes) if op else None
+        if fast is not None:
+            return fast
         okeep = o.reshape([1 if i in axes else d for i, d in enumerate(x.shape)])
         return lambda: fn(x, axis=axes, out=okeep, keepdims=True, dtype=o.dtype)
     return make
@@ -748,6 +847,41 @@ def _bound_indices(idx: Any, n: int, b: Bound) -> tuple[Any, Any, Run]:
     return k, bad, run
 
 
+def fast_gather(b: Bound, ax: int, n: int) -> Run | None:
+    """One fused bounds-check + row copy (:func:`codegen.gather_source`) in units of up to 16
+    bytes, when the views are contiguous and ``RLX_CUDA_FAST_GATHER`` is on; else None (the old
+    bounds kernel + CuPy take + masked copy)."""
+    from .settings import FAST_GATHER
+
+    x, idx = b.ins
+    o = b.outs[0]
+    idt = b.in_types[1].dtype
+    if (not FAST_GATHER.get() or idt not in codegen.GATHER_INDEX or not x.flags.c_contiguous
+            or not idx.flags.c_contiguous or not o.flags.c_contiguous):
+        return None
+    outer = math.prod(x.shape[:ax])
+    inner = math.prod(x.shape[ax + 1:])
+    nidx = int(idx.size)
+    isz = int(x.itemsize)
+    align = _align(_ptr(x), _ptr(o))
+    unit = isz
+    for u in (16, 8, 4, 2):
+        if u > isz and (inner * isz) % u == 0 and align % u == 0:
+            unit = u
+            break
+    if unit not in codegen.PERMUTE_UNITS:
+        return None
+    inner_u = inner * isz // unit
+    total = outer * nidx * inner_u
+    wide = max(total, outer * n * inner_u) >= 2**31 - 1
+    name, src = codegen.gather_source(unit, idt, wide)
+    k = raw_kernel(name, src)
+    it = np.int64 if wide else np.int32
+    args = (x, idx, o, it(total), it(inner_u), it(nidx), np.int64(n))
+    grid = max(1, min((total + 255) // 256, b.ctx.sm_count * 32))
+    return lambda: k((grid,), (256,), args)
+
+
 def k_gather(b: Bound) -> Run:
     x, idx = b.ins
     o = b.outs[0]
@@ -757,6 +891,9 @@ def k_gather(b: Bound) -> Run:
     n = int(x.shape[ax])
     if n == 0:  # every index is out of range of an empty axis
         return lambda: o.fill(0)
+    fast = fast_gather(b, ax, n)
+    if fast is not None:
+        return fast
     k, bad, bound = _bound_indices(idx, n, b)
     bad_o = bad.reshape((1,) * ax + tuple(idx.shape) + (1,) * (x.ndim - ax - 1))
 
@@ -839,8 +976,8 @@ def factories() -> dict[str, Callable[[Bound], Run]]:
         "cuda.fused_elementwise": k_fused, "cuda.matmul": k_matmul, "cuda.linear": k_linear,
         "cuda.attention": k_attention, "cuda.softmax": k_softmax, "cuda.log_softmax": k_log_softmax,
         "cuda.layer_norm": k_layer_norm,
-        "cuda.reduce_sum": k_reduce(cp.sum), "cuda.reduce_prod": k_reduce(cp.prod),
-        "cuda.reduce_mean": k_reduce(cp.mean), "cuda.reduce_max": k_minmax(True),
+        "cuda.reduce_sum": k_reduce(cp.sum, "sum"), "cuda.reduce_prod": k_reduce(cp.prod, "prod"),
+        "cuda.reduce_mean": k_reduce(cp.mean, "mean"), "cuda.reduce_max": k_minmax(True),
         "cuda.reduce_min": k_minmax(False), "cuda.argmax": k_arg(cp.argmax),
         "cuda.argmin": k_arg(cp.argmin), "cuda.reshape": k_reshape, "cuda.transpose": k_transpose,
         "cuda.expand": k_expand, "cuda.slice": k_slice, "cuda.concat": k_concat, "cuda.pad": k_pad,
@@ -859,5 +996,5 @@ def factories() -> dict[str, Callable[[Bound], Run]]:
     return f
 
 
-def workspace_bytes(op: str, in_types: Sequence[TensorType]) -> int:
-    return attention_workspace(in_types) if op == "attention" else 0
+def workspace_bytes(op: str, in_types: Sequence[TensorType], attrs: Attrs | None = None) -> int:
+    return attention_workspace(in_types, attrs) if op == "attention" else 0

@@ -198,7 +198,8 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
         _claim("linear", FLOATS,
                constraint="one cuBLASLt matmul, bias in the epilogue (else one GEMM onto the bias)"),
         _claim("attention", FLOATS | STORE, out_dtypes=FLOATS, predicate=_attention_pred,
-               constraint="two batched cuBLAS GEMMs + one masked-softmax kernel (all mask kinds)"),
+               constraint="f16/bf16 with head dim <= 128 and no bias mask on sm_80+: one fused flash "
+                          "kernel (RLX_CUDA_FLASH); else two batched cuBLAS GEMMs + one masked softmax"),
         _claim("softmax", FLOATS, predicate=_last_axis, constraint="last axis"),
         _claim("log_softmax", FLOATS, predicate=_last_axis, constraint="last axis"),
         _claim("layer_norm", FLOATS),

@@ -5,6 +5,11 @@
   are uploaded once, here; attention steps share one scratch workspace.
 * **Reshape copies**: a reshape's copy is dropped when the step before can write, or the step
   after can read, the other buffer directly (:meth:`CudaProgram._elide_reshape_copies`).
+* **Weight-only steps**: elementwise steps that read only weights (e.g. scalar constants cast
+  f16 -> f32) run once when the program is built, not on every run
+  (:meth:`CudaProgram._fold_weight_steps`, ``RLX_CUDA_FOLD_WEIGHTS``).
+* **Head transposes**: where the fused f16/bf16 attention reads q/k/v, the head split's
+  transpose is dropped and the attention reads (B, S, H, D) in place (:mod:`rlx_cuda.heads`).
 * **Transfers**: the LIR's ``Transfer`` steps: inputs are uploaded and outputs downloaded per run.
 * **CUDA graphs**: the first run is eager (it also warms NVRTC and cuBLAS); the second captures the
   kernel sequence on the program's stream into a CUDA graph, and every run from then on replays it
@@ -25,6 +30,9 @@ import numpy as np
 from rlx_core.plugin import DType, Program, Step, Transfer
 
 from . import kernels as kern
+
+#: Largest result of a step folded at bind time (:meth:`CudaProgram._fold_weight_steps`).
+FOLD_MAX_BYTES = 1 << 20
 
 
 def graphs_enabled() -> bool:
@@ -50,8 +58,8 @@ class CudaProgram:
             for p in g.params:  # weights: uploaded once
                 views[p.name] = cp.asarray(_to_storage(np.asarray(g.weights[p.name]), p.type.dtype))
             self.views = views
-            ws = max((kern.workspace_bytes(s.op, [g.types[i] for i in s.inputs]) for s in program.kernels),
-                     default=0)
+            ws = max((kern.workspace_bytes(s.op, [g.types[i] for i in s.inputs], s.attrs)
+                      for s in program.kernels), default=0)
             self.workspace = cp.cuda.alloc(ws) if ws else None
             self.uploads = [(t.value, views[t.value], g.types[t.value].dtype) for t in program.steps
                             if isinstance(t, Transfer) and t.src == "host"]
@@ -62,9 +70,15 @@ class CudaProgram:
             ins = [[views[i] for i in st.inputs] for st in steps]
             outs = [[views[o] for o in st.outputs] for st in steps]
             self.elided = self._elide_reshape_copies(steps, ins, outs)
+            self.dropped, layouts = self._absorb_head_transposes(steps, ins, outs)
             with self.stream:
-                self.runs = tuple(kern._noop if k in self.elided else
-                                  self._bind(st, ins[k], outs[k], factories) for k, st in enumerate(steps))
+                self.folded = self._fold_weight_steps(steps, ins, outs, factories)
+                self.fused_adds, add_ln = self._fuse_add_layer_norm(steps, ins, outs)
+                skip = self.elided | self.dropped | self.folded | self.fused_adds
+                self.runs = tuple(kern._noop if k in skip else
+                                  add_ln[k] if k in add_ln else
+                                  self._bind(st, ins[k], outs[k], factories, layouts.get(k))
+                                  for k, st in enumerate(steps))
             self.stream.synchronize()
         self.kernel_names = tuple(s.kernel for s in program.kernels)
         # A run that synchronises with the host (linalg solvers: convergence tests) cannot be captured.
@@ -80,11 +94,125 @@ class CudaProgram:
             self._cublas_ws = cp.cuda.alloc(kern.CUBLAS_WORKSPACE)
         return self._cublas_ws
 
-    def _bind(self, s: Step, ins: list[Any], outs: list[Any], factories: Mapping[str, Any]) -> Any:
+    def _bind(self, s: Step, ins: list[Any], outs: list[Any], factories: Mapping[str, Any],
+              layout: dict[str, tuple[Any, int, int, int]] | None = None) -> Any:
         g = self.program.graph
         b = kern.Bound(ins, outs, [g.types[i] for i in s.inputs], [g.types[o] for o in s.outputs], s.attrs,
-                       self)
+                       self, layout)
         return factories[s.kernel](b)
+
+    def _fold_weight_steps(self, steps: tuple[Step, ...], ins: list[list[Any]], outs: list[list[Any]],
+                           factories: Mapping[str, Any]) -> set[int]:
+        """Run once, here, the elementwise steps whose inputs are all weights (or folded values).
+
+        Weights are uploaded once and no step writes them, so such a step gives the same bytes on
+        every run: in MiniLM f16 these are the scalar constants each GELU casts f16 -> f32 (18 of
+        its 25 cast launches per run). The result moves to a buffer of its own (its arena bytes
+        are shared over time with other values) that the later readers take instead. Only small
+        results (:data:`FOLD_MAX_BYTES`: a folded value costs memory for the program's life), one
+        output, not downloaded, and read only by steps that keep their planned input view (not a
+        reshape, not an elided or dropped step). ``RLX_CUDA_FOLD_WEIGHTS=0`` keeps them per run.
+        Returns the folded steps (their runs become no-ops)."""
+        from .plugin import ELEMENTWISE
+        from .settings import FOLD_WEIGHTS
+
+        if not FOLD_WEIGHTS.get():
+            return set()
+        g = self.program.graph
+        const = {p.name for p in g.params}
+        ew = {f"cuda.{op}" for op in ELEMENTWISE} | {"cuda.fused_elementwise"}
+        keep = {v for _, v in self.program.outputs} | {name for name, _, _ in self.downloads}
+        readers: dict[str, list[tuple[int, int]]] = {}
+        for j, st in enumerate(steps):
+            for i, v in enumerate(st.inputs):
+                readers.setdefault(v, []).append((j, i))
+        skip = self.elided | self.dropped
+        folded: set[int] = set()
+        for k, st in enumerate(steps):
+            if (st.kernel not in ew or k in skip or not st.inputs or len(st.outputs) != 1
+                    or not all(v in const for v in st.inputs)):
+                continue
+            out = st.outputs[0]
+            view = self.views.get(out)
+            rd = readers.get(out, [])
+            if (out in keep or out in const or view is None or outs[k][0] is not view
+                    or int(view.nbytes) > FOLD_MAX_BYTES
+                    or any(steps[j].kernel == "cuda.reshape" or j in skip or j <= k or ins[j][i] is not view
+                           for j, i in rd)):
+                continue
+            if not folded:  # weights were uploaded on another stream: let those copies land first
+                cp.cuda.runtime.deviceSynchronize()
+            buf = cp.empty(view.shape, view.dtype)
+            self._bind(st, ins[k], [buf], factories)()  # on self.stream, once
+            for j, i in rd:
+                ins[j][i] = buf
+            outs[k][0] = buf
+            const.add(out)
+            folded.add(k)
+        return folded
+
+    def _fuse_add_layer_norm(self, steps: tuple[Step, ...], ins: list[list[Any]], outs: list[list[Any]]
+                             ) -> tuple[set[int], dict[int, Any]]:
+        """Fold a residual add into the layer_norm right after it: ``layer_norm(a + b)`` as one
+        kernel that rounds the sum in registers (:func:`kernels.add_layer_norm`), so the sum is
+        never written and read back (BERT: 12 adds of (B, S, hidden) per run).
+
+        Only when the add (:func:`kernels.is_plain_add`) is the step just before, its sum has no
+        other reader and is not downloaded, neither step was elided/dropped/folded or had its views
+        redirected, and the layer_norm's output does not partly overlap ``a`` or ``b`` (it now
+        reads them while writing: the same bytes row for row are fine, a warp holds its row in
+        registers before storing it, a shifted overlap is not). ``RLX_CUDA_FUSE_ADD_LN=0`` keeps
+        both steps. Returns (the add steps, now no-ops; {layer_norm step: its run})."""
+        from .settings import FUSE_ADD_LN
+
+        if not FUSE_ADD_LN.get():
+            return set(), {}
+        g = self.program.graph
+        uses = Counter(v for st in steps for v in st.inputs)
+        uses.update(v for _, v in self.program.outputs)
+        uses.update(name for name, _, _ in self.downloads)
+        skip = self.elided | self.dropped | self.folded
+
+        def span(v: Any) -> tuple[int, int]:
+            p = int(v.data.ptr)
+            return p, p + max(int(v.nbytes), 1)
+
+        def safe(y: Any, x: Any) -> bool:  # disjoint, or exactly the same bytes
+            (y0, y1), (x0, x1) = span(y), span(x)
+            return y1 <= x0 or x1 <= y0 or (y0 == x0 and y1 == x1)
+
+        adds: set[int] = set()
+        runs: dict[int, Any] = {}
+        for k in range(1, len(steps)):
+            st, pre = steps[k], steps[k - 1]
+            if st.kernel != "cuda.layer_norm" or k in skip or k - 1 in skip or k - 1 in adds:
+                continue
+            s = pre.outputs[0] if len(pre.outputs) == 1 else None
+            if s is None or st.inputs[0] != s or uses[s] != 1 or ins[k][0] is not self.views.get(s) \
+                    or outs[k - 1][0] is not self.views.get(s):
+                continue
+            if not kern.is_plain_add(pre.kernel, pre.attrs, [g.types[i] for i in pre.inputs], g.types[s]):
+                continue
+            a, a2 = ins[k - 1]
+            y = outs[k][0]
+            if not (a.flags.c_contiguous and a2.flags.c_contiguous and safe(y, a) and safe(y, a2)):
+                continue
+            b = kern.Bound(ins[k], outs[k], [g.types[i] for i in st.inputs], [g.types[o] for o in st.outputs],
+                           st.attrs, self)
+            run = kern.add_layer_norm(b, a, a2)
+            if run is not None:
+                adds.add(k - 1)
+                runs[k] = run
+        return adds, runs
+
+    def _absorb_head_transposes(self, steps: tuple[Step, ...], ins: list[list[Any]], outs: list[list[Any]]
+                                ) -> tuple[set[int], dict[int, dict[str, tuple[Any, int, int, int]]]]:
+        """:func:`rlx_cuda.heads.absorb_head_transposes` on this program's views."""
+        from .heads import absorb_head_transposes
+
+        return absorb_head_transposes(self.program, steps, ins, outs, self.elided,
+                                      [name for name, _, _ in self.downloads],
+                                      int(self.device.compute_capability))
 
     def _elide_reshape_copies(self, steps: tuple[Step, ...], ins: list[list[Any]], outs: list[list[Any]]
                               ) -> set[int]:

@@ -18,6 +18,7 @@ from rlx_core.plugin import (
     BackendInfo,
     DeviceCaps,
     DeviceInfo,
+    DType,
     KernelClaim,
     hookimpl,
 )
@@ -95,7 +96,40 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     the f64-based sin/cos/pow only where the device has shaderFloat64 + shaderInt64)."""
     from rlx_core.plugin import glsl
 
-    return list(glsl.claims(glsl.VULKAN, "vulkan.", _wide))
+    return [*glsl.claims(glsl.VULKAN, "vulkan.", _wide),
+            KernelClaim("attention", "vulkan.attention", dtypes=_ATT_MASKS, out_dtypes=frozenset({DType.F32}),
+                        predicate=_attention_pred,
+                        constraint="GPU devices: one fused kernel (scores stay on chip, online softmax); "
+                                   f"f32, static head dims <= {_ATT_MAX_D}, padding masks f32/i32/i64/bool")]
+
+
+#: glsl.ATT_MAX_D, repeated so that claiming imports nothing more than the plugin API
+_ATT_MAX_D = 128
+_ATT_MASKS = frozenset({DType.F32, DType.I32, DType.I64, DType.BOOL})
+
+
+def _attention_pred(v: Any) -> str | None:
+    """Claims attention only where :func:`glsl.attention_wg` runs: the GPU kernels are on (a GPU
+    device, or RLX_VULKAN_TILED on a CPU one; not RLX_VULKAN_GEMM=basic) and it is not switched off."""
+    from .settings import ATTENTION, GEMM
+    from .vk import context, cpu_device
+
+    if str(ATTENTION.get()) == "off":
+        return "RLX_VULKAN_ATTENTION=off (decomposed)"
+    if str(GEMM.get()) == "basic" or cpu_device(context()):
+        return "the fused kernel runs on the GPU path only (CPU device or RLX_VULKAN_GEMM=basic: decomposed)"
+    q, k, vv = v.in_types[:3]
+    if any(t.dtype is not DType.F32 for t in (q, k, vv)):
+        return "fused attention is f32 only"
+    d, dv = q.shape[-1], vv.shape[-1]
+    if not (isinstance(d, int) and isinstance(dv, int) and 0 < d <= _ATT_MAX_D and 0 < dv <= _ATT_MAX_D):
+        return f"head dims {d}, {dv} must be static and at most {_ATT_MAX_D}"
+    mask = str(v.attrs["mask"])
+    if mask == "bias" and v.in_types[3].dtype is not DType.F32:
+        return "bias mask must be f32"
+    if mask == "padding" and v.in_types[3].dtype not in _ATT_MASKS:
+        return f"padding mask dtype {v.in_types[3].dtype} is not supported (f32/i32/i64/bool)"
+    return None
 
 
 @hookimpl

