@@ -272,10 +272,10 @@ def markdown(run: Run, command: str) -> str:
             "signature, so the stage computing them runs first and the next one is compiled per distinct "
             "value; NonZero, NonMaxSuppression and Compress run on the backend as bounded ops (a padded "
             "result and a count, trimmed at the cut) where the backend claims them, Unique (and those "
-            "three elsewhere) on the host between compiled stages. A case whose every output is computed on the host (nothing on the "
-            "backend) is counted unsupported, not passed. The adapter itself compiles no input in as a "
-            "constant (its former `freeze_inputs` is gone), so every pass is what a user of "
-            "`load_onnx_model` gets.",
+            "three elsewhere) on the host between compiled stages. A case whose every output is "
+            "computed on the host (nothing on the backend) is counted unsupported, not passed. The "
+            "adapter itself compiles no input in as a constant (its former `freeze_inputs` is gone), "
+            "so every pass is what a user of `load_onnx_model` gets.",
             f"- {len(folded)} passed case(s) have an output that no run-time input reaches: "
             + (", ".join(f"`{r.name}`" for r in folded) or "none")
             + (" (Dropout's mask in inference mode is a constant)." if folded else "."),

@@ -218,5 +218,5 @@ def test_core_rules_come_after_the_backends_own() -> None:
     sess, _ = _session(True, [RULE])
     backend = sess.devices[0][0]
     names = [r.name for r in sess.fusion_rules(backend)]
-    assert names == ["acme.fma", "attention", "elementwise"]
+    assert names == ["acme.fma", "attention", "norms", "elementwise"]
     assert sess.fusion_rules(backend)[0].provider == "acme"

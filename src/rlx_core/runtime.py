@@ -114,11 +114,11 @@ class Session:
     def fusion_rules(self, backend: Backend) -> list[FusionRule]:
         """The backend's own fusion rules first (more specific), then the core's."""
         from .fusion import ELEMENTWISE
-        from .patterns import ATTENTION
+        from .patterns import ATTENTION, LAYER_NORM
 
         own = [r if r.provider else replace(r, provider=backend.name)
                for r in backend.list_of("rlx_fusion_rules", FusionRule)]
-        return [*own, ATTENTION, ELEMENTWISE]
+        return [*own, ATTENTION, LAYER_NORM, ELEMENTWISE]
 
     # -- planning --------------------------------------------------------------------------------
     def legalize(self, graph: Graph) -> tuple[Legalized, bool]:

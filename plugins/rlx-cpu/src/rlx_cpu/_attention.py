@@ -9,6 +9,8 @@ per-call scratch block, so nothing of size (B, H, Sq, Sk) is ever materialised.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
@@ -113,3 +115,56 @@ def attention_items(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):
         for i in range(m):
             for c in range(d):
                 ob[i, c] *= inv[i]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+def guarded_items(q, kt, v, bias, c1, c2, o, lo, hi):
+    """What exporters emit for torch's masked scaled_dot_product_attention, over (batch, head)
+    items ``lo:hi``: ``p = softmax((q*c1) @ (kt*c2) + bias)``, NaN probabilities set to 0 (a
+    fully masked row gives 0, not NaN), ``o = p @ v``. Loops, not BLAS: meant for the small heads
+    (8 x 8) where a BLAS call costs more than its arithmetic. ``bias`` is broadcast to
+    (B, H, Sq, Sk) (zero strides)."""
+    bsz, h, sq, d = q.shape
+    sk = kt.shape[3]
+    dv = v.shape[3]
+    qs = np.empty(d, q.dtype)
+    ks = np.empty((d, sk), q.dtype)
+    s = np.empty(sk, q.dtype)
+    for it in range(lo, hi):
+        b = it // h
+        hh = it % h
+        for c in range(d):
+            for j in range(sk):
+                ks[c, j] = kt[b, hh, c, j] * c2  # the scaled keys, rounded as the graph does
+        for i in range(sq):
+            for c in range(d):
+                qs[c] = q[b, hh, i, c] * c1
+            for j in range(sk):
+                acc = 0.0
+                for c in range(d):
+                    acc += qs[c] * ks[c, j]
+                s[j] = q.dtype.type(acc) + bias[b, hh, i, j]
+            m = s[0]
+            nan = m != m
+            for j in range(1, sk):
+                x = s[j]
+                if x != x:
+                    nan = True
+                elif x > m:
+                    m = x
+            if nan:
+                m = np.nan
+            tot = 0.0
+            for j in range(sk):
+                e = math.exp(s[j] - m)
+                s[j] = e
+                tot += e
+            inv = 1.0 / tot
+            for j in range(sk):
+                p = s[j] * inv
+                s[j] = 0.0 if p != p else p  # the exporter's where(isnan(p), 0, p)
+            for c in range(dv):
+                acc = 0.0
+                for j in range(sk):
+                    acc += s[j] * v[b, hh, j, c]
+                o[b, hh, i, c] = acc

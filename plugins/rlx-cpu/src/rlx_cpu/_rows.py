@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 
@@ -25,3 +26,49 @@ def layer_norm_rows(x, g, b, o, eps, lo, hi):
         inv = 1.0 / math.sqrt(v / n + eps)
         for c in range(n):
             o[r, c] = (x[r, c] - mu) * inv * g[c] + b[c]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
+def rms_norm_rows(x, g, o, eps, lo, hi):
+    n = x.shape[1]
+    for r in range(lo, hi):
+        v = 0.0
+        for c in range(n):
+            a = float(x[r, c])  # squares summed in float64, like the layer_norm rows
+            v += a * a
+        inv = 1.0 / math.sqrt(v / n + eps)
+        for c in range(n):
+            o[r, c] = x[r, c] * inv * g[c]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+def softmax_rows(x, o, log, lo, hi):
+    # softmax (log=False) or log_softmax over rows; a NaN or +inf in a row makes the whole row NaN,
+    # as the NumPy form's max-subtract does (max() alone would skip a NaN).
+    n = x.shape[1]
+    for r in range(lo, hi):
+        m = x[r, 0]
+        nan = m != m
+        for c in range(1, n):
+            v = x[r, c]
+            if v != v:
+                nan = True
+            elif v > m:
+                m = v
+        if nan:
+            m = np.nan
+        s = 0.0
+        if log:
+            for c in range(n):
+                s += math.exp(x[r, c] - m)
+            ls = math.log(s)
+            for c in range(n):
+                o[r, c] = (x[r, c] - m) - ls
+        else:
+            for c in range(n):
+                e = math.exp(x[r, c] - m)
+                o[r, c] = e
+                s += e
+            inv = 1.0 / s
+            for c in range(n):
+                o[r, c] = o[r, c] * inv

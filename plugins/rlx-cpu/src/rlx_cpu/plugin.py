@@ -102,6 +102,7 @@ def factories() -> dict[str, Any]:
         out.update(bounded.FACTORIES)
         out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
                     "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
+                    "cpu.rms_norm": hk.k_rms_norm,
                     "cpu.attention": hk.k_attention})
         from .conv import k_conv2d_bias  # oneDNN's primitive adds the bias (rlx_cpu.onednn_conv)
 
@@ -226,6 +227,7 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                KernelClaim("softmax", "cpu.softmax", dtypes=f),
                KernelClaim("log_softmax", "cpu.log_softmax", dtypes=f),
                KernelClaim("layer_norm", "cpu.layer_norm", dtypes=f),
+               KernelClaim("rms_norm", "cpu.rms_norm", dtypes=f),
                KernelClaim("conv2d_bias", "cpu.conv2d_bias", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_relu", "cpu.rlx_cpu.conv2d_bias_relu", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_add_relu", "cpu.rlx_cpu.conv2d_bias_add_relu", dtypes=f),

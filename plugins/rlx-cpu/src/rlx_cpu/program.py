@@ -85,9 +85,12 @@ class CpuProgram:
             runs.append(self._bind(s, factories))
         from .train_fuse import fuse
 
+        skipped = self._fuse_attention(runs)
         # Bind-time fusion (GEMMs on transposed views, momentum in the GEMM, in-place AXPY updates):
         # fewer runs over the same planned buffers; kernel_names follows the runs.
         self.runs, self.kernel_names, self._slots, self.run_kernels = fuse(program, views, runs)
+        if skipped:
+            self._drop_skipped()
         if not self._slots:  # inputs re-pointed at bind_input keep their own runs
             from .parallel import chain
 
@@ -105,6 +108,36 @@ class CpuProgram:
             self.run_kernels = tuple(tuple(k for i in g for k in self.run_kernels[i]) for g in idx)
             self.runs = tuple(runs)
         self._bound: set[str] = set()
+
+    def _fuse_attention(self, runs: list[Any]) -> bool:
+        """Masked attention as exporters write it (see :func:`guarded_attention_chains`) becomes
+        one run in place of the chain's last step; the other steps' runs become ``_skip``, dropped
+        after bind-time fusion, their claims counted with the fused run (``profile``)."""
+        found = guarded_attention_chains(self.program, self.views)
+        if not found:
+            return False
+        from .hir_kernels import bind_guarded_attention
+
+        for chain_steps, last, operands in found:
+            one = np.ones((), self.views[operands[0]].dtype)
+            runs[last] = bind_guarded_attention(*[self.views[v] if v else one for v in operands])
+            for i in chain_steps:
+                if i != last:
+                    runs[i] = _skip
+        return True
+
+    def _drop_skipped(self) -> None:
+        runs, names, kernels = [], [], []
+        pending: list[str] = []
+        for r, n, k in zip(self.runs, self.kernel_names, self.run_kernels):
+            if r is _skip:
+                pending.extend(k)
+                continue
+            runs.append(r)
+            names.append("cpu.attention_guarded" if pending and n == "cpu.matmul" else n)
+            kernels.append((*pending, *k))
+            pending = []
+        self.runs, self.kernel_names, self.run_kernels = tuple(runs), tuple(names), tuple(kernels)
 
     def _bind(self, s: Step, factories: Mapping[str, Any]) -> Any:
         ins = [self.views[i] for i in s.inputs]
@@ -195,3 +228,124 @@ class CpuProgram:
                 r()
                 counts.update(knames)
         return {o: self.views[o].copy() for o in self.outputs}, counts
+
+
+def _skip() -> None:
+    """A step whose work a fused run does (dropped before the program runs)."""
+
+
+#: The NaN guard torch's exporter puts between softmax and the value matmul: where(isnan(p), 0, p).
+_GUARD: list[tuple[str, list[str], dict[str, Any]]] = [
+    ("not_equal", ["i0", "i0"], {}), ("where", ["t0", "i1", "i0"], {})]
+
+
+def guarded_attention_chains(program: Program, views: Mapping[str, np.ndarray]
+                             ) -> list[tuple[tuple[int, ...], int, tuple[str, ...]]]:
+    """``(chain step indices, index of its last step, (q, kt, v, bias, c1, c2, out))`` (c1, c2:
+    "" for an unscaled side) for every [``mul(q, c1)``], [``mul(kt, c2)``], ``matmul``,
+    ``add(bias)``, ``softmax(-1)``, NaN guard, ``matmul(p, v)`` chain of rank-4 f32/f64 values
+    whose intermediates nothing else reads, where
+    the fused kernel may run at the last step: no step in between writes the bytes of q, kt, v
+    or bias (the planner may reuse a buffer once its last reader, now skipped, has run) and the
+    output shares no bytes with them. Exporters spell torch's masked scaled_dot_product_attention
+    so; the HIR attention op gives a fully masked row uniform weights where this gives 0."""
+    from rlx_core.plugin import decode_fused
+
+    steps = program.kernels
+    g = program.graph
+    producer = {o: i for i, s in enumerate(steps) for o in s.outputs}
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for v in dict.fromkeys(s.inputs):
+            readers.setdefault(v, []).append(i)
+    outs = {v for _, v in program.outputs}
+
+    def sole(v: str, i: int) -> int | None:
+        """The producing step of ``v`` when step ``i`` is its only reader."""
+        j = producer.get(v)
+        return j if j is not None and v not in outs and readers.get(v) == [i] else None
+
+    def scalar(name: str) -> float | None:
+        if name not in g.weights:
+            return None
+        a = np.asarray(g.weights[name])
+        return float(a.reshape(())) if a.size == 1 else None
+
+    def scaled(j: int | None) -> tuple[str, str] | None:
+        """(x, c) of a ``mul(x, c)`` step with a scalar constant c."""
+        if j is None or steps[j].op != "mul":
+            return None
+        a, b = steps[j].inputs
+        if scalar(b) is not None:
+            return a, b
+        return (b, a) if scalar(a) is not None else None
+
+    found: list[tuple[tuple[int, ...], int, tuple[str, ...]]] = []
+    for last, pv in enumerate(steps):
+        if pv.op != "matmul" or len(pv.inputs) != 2:
+            continue
+        p, v = pv.inputs
+        gi = sole(p, last)
+        if gi is None or steps[gi].op != "fused_elementwise":
+            continue
+        try:
+            ops, res = decode_fused(str(steps[gi].attrs["program"]))
+        except Exception:
+            continue
+        if [(n, a, dict(at)) for n, a, at in ops] != _GUARD or res != "t1" or len(steps[gi].inputs) != 2:
+            continue
+        sm_out, zero = steps[gi].inputs
+        if scalar(zero) != 0.0:
+            continue
+        si = sole(sm_out, gi)
+        if si is None or steps[si].op != "softmax":
+            continue
+        rank = g.types[sm_out].rank
+        axis = steps[si].attrs["axis"]
+        if not isinstance(axis, int) or axis % max(rank, 1) != rank - 1:
+            continue
+        ai = sole(steps[si].inputs[0], si)
+        if ai is None or steps[ai].op != "add":
+            continue
+        a0, a1 = steps[ai].inputs
+        qi = sole(a0, ai)
+        bias = a1
+        if qi is None or steps[qi].op != "matmul":
+            qi, bias = sole(a1, ai), a0
+        if qi is None or steps[qi].op != "matmul":
+            continue
+        qs, ks = steps[qi].inputs
+        if qs == ks:
+            continue
+        # Either side may be unscaled (LLaMA's keys: the scale went into the RoPE fused step).
+        mq, mk = sole(qs, qi), sole(ks, qi)
+        sq_, sk_ = scaled(mq), scaled(mk)
+        (q, c1), mq = (sq_, mq) if sq_ is not None else ((qs, ""), None)
+        (kt, c2), mk = (sk_, mk) if sk_ is not None else ((ks, ""), None)
+        out = pv.outputs[0]
+        tq, tk, tv, to = g.types[q], g.types[kt], g.types[v], g.types[out]
+        dt = tq.dtype
+        if (dt.value not in ("f32", "f64") or any(t.dtype != dt for t in (tk, tv, to, g.types[bias]))
+                or not tq.rank == tk.rank == tv.rank == to.rank == 4 or g.types[bias].rank > 4):
+            continue
+        if not all(isinstance(x, int) for t in (tq, tk, tv, to, g.types[bias]) for x in t.shape):
+            continue  # static shapes only (a specialised program has them)
+        b, h, n_q, d = tq.shape
+        if (tk.shape[:3] != (b, h, d) or tv.shape[:3] != (b, h, tk.shape[3]) or d == 0
+                or tk.shape[3] == 0 or to.shape != (b, h, n_q, tv.shape[3])):
+            continue
+        try:
+            np.broadcast_shapes(g.types[bias].shape, (b, h, n_q, tk.shape[3]))  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        chain = tuple(i for i in (mq, mk, qi, ai, si, gi, last) if i is not None)
+        first = min(chain)
+        if any(np.may_share_memory(views[out], views[x]) for x in (q, kt, v, bias)):
+            continue
+        # Each operand must hold its value from when it is made (or the chain starts) to the end.
+        if any(np.may_share_memory(views[o], views[x]) for x in (q, kt, v, bias)
+               for i in range(max(first, producer.get(x, -1) + 1), last) if i not in chain
+               for o in steps[i].outputs):
+            continue
+        found.append((tuple(sorted(chain)), last, (q, kt, v, bias, c1, c2, out)))
+    return found
