@@ -132,5 +132,5 @@ def test_bench_infer_plot_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_microbenchmarks_are_not_in_the_test_run() -> None:
     # bench/micro holds pytest-benchmark files named test_*.py: only testpaths keeps CI from running them.
     ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    assert ini["testpaths"] == ["tests"]
+    assert "tests" in ini["testpaths"] and not any(p.startswith("bench") for p in ini["testpaths"])
     assert (ROOT / "bench" / "micro" / "test_kernels.py").exists()
