@@ -50,6 +50,11 @@ _GAPS: dict[str, tuple[str, list[str]]] = {
         r"Got invalid dimensions for input: x", [
         "gru-dynamo-dynamic", "lstm-dynamo-dynamic",
     ]),
+    "exporter: torch.export's FX decomposition fails on T5's attention reshape (Cannot view a tensor ...); no "
+    "ONNX file (the files it wrote on 2026-12-01 with the same versions import and match ORT: 2.6e-7)": (
+        r"Failed to decompose the FX graph", [
+        "t5-dynamo-static", "t5-dynamo-dynamic",
+    ]),
     "exporter: torch.export cannot trace batched_nms (data-dependent guard); no ONNX file": (
         r"Failed to export the model with torch\.export", [
         "retinanet_resnet50_fpn-dynamo-dynamic", "retinanet_resnet50_fpn-dynamo-static",
