@@ -50,8 +50,9 @@ _GAPS: dict[str, tuple[str, list[str]]] = {
         r"Got invalid dimensions for input: x", [
         "gru-dynamo-dynamic", "lstm-dynamo-dynamic",
     ]),
-    "exporter: torch.export's FX decomposition fails on T5's attention reshape (Cannot view a tensor ...); no "
-    "ONNX file (the files it wrote on 2026-12-01 with the same versions import and match ORT: 2.6e-7)": (
+    "exporter: torch.export's FX decomposition fails on T5's attention reshape (Cannot view a tensor "
+    "...); no ONNX file (the files it wrote on 2026-12-01 with the same versions import and match ORT: "
+    "2.6e-7)": (
         r"Failed to decompose the FX graph", [
         "t5-dynamo-static", "t5-dynamo-dynamic",
     ]),
