@@ -41,6 +41,20 @@ def _mem_type(ctx: Any, bits: int, prefs: Sequence[tuple[int, int]]) -> int:
     raise RuntimeError(f"no Vulkan memory type fits (allowed types 0x{bits:x}, wanted {prefs})")
 
 
+def _create(ctx: Any, nbytes: int, usage: int, prefs: Sequence[tuple[int, int]]) -> tuple[Any, Any]:
+    """A buffer of ``usage`` bound to fresh memory of the first type of ``prefs`` (see :func:`_mem_type`)."""
+    vk = ctx.vk
+    buf = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=nbytes, usage=usage,
+        sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+    req = vk.vkGetBufferMemoryRequirements(ctx.device, buf)
+    mem = vk.vkAllocateMemory(ctx.device, vk.VkMemoryAllocateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
+        memoryTypeIndex=_mem_type(ctx, req.memoryTypeBits, prefs)), None)
+    vk.vkBindBufferMemory(ctx.device, buf, mem, 0)
+    return buf, mem
+
+
 class DeviceBuffer:
     """A storage buffer in device-local memory (not mapped: written by transfer commands)."""
 
@@ -49,18 +63,11 @@ class DeviceBuffer:
         self.ctx, self.nbytes = ctx, max(int(nbytes), 16)
         #: (byte offset, bytes) written by :meth:`DeviceAllocator.copyin`, uploaded by the next flush
         self.pending: list[tuple[int, np.ndarray]] = []
-        self.buf = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=self.nbytes,
-            usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
-        req = vk.vkGetBufferMemoryRequirements(ctx.device, self.buf)
         dl, hv = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
         # plain VRAM first: a device-local + host-visible type is the (often small) BAR window
-        kind = _mem_type(ctx, req.memoryTypeBits, [(dl, hv), (dl, 0), (0, 0)])
-        self.mem = vk.vkAllocateMemory(ctx.device, vk.VkMemoryAllocateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size, memoryTypeIndex=kind),
-            None)
-        vk.vkBindBufferMemory(ctx.device, self.buf, self.mem, 0)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        self.buf, self.mem = _create(ctx, self.nbytes, usage, [(dl, hv), (dl, 0), (0, 0)])
 
     def __del__(self) -> None:
         try:
@@ -77,17 +84,10 @@ class StagingBuffer:
     def __init__(self, ctx: Any, nbytes: int) -> None:
         vk = ctx.vk
         self.ctx, self.nbytes = ctx, max(int(nbytes), 16)
-        self.buf = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=self.nbytes,
-            usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
-        req = vk.vkGetBufferMemoryRequirements(ctx.device, self.buf)
         hv = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-        kind = _mem_type(ctx, req.memoryTypeBits, [(hv | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, 0), (hv, 0)])
-        self.mem = vk.vkAllocateMemory(ctx.device, vk.VkMemoryAllocateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size, memoryTypeIndex=kind),
-            None)
-        vk.vkBindBufferMemory(ctx.device, self.buf, self.mem, 0)
+        self.buf, self.mem = _create(ctx, self.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                                     | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                     [(hv | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, 0), (hv, 0)])
         ptr = vk.vkMapMemory(ctx.device, self.mem, 0, self.nbytes, 0)
         self.host = np.frombuffer(ptr, dtype=np.uint8, count=self.nbytes)
 
