@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _devicetests import probe, small_mlp
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.ir.reference import evaluate
@@ -23,29 +24,12 @@ APT = ("apt-get install -y mesa-vulkan-drivers libvulkan1 glslang-tools "
 
 @pytest.fixture(scope="module")
 def device() -> Any:
-    try:
-        from rlx_directx import plugin
-    except Exception as e:  # pragma: no cover - environment problem
-        pytest.fail(f"rlx_directx does not import ({type(e).__name__}: {e}); "
-                    "pip install -e plugins/rlx-directx")
-    dev = plugin.rlx_probe_devices()[0]
-    if not dev.available:
-        pytest.fail(f"no usable device for rlx-directx: {dev.reason}\n"
-                    f"These tests need Vulkan and glslang: {APT}")
-    return dev
+    return probe("rlx_directx", "no usable device for rlx-directx (it needs Vulkan and glslang)",
+                 "pip install -e plugins/rlx-directx; " + APT)
 
 
 def _mlp() -> tuple[Any, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("dx_mlp")
-    x = g.input("x", "f32", ("batch", 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    return small_mlp("dx_mlp")
 
 
 def test_device_says_what_runs(device: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _devicetests import probe, small_mlp
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.errors import DispatchError
@@ -19,27 +20,11 @@ INSTALL = "pip install 'mlx[cpu]' and pip install -e plugins/rlx-mlx"
 
 @pytest.fixture(scope="module")
 def device() -> Any:
-    try:
-        from rlx_mlx import plugin
-    except Exception as e:  # pragma: no cover - environment problem
-        pytest.fail(f"rlx_mlx does not import ({type(e).__name__}: {e}); {INSTALL}")
-    dev = plugin.rlx_probe_devices()[0]
-    if not dev.available:
-        pytest.fail(f"MLX is not usable here: {dev.reason}\n{INSTALL}")
-    return dev
+    return probe("rlx_mlx", "MLX is not usable here", INSTALL)
 
 
 def _mlp() -> tuple[Any, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("mlx_mlp")
-    x = g.input("x", "f32", ("batch", 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    return small_mlp("mlx_mlp")
 
 
 def test_device_is_mlx_cpu_with_version(device: Any) -> None:

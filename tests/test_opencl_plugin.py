@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _devicetests import probe, small_mlp
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.ir.reference import evaluate
@@ -19,28 +20,12 @@ APT = "apt-get install -y pocl-opencl-icd ocl-icd-libopencl1 (and pip install py
 
 @pytest.fixture(scope="module")
 def device() -> Any:
-    try:
-        from rlx_opencl import plugin
-    except Exception as e:  # pragma: no cover - environment problem
-        pytest.fail(f"rlx_opencl does not import ({type(e).__name__}: {e}); "
-                    "pip install -e plugins/rlx-opencl")
-    dev = plugin.rlx_probe_devices()[0]
-    if not dev.available:
-        pytest.fail(f"no usable OpenCL device: {dev.reason}\nThese tests need an OpenCL platform: {APT}")
-    return dev
+    return probe("rlx_opencl", "no usable OpenCL device (an OpenCL platform)",
+                 "pip install -e plugins/rlx-opencl; " + APT)
 
 
 def _mlp() -> tuple[Any, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("cl_mlp")
-    x = g.input("x", "f32", ("batch", 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    return small_mlp("cl_mlp")
 
 
 def test_device_names_platform_and_driver(device: Any) -> None:

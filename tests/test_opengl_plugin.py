@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _devicetests import probe, small_mlp
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.ir.reference import evaluate
@@ -21,29 +22,12 @@ APT = ("apt-get install -y libegl1 libgl1 libegl-mesa0 libgl1-mesa-dri (and pip 
 
 @pytest.fixture(scope="module")
 def device() -> Any:
-    try:
-        from rlx_opengl import plugin
-    except Exception as e:  # pragma: no cover - environment problem
-        pytest.fail(f"rlx_opengl does not import ({type(e).__name__}: {e}); "
-                    "pip install -e plugins/rlx-opengl")
-    dev = plugin.rlx_probe_devices()[0]
-    if not dev.available:
-        pytest.fail(f"no usable OpenGL device: {dev.reason}\n"
-                    f"These tests need EGL and an OpenGL 4.3 driver: {APT}")
-    return dev
+    return probe("rlx_opengl", "no usable OpenGL device (EGL and an OpenGL 4.3 driver)",
+                 "pip install -e plugins/rlx-opengl; " + APT)
 
 
 def _mlp() -> tuple[Any, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("gl_mlp")
-    x = g.input("x", "f32", ("batch", 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    return small_mlp("gl_mlp")
 
 
 def test_device_names_renderer(device: Any) -> None:

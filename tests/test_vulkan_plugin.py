@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from _devicetests import probe, small_mlp
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.errors import DispatchError
@@ -14,35 +15,14 @@ from rlx_core.errors import DispatchError
 APT = "apt-get install -y libvulkan1 mesa-vulkan-drivers glslang-tools (and pip install vulkan rlx-vulkan)"
 
 
-def _device() -> object:
-    try:
-        from rlx_vulkan import plugin
-    except Exception as e:  # pragma: no cover - environment problem
-        pytest.fail(f"rlx_vulkan does not import ({type(e).__name__}: {e}); "
-                    "pip install -e plugins/rlx-vulkan")
-    dev = plugin.rlx_probe_devices()[0]
-    if not dev.available:
-        pytest.fail(f"no usable Vulkan device: {dev.reason}\nThese tests need the Vulkan loader, the Mesa "
-                    f"lavapipe ICD and glslang: {APT}")
-    return dev
-
-
 @pytest.fixture(scope="module")
 def device() -> object:
-    return _device()
+    return probe("rlx_vulkan", "no usable Vulkan device (Vulkan loader, Mesa lavapipe ICD, glslang)",
+                 "pip install -e plugins/rlx-vulkan; " + APT)
 
 
 def _mlp() -> tuple[object, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("vk_mlp")
-    x = g.input("x", "f32", ("batch", 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    return small_mlp("vk_mlp")
 
 
 def test_device_is_lavapipe_or_real(device: object) -> None:
