@@ -15,52 +15,37 @@ from __future__ import annotations
 from numba import int64, njit, uint64
 
 
+@njit(inline="always", nogil=True, fastmath={"contract", "nsz"})
+def _row(indptr, indices, values, x, i, nnz, m, acc):
+    """Row i of A times x added to ``acc`` (its type: float or complex), and whether the row was
+    malformed (offsets outside ``[0, nnz]`` or backwards: nothing read; a column outside ``[0, m)``:
+    that entry skipped)."""
+    k0 = int64(indptr[i])
+    k1 = int64(indptr[i + uint64(1)])
+    if k0 < 0 or k0 > k1 or uint64(k1) > nnz:
+        return acc, True
+    flag = False
+    for k in range(uint64(k0), uint64(k1)):
+        c = uint64(int64(indices[k]))  # a negative column wraps to a huge one: rejected
+        if c < m:
+            acc += values[k] * x[c]
+        else:
+            flag = True
+    return acc, flag
+
+
 @njit(cache=True, nogil=True, fastmath={"contract", "nsz"})
 def spmv_blocks(indptr, indices, values, x, y, bad, block, lo, hi):
+    """y = A x over blocks lo:hi; real or complex (the accumulator starts as y's zero)."""
     n = uint64(y.shape[0])
     nnz = uint64(indices.shape[0])
     m = uint64(x.shape[0])
+    zero = y.dtype.type(0)
     flag = False
     for b in range(uint64(lo), uint64(hi)):
         for i in range(b * uint64(block), min(n, (b + uint64(1)) * uint64(block))):
-            k0 = int64(indptr[i])
-            k1 = int64(indptr[i + uint64(1)])
-            acc = 0.0
-            if k0 < 0 or k0 > k1 or uint64(k1) > nnz:
-                flag = True
-            else:
-                for k in range(uint64(k0), uint64(k1)):
-                    c = uint64(int64(indices[k]))  # a negative column wraps to a huge one: rejected
-                    if c < m:
-                        acc += values[k] * x[c]
-                    else:
-                        flag = True
-            y[i] = acc
-    if flag:
-        bad[0] = 1
-
-
-@njit(cache=True, nogil=True, fastmath={"contract", "nsz"})
-def spmv_blocks_c(indptr, indices, values, x, y, bad, block, lo, hi):
-    """:func:`spmv_blocks` for complex values (a complex accumulator)."""
-    n = uint64(y.shape[0])
-    nnz = uint64(indices.shape[0])
-    m = uint64(x.shape[0])
-    flag = False
-    for b in range(uint64(lo), uint64(hi)):
-        for i in range(b * uint64(block), min(n, (b + uint64(1)) * uint64(block))):
-            k0 = int64(indptr[i])
-            k1 = int64(indptr[i + uint64(1)])
-            acc = 0j
-            if k0 < 0 or k0 > k1 or uint64(k1) > nnz:
-                flag = True
-            else:
-                for k in range(uint64(k0), uint64(k1)):
-                    c = uint64(int64(indices[k]))
-                    if c < m:
-                        acc += values[k] * x[c]
-                    else:
-                        flag = True
+            acc, row_bad = _row(indptr, indices, values, x, i, nnz, m, zero)
+            flag |= row_bad
             y[i] = acc
     if flag:
         bad[0] = 1
@@ -104,18 +89,8 @@ def spmv_dot_blocks(indptr, indices, values, p, q, part, bad, block, lo, hi):
     for b in range(uint64(lo), uint64(hi)):
         s = 0.0
         for i in range(b * uint64(block), min(n, (b + uint64(1)) * uint64(block))):
-            k0 = int64(indptr[i])
-            k1 = int64(indptr[i + uint64(1)])
-            acc = 0.0
-            if k0 < 0 or k0 > k1 or uint64(k1) > nnz:
-                flag = True
-            else:
-                for k in range(uint64(k0), uint64(k1)):
-                    c = uint64(int64(indices[k]))
-                    if c < m:
-                        acc += values[k] * p[c]
-                    else:
-                        flag = True
+            acc, row_bad = _row(indptr, indices, values, p, i, nnz, m, 0.0)
+            flag |= row_bad
             q[i] = acc
             s += p[i] * q[i]
         part[b] = s

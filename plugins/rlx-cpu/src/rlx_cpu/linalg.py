@@ -90,7 +90,7 @@ def _product(op: str, ins: Sequence[np.ndarray], y: np.ndarray, attrs: Attrs) ->
             np.copyto(y, acc, casting="unsafe")
         return small
     nb = _nb()
-    fn = nb.spmm_blocks if x.ndim == 2 else nb.spmv_blocks_c if v.dtype.kind == "c" else nb.spmv_blocks
+    fn = nb.spmm_blocks if x.ndim == 2 else nb.spmv_blocks
     (ipc, ixc, vc, xc, yc), refresh = _contiguous((ip, ix, v, x, y))
     bad = np.zeros(1, np.int8)
     work = 4 * ix.shape[0] * (x.shape[1] if x.ndim == 2 else 1)
