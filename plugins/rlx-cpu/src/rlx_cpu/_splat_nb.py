@@ -373,6 +373,20 @@ def bin_tiles(means2d, conics, depths, width, height, tile):
     return offsets, ids
 
 
+@njit(inline="always", nogil=True)
+def _alpha_at(means2d, conics, opac, g, pxf, pyf):
+    """Gaussian ``g``'s alpha at the pixel centre (pxf, pyf); 0.0 where it draws nothing there (the
+    conic's power is positive, or the alpha is under ALPHA_MIN, which is > 0)."""
+    dx = float(means2d[g, 0]) - pxf
+    dy = float(means2d[g, 1]) - pyf
+    power = (-0.5 * (float(conics[g, 0]) * dx * dx + float(conics[g, 2]) * dy * dy)
+             - float(conics[g, 1]) * dx * dy)
+    if power > 0.0:
+        return 0.0
+    a = min(ALPHA_MAX, float(opac[g]) * math.exp(power))
+    return a if a >= ALPHA_MIN else 0.0
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def raster_fwd(means2d, conics, colors, opac, depths, width, height, tile, image, alpha):
     offsets, ids = bin_tiles(means2d, conics, depths, width, height, tile)
@@ -390,14 +404,8 @@ def raster_fwd(means2d, conics, colors, opac, depths, width, height, tile, image
                     acc[c] = 0.0
                 for j in range(offsets[t], offsets[t + 1]):
                     g = ids[j]
-                    dx = float(means2d[g, 0]) - pxf
-                    dy = float(means2d[g, 1]) - pyf
-                    power = (-0.5 * (float(conics[g, 0]) * dx * dx + float(conics[g, 2]) * dy * dy)
-                             - float(conics[g, 1]) * dx * dy)
-                    if power > 0.0:
-                        continue
-                    a = min(ALPHA_MAX, float(opac[g]) * math.exp(power))
-                    if a < ALPHA_MIN:
+                    a = _alpha_at(means2d, conics, opac, g, pxf, pyf)
+                    if a == 0.0:
                         continue
                     test = tr * (1.0 - a)
                     if test < T_MIN:
@@ -435,14 +443,8 @@ def raster_bwd(means2d, conics, colors, opac, depths, width, height, tile, g_img
                     cnt = 0
                     for j in range(offsets[t], offsets[t + 1]):
                         g = ids[j]
-                        dx = float(means2d[g, 0]) - pxf
-                        dy = float(means2d[g, 1]) - pyf
-                        power = (-0.5 * (float(conics[g, 0]) * dx * dx + float(conics[g, 2]) * dy * dy)
-                                 - float(conics[g, 1]) * dx * dy)
-                        if power > 0.0:
-                            continue
-                        a = min(ALPHA_MAX, float(opac[g]) * math.exp(power))
-                        if a < ALPHA_MIN:
+                        a = _alpha_at(means2d, conics, opac, g, pxf, pyf)
+                        if a == 0.0:
                             continue
                         test = tr * (1.0 - a)
                         if test < T_MIN:
