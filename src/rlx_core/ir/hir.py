@@ -65,21 +65,27 @@ def _static(d: Dim) -> int:
 
 # -- linear ------------------------------------------------------------------------------------
 
+def linear_shape(op: str, x: TensorType, w: TensorType, b: TensorType) -> tuple[Dim, ...]:
+    """The output shape of ``x @ w.T + b`` with ``w`` stored (out, in) like torch.nn.Linear; raises
+    ShapeError naming ``op`` otherwise (shared by ``linear`` and the quantised ``matmul_i8``)."""
+    if x.rank < 1:
+        raise ShapeError(f"{op}: x must have rank >= 1", fix="reshape a scalar to [1]")
+    if w.rank != 2:
+        raise ShapeError(f"{op}: w must be (out, in), got shape {w.shape}",
+                         fix="store weights as (out_features, in_features), like torch.nn.Linear")
+    if w.shape[1] != x.shape[-1]:
+        raise ShapeError(f"{op}: x has {x.shape[-1]} features but w {w.shape} expects {w.shape[1]}",
+                         fix="w.shape[1] must equal x.shape[-1] (w is (out, in), not (in, out))")
+    if b.shape != (w.shape[0],):
+        raise ShapeError(f"{op}: bias shape {b.shape} must be ({w.shape[0]},)",
+                         fix="pass one bias per output feature (zeros when the layer has none)")
+    return (*x.shape[:-1], w.shape[0])
+
+
 def _infer_linear(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     x, w, b = ts
     dt = _check_float("linear", ts, ("x", "w", "b"))
-    if x.rank < 1:
-        raise ShapeError("linear: x must have rank >= 1", fix="reshape a scalar to [1]")
-    if w.rank != 2:
-        raise ShapeError(f"linear: w must be (out, in), got shape {w.shape}",
-                         fix="store weights as (out_features, in_features), like torch.nn.Linear")
-    if w.shape[1] != x.shape[-1]:
-        raise ShapeError(f"linear: x has {x.shape[-1]} features but w {w.shape} expects {w.shape[1]}",
-                         fix="w.shape[1] must equal x.shape[-1] (w is (out, in), not (in, out))")
-    if b.shape != (w.shape[0],):
-        raise ShapeError(f"linear: bias shape {b.shape} must be ({w.shape[0]},)",
-                         fix="pass one bias per output feature (zeros when the layer has none)")
-    return [TensorType(dt, (*x.shape[:-1], w.shape[0]))]
+    return [TensorType(dt, linear_shape("linear", x, w, b))]
 
 
 def _ref_linear(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:

@@ -34,6 +34,7 @@ import numpy as np
 from ..dtypes import DType
 from ..errors import DTypeError, IRError, ShapeError
 from ..ir.builder import GraphBuilder, Tensor
+from ..ir.hir import linear_shape
 from ..ir.schema import REGISTRY, AttrSpec, OpSchema, register_op
 from ..ir.types import Attrs, Dim, TensorType, attr_ints, broadcast_shapes, normalize_axis
 from . import fixedpoint as fx
@@ -157,18 +158,7 @@ def _infer_matmul_i8(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]
     for t, n, dt in ((x, "x", I8), (w, "w", I8), (b, "bias", I32)):
         _want("matmul_i8", t, dt, n)
     _int8_attr("matmul_i8", attrs, "x_zero_point")
-    if x.rank < 1:
-        raise ShapeError("matmul_i8: x must have rank >= 1", fix="reshape a scalar to [1]")
-    if w.rank != 2:
-        raise ShapeError(f"matmul_i8: w must be (N, K), got {w.shape}",
-                         fix="store weights as (out_features, in_features)")
-    if w.shape[1] != x.shape[-1]:
-        raise ShapeError(f"matmul_i8: x has K={x.shape[-1]} but w {w.shape} expects K={w.shape[1]}",
-                         fix="w is (N, K): its second dim must equal x's last dim")
-    if b.shape != (w.shape[0],):
-        raise ShapeError(f"matmul_i8: bias shape {b.shape} must be ({w.shape[0]},)",
-                         fix="one int32 bias per output feature (zeros when there is none)")
-    return [TensorType(I32, (*x.shape[:-1], w.shape[0]))]
+    return [TensorType(I32, linear_shape("matmul_i8", x, w, b))]
 
 
 def _ref_matmul_i8(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
