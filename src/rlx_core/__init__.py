@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from ._lazy import lazy as _lazy
 
 __version__ = "0.1.0"
 #: The plugin API version. A plugin whose major differs is refused with a clear message.
@@ -39,14 +40,8 @@ _LAZY = {
 }
 
 
+_get, __dir__ = _lazy(globals(), _LAZY)
+
+
 def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'rlx_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+    return _get(name)

@@ -64,10 +64,10 @@ that uses only records and ``hookimpl`` never loads the IR or NumPy.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import API_VERSION
+from ._lazy import lazy as _lazy
 
 #: The version of this module's promise; the same value the hub compares a plugin's
 #: ``BackendInfo.api_version`` with (only the major must match).
@@ -370,18 +370,9 @@ def register_quant_ops() -> tuple[str, ...]:
     return QUANT_OPS
 
 
+_get, __dir__ = _lazy(globals(), _LAZY,
+                      ": the plugin API is rlx_core.plugin.__all__ (everything else in rlx_core is private)")
+
+
 def __getattr__(name: str) -> Any:
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module 'rlx_core.plugin' has no attribute {name!r}: the plugin API is "
-                             f"rlx_core.plugin.__all__ (everything else in rlx_core is private)")
-    module, _, attr = home.partition(":")
-    mod = importlib.import_module(module)
-    # "module:" names the module itself; "module:attr" a name exported under another name.
-    value = mod if home.endswith(":") else getattr(mod, attr or name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return _get(name)

@@ -28,8 +28,9 @@ Public through :mod:`rlx_core.plugin`. Importing this package is cheap: names lo
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from .._lazy import lazy as _lazy
 
 _HOME = {
     "single_op_program": "claims", "program_of": "claims", "render_check": "claims", "renders": "claims",
@@ -46,14 +47,8 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
+_get, __dir__ = _lazy(globals(), {k: "." + v for k, v in _HOME.items()})
+
+
 def __getattr__(name: str) -> Any:
-    mod = _HOME.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'rlx_core.devicekit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+    return _get(name)

@@ -7,8 +7,9 @@ Names are imported lazily so ``import rlx_core`` does not pull the passes in."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from .._lazy import lazy as _lazy
 
 _LAZY = {
     "Mesh": "mesh", "simulate": "simulate", "tensor_parallel": "sharding", "megatron_plan": "sharding",
@@ -21,10 +22,8 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
+_get, __dir__ = _lazy(globals(), {k: "." + v for k, v in _LAZY.items()})
+
+
 def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'rlx_core.distributed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+    return _get(name)

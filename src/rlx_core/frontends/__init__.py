@@ -10,8 +10,9 @@ Nothing heavy is imported until a name is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from .._lazy import lazy as _lazy
 
 _LAZY = {
     "load_onnx": "rlx_core.frontends.onnx",
@@ -21,17 +22,11 @@ _LAZY = {
 }
 
 
+_get, __dir__ = _lazy(globals(), _LAZY)
+
+
 def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'rlx_core.frontends' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+    return _get(name)
 
 
 __all__ = ["UnsupportedOnnxError", "load_onnx", "register_handler", "to_dot"]

@@ -8,8 +8,9 @@ Names load lazily, so ``import rlx_core.models`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from .._lazy import lazy as _lazy
 
 _LAZY = {
     "build_bert_encoder": "rlx_core.models.bert",
@@ -17,13 +18,11 @@ _LAZY = {
 }
 
 
+_get, __dir__ = _lazy(globals(), _LAZY)
+
+
 def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'rlx_core.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
+    return _get(name)
 
 
 __all__ = ["MiniLM", "build_bert_encoder"]
