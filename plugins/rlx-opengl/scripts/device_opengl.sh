@@ -11,27 +11,16 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/opengl-device.log") 2>&1
 export PYTHONUNBUFFERED=1 RLX_CACHE_DIR=/tmp/rlx-cache
 C=build/gl-carry
+source scripts/device_lib.sh
 # GLVND's libEGL/libGL dispatch to the vendor library the driver ships (libEGL_nvidia).
-for f in "$C"/deb/*.deb; do dpkg -x "$f" /; done
-ldconfig
+unpack_debs "$C/deb"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$C"/whl/*.whl && export PYTHONPATH=/tmp/site
-egl=$(find /usr/local/nvidia /usr/share/glvnd /etc/glvnd -name '10_nvidia.json' 2>/dev/null | head -1)
-if [ -z "$egl" ]; then
-  lib=$(ldconfig -p | awk '/libEGL_nvidia.so.0/{print $NF; exit}')
-  [ -z "$lib" ] && lib=$(find /usr/local/nvidia /usr/lib -name 'libEGL_nvidia.so.0' 2>/dev/null | head -1)
-  if [ -n "$lib" ]; then
-    egl=/tmp/10_nvidia.json
-    printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s"}}\n' "$lib" > "$egl"
-  fi
-fi
-echo "EGL vendor: ${egl:-none found}"
-[ -n "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
+nvidia_egl_vendor
 nvidia-smi -L
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e conformance -e plugins/rlx-cpu \
   -e plugins/rlx-opengl || { echo "install failed"; exit 1; }
-rlx() { python3 -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' "$@"; }
-RLX_BACKENDS=cpu,opengl rlx doctor
-RLX_BACKENDS=cpu,opengl rlx conformance opengl -q --json "$OUT/opengl-h200.json" --markdown "$OUT/opengl-h200.md"
+RLX_BACKENDS=cpu,opengl "${RLX[@]}" doctor
+RLX_BACKENDS=cpu,opengl "${RLX[@]}" conformance opengl -q --json "$OUT/opengl-h200.json" --markdown "$OUT/opengl-h200.md"
 rc=$?
 RLX_BACKENDS=cpu,opengl python3 -m pytest -q -p no:cacheprovider tests/test_opengl_plugin.py
 RLX_BACKENDS=cpu,opengl python3 - <<'PY'

@@ -24,73 +24,27 @@ ROOT="$PWD"
 OUT="${OUT:-$ROOT/build/device-out}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/vulkan-h200-check.log") 2>&1
-PY="${PY:-python3}"
-BUDGET="${BUDGET:-530}"
 C="$ROOT/build/gpu-carry"
 export PYTHONUNBUFFERED=1 RLX_CACHE_DIR=/tmp/rlx-cache XDG_RUNTIME_DIR=/tmp
-declare -A RESULT
+BUDGET="${BUDGET:-530}"
 ORDER=(setup install doctor conformance bench)
-log() { printf '\n==> %s\n' "$*"; }
-stage() {  # stage NAME CAP CMD...: run within min(CAP, what is left of BUDGET); record PASS/FAIL/TIMEOUT
-  local name="$1" limit="$2"; shift 2
-  local left=$((BUDGET - SECONDS - 10))
-  ((left < limit)) && limit=$left
-  if ((limit < 15)); then RESULT[$name]="FAIL: skipped, no time left in BUDGET=${BUDGET}s"; return 1; fi
-  log "$name (limit ${limit}s): $*"
-  local t0=$SECONDS rc
-  timeout --kill-after=10 "$limit" "$@"
-  rc=$?
-  case $rc in
-    0) RESULT[$name]="PASS";;
-    124|137) RESULT[$name]="TIMEOUT after ${limit}s";;
-    *) RESULT[$name]="FAIL (exit $rc)";;
-  esac
-  RESULT[$name]+=" in $((SECONDS - t0))s"
-  return $rc
-}
-summary() {
-  log "summary (${SECONDS}s)"
-  for k in "${ORDER[@]}"; do printf '  %-12s %s\n' "$k" "${RESULT[$k]:-FAIL: not run}"; done
-  echo "  files in $OUT:"; ls -la "$OUT"
-}
-trap summary EXIT
+source scripts/device_lib.sh
 
 log "machine"
 nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
 "$PY" -c 'import sys; print("python", sys.version.split()[0], sys.executable)'
 
 setup_carry() {  # the Vulkan loader, the bindings, glslang and the NVIDIA ICD; returns 1 on any gap
-  local ok=0 f icd lib egl
-  if ls "$C"/deb/*.deb >/dev/null 2>&1; then
-    for f in "$C"/deb/*.deb; do dpkg -x "$f" / || ok=1; done
-    ldconfig || true
-  else
-    echo "FAIL: no $C/deb/*.deb (carry build/gpu-carry/deb)"; ok=1
-  fi
+  local ok=0
+  unpack_debs "$C/deb" || ok=1
   if ls "$C"/whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$C"/whl/*.whl || ok=1
   else
     echo "FAIL: no $C/whl/*.whl (carry build/gpu-carry/whl)"; ok=1
   fi
   command -v glslangValidator >/dev/null || { echo "FAIL: no glslangValidator (carry build/gpu-carry/bin)"; ok=1; }
-  # the driver's ICD JSON if mounted, else describe libGLX_nvidia (which carries the ICD) ourselves
-  icd=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan /usr/lib -name 'nvidia_icd*.json' 2>/dev/null | head -1)
-  if [ -z "$icd" ]; then
-    lib=$(ldconfig -p | awk '/libGLX_nvidia.so.0/{print $NF; exit}')
-    [ -z "$lib" ] && lib=$(find /usr/local/nvidia /usr/lib -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
-    if [ -n "$lib" ]; then
-      icd=/tmp/nvidia_icd.json
-      printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lib" > "$icd"
-    fi
-  fi
-  if [ -n "$icd" ]; then
-    export VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd"
-    echo "Vulkan ICD: $icd"
-  else
-    echo "FAIL: no NVIDIA Vulkan ICD found"; ok=1
-  fi
-  egl=$(find /usr/local/nvidia /usr/share/glvnd /etc/glvnd -name '10_nvidia.json' 2>/dev/null | head -1)
-  [ -n "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
+  nvidia_vulkan_icd || ok=1
+  nvidia_egl_vendor || true  # the Vulkan ICD in libGLX_nvidia may want GLVND's EGL vendor file
   return $ok
 }
 
@@ -110,7 +64,6 @@ else
     echo "FAIL install"; exit 1
   fi
 fi
-RLX=("$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()')
 
 # doctor must list vulkan:0 on the H200 (a lavapipe fallback would certify the wrong device)
 timeout --kill-after=5 60 "${RLX[@]}" doctor || echo "(rlx doctor exited $?)"

@@ -12,34 +12,21 @@ CARRY=build/webgpu-carry
 mkdir -p "$OUT"
 exec > >(tee "$OUT/webgpu-device.log") 2>&1
 export PYTHONUNBUFFERED=1 RLX_CACHE_DIR=/tmp/rlx-cache XDG_RUNTIME_DIR=/tmp
+source scripts/device_lib.sh
 # The NVIDIA Vulkan ICD lives in libGLX_nvidia and needs the GLVND/EGL libraries next to the loader.
-for f in "$CARRY"/gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
+unpack_debs "$CARRY/gl"
 python3 --version
 py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
   "$CARRY"/whl/wgpu-*.whl "$CARRY"/whl/rendercanvas-*.whl "$CARRY"/whl/pycparser-*.whl \
   $(ls "$CARRY"/whl/cffi-*-"$py"-*.whl 2>/dev/null) && export PYTHONPATH=/tmp/site
-icd=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan /usr/lib -name 'nvidia_icd*.json' 2>/dev/null | head -1)
-if [ -z "$icd" ]; then
-  # The driver ships the Vulkan ICD inside libGLX_nvidia; describe it to the loader ourselves.
-  lib=$(ldconfig -p | awk '/libGLX_nvidia.so.0/{print $NF; exit}')
-  [ -z "$lib" ] && lib=$(find /usr/local/nvidia /usr/lib -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
-  if [ -n "$lib" ]; then
-    icd=/tmp/nvidia_icd.json
-    printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lib" > "$icd"
-  fi
-fi
-echo "Vulkan ICD: ${icd:-none found}"
-[ -n "$icd" ] && export VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd"
-egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-[ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
+nvidia_vulkan_icd
+nvidia_egl_vendor
 nvidia-smi -L
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e conformance -e plugins/rlx-cpu \
   -e plugins/rlx-webgpu || { echo "install failed"; exit 1; }
-rlx() { python3 -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' "$@"; }
-RLX_BACKENDS=cpu,webgpu rlx doctor
-RLX_BACKENDS=cpu,webgpu rlx conformance webgpu -q --json "$OUT/webgpu-h200.json" --markdown "$OUT/webgpu-h200.md"
+RLX_BACKENDS=cpu,webgpu "${RLX[@]}" doctor
+RLX_BACKENDS=cpu,webgpu "${RLX[@]}" conformance webgpu -q --json "$OUT/webgpu-h200.json" --markdown "$OUT/webgpu-h200.md"
 rc=$?
 RLX_BACKENDS=cpu,webgpu python3 - <<'PY'
 import time
