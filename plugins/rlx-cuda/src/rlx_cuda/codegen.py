@@ -9,10 +9,14 @@ this module can emit with ``nvcc -ptx`` on machines without a GPU.
   exactly, stores round once to nearest-even (from f64 and i64 through round-to-odd, so there is no
   double rounding). An intermediate cast to f16 inside a fused chain uses ``half``, a register
   type rounding on construction; the dialect has no bf16 type, so a bf16 intermediate is refused.
+  The vectorised variant (:func:`elementwise_vec_source`) moves one aligned vector of up to 16
+  bytes per operand per thread (``s`` inputs, ``f`` ones and ``r``: a row along the last dim) and
+  renders the same per-element math; :func:`vector_width` decides when it applies.
 * **Row kernels** (softmax, log_softmax, layer_norm, the masked softmax of attention): one block
   per row, warp-shuffle reductions, NaN-propagating max; f16/bf16 compute in f32. layer_norm and
   the attention softmax take one warp per row instead when the row has at most 1024 elements
-  (held in registers: no shared memory, no ``__syncthreads``).
+  (held in registers: no shared memory, no ``__syncthreads``); the layer_norm ones also in vectors
+  of 2-8 elements (:func:`layer_norm_vec_source`).
 * **Permute copy** (transpose): one gather kernel per rank and copy unit; 16-byte units when the
   last axis stays last.
 
@@ -128,6 +132,12 @@ template <typename T, bool MAX> __device__ T rlx_block_reduce(T v, T* sh) {
 """
 
 
+#: The body of ``rlx_f2b`` in :data:`PREAMBLE` (see :data:`VEC_PREAMBLE`).
+_F2B_INT = PREAMBLE[PREAMBLE.index("  unsigned int u = __float_as_uint(f);"):
+                    PREAMBLE.index("  return (unsigned short)(u >> 16);\n}")]
+_F2B_INT += "  return (unsigned short)(u >> 16);\n"
+
+
 def _name(prefix: str, body: str) -> str:
     return f"{prefix}_{hashlib.sha256(body.encode()).hexdigest()[:16]}"
 
@@ -176,14 +186,7 @@ def elementwise_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DT
     Each thread handles :data:`UNROLL` elements a grid-stride apart per trip.
     Raises :class:`IRError` when the program cannot be rendered for CUDA.
     """
-    for dt in (*in_dtypes, out_dtype):
-        if dt not in STORAGE:
-            raise IRError(f"rlx-cuda elementwise kernels do not handle {dt}", fix="cast first")
-    ops, out = decode(program)
-    # A final cast to f16/bf16 becomes the store's rounding (the dialect has no bf16 type).
-    if ops and out == f"t{len(ops) - 1}" and ops[-1][0] == "cast" and ops[-1][2]["to"] in HALF:
-        ops, out = ops[:-1], ops[-1][1][0]
-    prog = encode(ops, out)
+    prog = _store_rounded(program, in_dtypes, out_dtype)
     idx = "long long" if wide else "int"
     params = [f"const {STORAGE[dt]}* x{k}" for k, dt in enumerate(in_dtypes)]
     params += [f"{STORAGE[out_dtype]}* y", f"{idx} n"]
@@ -225,6 +228,132 @@ def elementwise_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DT
     text = "\n".join(body)
     name = _name("rlx_ew", sig + text)
     return name, f'{PREAMBLE}\nextern "C" __global__ void {name}({sig}) {{\n{text}\n}}\n'
+
+
+def _store_rounded(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
+    """``program`` with a final cast to f16/bf16 dropped: it becomes the store's rounding (the
+    dialect has no bf16 type). Raises :class:`IRError` for a dtype the kernels do not handle."""
+    for dt in (*in_dtypes, out_dtype):
+        if dt not in STORAGE:
+            raise IRError(f"rlx-cuda elementwise kernels do not handle {dt}", fix="cast first")
+    ops, out = decode(program)
+    if ops and out == f"t{len(ops) - 1}" and ops[-1][0] == "cast" and ops[-1][2]["to"] in HALF:
+        ops, out = ops[:-1], ops[-1][1][0]
+    return encode(ops, out)
+
+
+#: Widest access of the vectorised elementwise kernel, and the most elements one thread renders.
+VEC_BYTES = 16
+VEC_MAX = 8
+
+
+def vector_layouts(layouts: str, dims: Sequence[int], strides: dict[int, list[int]]) -> str | None:
+    """``layouts`` for :func:`elementwise_vec_source`: each broadcast input (``b``) that varies only
+    along the last collapsed output dim (a bias: offset ``i % dims[-1]``) becomes ``r``; None when
+    another broadcast pattern is present (then only the scalar kernel handles it)."""
+    out = []
+    for k, lay in enumerate(layouts):
+        if lay == "b":
+            st = strides[k]
+            if st[-1] != 1 or any(st[:-1]):
+                return None
+            lay = "r"
+        out.append(lay)
+    return "".join(out)
+
+
+def vector_width(layouts: str, in_dtypes: Sequence[DType], out_dtype: DType, n: int, last: int,
+                 aligns: Sequence[int]) -> int:
+    """Elements per thread of the vectorised kernel (2..:data:`VEC_MAX`; 0: use the scalar one).
+
+    ``layouts`` from :func:`vector_layouts`, ``n`` output elements, ``last`` the length of the
+    last collapsed output dim (``r`` inputs repeat every ``last``), ``aligns[k]`` the largest power
+    of two dividing input ``k``'s address (the output's last). Every vector access is at most
+    :data:`VEC_BYTES` and must be aligned to its size, and the vectors tile ``n`` and ``last``."""
+    moved = [(dt, a) for lay, dt, a in zip(layouts, in_dtypes, aligns) if lay != "s"]
+    moved.append((out_dtype, aligns[-1]))
+    widest = max(dt.itemsize for dt, _ in moved)
+    v = min(VEC_MAX, VEC_BYTES // widest)
+    while v >= 2:
+        if (n % v == 0 and ("r" not in layouts or last % v == 0)
+                and all(a % (v * dt.itemsize) == 0 for dt, a in moved)):
+            return v
+        v //= 2
+    return 0
+
+
+@lru_cache(maxsize=4096)
+def elementwise_vec_source(program: str, in_dtypes: tuple[DType, ...], out_dtype: DType, layouts: str,
+                           vec: int, wide: bool) -> tuple[str, str]:
+    """``(kernel name, CUDA source)`` of one elementwise program, ``vec`` elements per thread and
+    loop trip, moved as one aligned vector per operand (16 bytes: 8 x f16/bf16, 4 x f32).
+
+    ``layouts``: ``f`` (same shape as the output), ``s`` (one element, loaded once), ``r`` (a row
+    repeating along the output's last dim: vector ``v % dv``). Arguments: inputs, output, ``nv``
+    (vectors in the output), then ``dv`` (vectors per row) when an ``r`` input is present. The
+    element math is the scalar kernel's (:func:`elementwise_source`): each element is rendered on
+    its own, in f32 for f16/bf16, with every rounding where the unfused graph has it; only the
+    loads and stores are wider (the scalar kernel moves 2 bytes per f16 access and spends index
+    math and bounds checks per element, which makes MiniLM's GELU issue-bound at ~40% of the
+    bandwidth). Raises :class:`IRError` when the program cannot be rendered for CUDA."""
+    prog = _store_rounded(program, in_dtypes, out_dtype)
+    idx = "long long" if wide else "int"
+    # (no __restrict__: an in-place step's output is one of its inputs; every trip loads its
+    # vectors before storing, as the scalar kernel does)
+    params = [f"const {STORAGE[dt]}* x{k}" for k, dt in enumerate(in_dtypes)]
+    params += [f"{STORAGE[out_dtype]}* y", f"{idx} nv"]
+    if "r" in layouts:
+        params.append(f"{idx} dv")
+
+    def unit(dt: DType) -> str:
+        return PERMUTE_UNITS[vec * dt.itemsize]
+    head = []
+    for k, (dt, lay) in enumerate(zip(in_dtypes, layouts)):
+        if lay == "s":
+            ct = _ctype_in_registers(dt)
+            head.append(f"  const {ct} s{k} = ({ct}){load(dt, f'x{k}[0]')};")
+    body = [f"  const {idx} T = ({idx})blockDim.x * gridDim.x;",
+            f"  for ({idx} v = ({idx})blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += T) {{"]
+    if "r" in layouts:
+        body.append(f"    const {idx} rv = v % dv;")
+    for k, (dt, lay) in enumerate(zip(in_dtypes, layouts)):
+        if lay == "s":
+            continue
+        body.append(f"    union {{ {unit(dt)} u; {STORAGE[dt]} e[{vec}]; }} l{k};")
+        body.append(f"    l{k}.u = reinterpret_cast<const {unit(dt)}*>(x{k})[{'rv' if lay == 'r' else 'v'}];")
+    body.append(f"    union {{ {unit(out_dtype)} u; {STORAGE[out_dtype]} e[{vec}]; }} o;")
+    for u in range(vec):
+        names = [f"s{k}" if lay == "s" else f"a{k}" for k, lay in enumerate(layouts)]
+        body.append("    {")
+        for k, (dt, lay) in enumerate(zip(in_dtypes, layouts)):
+            if lay != "s":
+                ct = _ctype_in_registers(dt)
+                body.append(f"      const {ct} a{k} = ({ct}){load(dt, f'l{k}.e[{u}]')};")
+        # Each element lives in its own block, so the renderer's t<j> names can repeat.
+        lines, res, rdt = render_program(prog, names, list(in_dtypes), CUDA)
+        body += ["      " + ln for ln in lines]
+        body.append(f"      o.e[{u}] = {store(out_dtype, res, rdt)};")
+        body.append("    }")
+    body.append(f"    reinterpret_cast<{unit(out_dtype)}*>(y)[v] = o.u;")
+    body.append("  }")
+    sig = ", ".join(params)
+    text = "\n".join(head + body)
+    name = _name("rlx_ewv", sig + text)
+    return name, f'{VEC_PREAMBLE}\nextern "C" __global__ void {name}({sig}) {{\n{text}\n}}\n'
+
+
+#: The preamble of the vectorised kernels: bf16 rounding is one ``cvt.rn.bf16x2.f32`` on sm_80+
+#: instead of seven integer instructions (a bf16 GELU rounds four times per element): IEEE
+#: nearest-even either way, the same bits for every number and infinity; a NaN becomes the
+#: canonical quiet NaN (as ``cvt.rn.f16.f32`` already does for f16) instead of keeping its payload.
+#: The scalar kernels keep :data:`PREAMBLE` as it was.
+VEC_PREAMBLE = PREAMBLE.replace(_F2B_INT, f"""#if __CUDA_ARCH__ >= 800
+  unsigned int h; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(0.0f), "f"(f));
+  return (unsigned short)h;  /* the low half: f; the packed form issues at full rate (F2FP, not F2F) */
+#else
+{_F2B_INT}#endif
+""")
+assert VEC_PREAMBLE != PREAMBLE
 
 
 single_op_program = _kit_single_op_program  # the device kit's (one op as a fused program)
@@ -384,6 +513,95 @@ extern "C" __global__ void {name}(const {s}* xg, {x2p}const {s}* g, const {s}* b
 }}
 """
     return name, src
+
+
+@lru_cache(maxsize=64)
+def layer_norm_vec_source(dt: DType, per: int, vec: int, add: bool = False) -> tuple[str, str]:
+    """:func:`layer_norm_source` (``add``: :func:`add_layer_norm_source`) one warp per row, each
+    lane moving ``per`` vectors of ``vec`` elements (``vec * itemsize`` <= 16 bytes) instead of
+    ``per * vec`` single elements: same arguments and math (statistics in the compute type, the
+    residual sum rounded to ``dt`` in registers), rows of ``n`` with ``n % vec == 0``, every row
+    and ``g``/``b`` aligned to the vector. The warp holds its row in registers before storing,
+    so ``y`` may be ``x`` (or ``x2``)."""
+    ct, f = _compute(dt)
+    s = STORAGE[dt]
+    u = PERMUTE_UNITS[vec * dt.itemsize]
+    name = f"rlx_{'add_' if add else ''}layer_norm_w{per}v{vec}_{dt.value}"
+    xin = (ADD_ROUNDED[dt].format(a=load(dt, "lx.e[k]"), b=load(dt, "lx2.e[k]")) if add
+           else load(dt, "lx.e[k]"))
+    x2p = f"const {s}* x2g, " if add else ""
+    x2 = f"  const {u}* x2 = reinterpret_cast<const {u}*>(x2g + row * n);\n" if add else ""
+    ld2 = " lx2.u = x2[j];" if add else ""
+    y = f"((v[t * {vec} + k] - mu) * rstd) * {load(dt, 'lg.e[k]')} + {load(dt, 'lb.e[k]')}"
+    src = f"""{PREAMBLE}
+extern "C" __global__ void {name}(const {s}* xg, {x2p}const {s}* g, const {s}* b, {s}* yg, int n, {ct} eps,
+                                  long long rows) {{
+  typedef union {{ {u} u; {s} e[{vec}]; }} vec_t;
+  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;  /* whole warps leave together: the shuffles below stay full-warp */
+  const int lane = threadIdx.x & 31;
+  const int nv = n / {vec};
+  const {u}* x = reinterpret_cast<const {u}*>(xg + row * n);
+{x2}  {u}* y = reinterpret_cast<{u}*>(yg + row * n);
+  const {u}* gv = reinterpret_cast<const {u}*>(g);
+  const {u}* bv = reinterpret_cast<const {u}*>(b);
+  {ct} v[{per * vec}];
+  {ct} acc = 0;
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    if (j < nv) {{
+      vec_t lx, lx2;
+      lx.u = x[j];{ld2}
+      (void)lx2;
+#pragma unroll
+      for (int k = 0; k < {vec}; ++k) {{ v[t * {vec} + k] = ({ct}){xin}; acc += v[t * {vec} + k]; }}
+    }} else {{
+#pragma unroll
+      for (int k = 0; k < {vec}; ++k) v[t * {vec} + k] = ({ct})0;
+    }}
+  }}
+  const {ct} mu = rlx_warp_sum(acc) / n;
+  acc = 0;
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    if (lane + 32 * t < nv) {{
+#pragma unroll
+      for (int k = 0; k < {vec}; ++k) {{ const {ct} d = v[t * {vec} + k] - mu; acc += d * d; }}
+    }}
+  }}
+  const {ct} var = rlx_warp_sum(acc) / n;
+  const {ct} rstd = ({ct})1 / sqrt{f}(var + eps);
+#pragma unroll
+  for (int t = 0; t < {per}; ++t) {{
+    const int j = lane + 32 * t;
+    if (j < nv) {{
+      vec_t lg, lb, lo;
+      lg.u = gv[j];
+      lb.u = bv[j];
+#pragma unroll
+      for (int k = 0; k < {vec}; ++k) lo.e[k] = {store(dt, y, _cdt(dt))};
+      y[j] = lo.u;
+    }}
+  }}
+}}
+"""
+    return name, src
+
+
+def layer_norm_vec(n: int, dt: DType, aligns: Sequence[int]) -> int:
+    """Elements per vector of :func:`layer_norm_vec_source` for rows of ``n`` (1: the scalar
+    kernels): the widest of 8/4/2 whose vector is at most 16 bytes, divides ``n`` and every
+    address's alignment (``aligns``), preferring one whose vectors fill whole warp trips (f16 at
+    384: 4 x 2 bytes, 3 per lane, rather than 8 x 2 bytes with half the lanes idle on the 2nd)."""
+    best = 1
+    for v in (8, 4, 2):
+        if v * dt.itemsize > VEC_BYTES or n % v or any(a % (v * dt.itemsize) for a in aligns):
+            continue
+        if (n // v) % 32 == 0:
+            return v
+        best = max(best, v)
+    return best
 
 
 #: Longest row a warp-per-row kernel takes (32 lanes x 32 values in registers).
@@ -779,6 +997,10 @@ def all_data_kernels() -> list[tuple[str, str]]:
     for dt in ADD_ROUNDED:
         for per in (1, 4, 12, 32):
             out.append(add_layer_norm_source(dt, per))
+        for vec in (2, 4, 8):
+            if vec * dt.itemsize <= VEC_BYTES:
+                for per in (1, 3, 32 // vec):
+                    out += [layer_norm_vec_source(dt, per, vec), layer_norm_vec_source(dt, per, vec, True)]
     for unit in PERMUTE_UNITS:
         for idt in GATHER_INDEX:
             out += [gather_source(unit, idt, False), gather_source(unit, idt, True)]

