@@ -46,6 +46,7 @@ from .conv_cases import GENERATORS as CONV_GENERATORS
 from .linalg_cases import GENERATORS as LINALG_GENERATORS
 from .ops2_cases import GENERATORS as OPS2_GENERATORS
 from .quant_cases import GENERATORS as QUANT_GENERATORS
+from .recurrent_cases import GENERATORS as RECURRENT_GENERATORS
 from .splat_cases import GENERATORS as SPLAT_GENERATORS
 
 Shape = tuple[int, ...]
@@ -1348,6 +1349,8 @@ GENERATORS: dict[str, Callable[[_Cases], None]] = {
     **LINALG_GENERATORS,
     # the Gaussian splatting ops (rlx_core.ir.ops.splat; generators in splat_cases)
     **SPLAT_GENERATORS,
+    # lstm_scan and gru_scan (rlx_core.ir.ops.recurrent; generator in recurrent_cases)
+    **RECURRENT_GENERATORS,
 }
 
 

@@ -1,24 +1,29 @@
-"""ONNX recurrent layers RNN, GRU and LSTM (versions 7 to 22), unrolled into existing RLX IR ops.
+"""ONNX recurrent layers RNN, GRU and LSTM (versions 7 to 22) in RLX IR.
 
-The sequence length must be static: each time step becomes a few ``matmul``/elementwise ops, so
-every backend runs them (no new IR op, no loop). The input projection of all steps is one
-``matmul`` before the loop; only the recurrent ``h @ R^T`` is per step. Directions forward,
-reverse and bidirectional, layout 0 and 1, optional B / initial_h / initial_c, GRU's
-linear_before_reset and LSTM peepholes are exact. What cannot be translated exactly is refused by
-name: a ``sequence_lens`` that is not the full length everywhere (per-batch lengths make the
-outputs data-dependent), ``clip``, ``input_forget=1`` and activations other than Sigmoid, Tanh and
-Relu (the ones with alpha/beta parameters).
+The sequence length must be static. The input projection of all steps and directions is one
+``linear`` (x @ W.T plus every bias that adds to a gate) before the recurrence. An LSTM or GRU
+layer in f32/f64 with ONNX's default activations is then one ``lstm_scan``/``gru_scan`` node
+(:mod:`rlx_core.ir.ops.recurrent`), whose outputs are ONNX's Y, Y_h (and Y_c): a backend that
+claims it runs the recurrence in one kernel, the others decompose it into the per-step ops.
+Everything else (RNN, other activations, half types) is unrolled here with the same per-step code
+(:func:`rlx_core.ir.ops.recurrent.unroll`): each time step becomes a ``matmul`` and a few
+elementwise ops. Directions forward, reverse and bidirectional, layout 0 and 1, optional B /
+initial_h / initial_c, GRU's linear_before_reset and LSTM peepholes are exact. What cannot be
+translated exactly is refused by name: a ``sequence_lens`` that is not the full length everywhere
+(per-batch lengths make the outputs data-dependent), ``clip``, ``input_forget=1`` and activations
+other than Sigmoid, Tanh and Relu (the ones with alpha/beta parameters).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import DType
 from ..ir.builder import Tensor
+from ..ir.ops.recurrent import DEFAULT_ACTS, SCAN_DTYPES, unroll
 from . import onnx as _onnx
 from .onnx import Refusal, _Const, _handler, _Importer
 
@@ -32,6 +37,9 @@ _onnx._OP_SINCE.update({"RNN": 7, "GRU": 7, "LSTM": 7})
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _DEFAULT_ACTS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
 _ACTS = ("Sigmoid", "Tanh", "Relu")
+#: Emit ``lstm_scan``/``gru_scan`` (one node a layer) where they define the layer; False unrolls
+#: every layer step by step, the form before those ops (A/B comparisons).
+SCAN_OPS = True
 
 
 def _acts(attrs: Mapping[str, Any]) -> list[str]:
@@ -62,22 +70,11 @@ for _op in _GATES:
     _onnx._ATTR_RULES[_op] = [_rules]
 
 
-def _act(imp: _Importer, name: str) -> Callable[[Tensor], Tensor]:
-    op = {"sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu"}[name.lower()]
-    return lambda x: imp.g.op(op, x)
-
-
 def _dir_slice(imp: _Importer, w: Tensor, d: int) -> Tensor:
     """``w[d]`` of a ``[num_directions, ...]`` tensor."""
     g = imp.g
     s = g.op("slice", w, starts=(d,), stops=(d + 1,), axes=(0,))
     return g.op("reshape", s, shape=tuple(w.shape[1:]))
-
-
-def _cols(imp: _Importer, x: Tensor, k: int, h: int) -> Tensor:
-    """Gate ``k`` (columns ``k*h : (k+1)*h`` of the last axis)."""
-    ax = x.rank - 1
-    return imp.g.op("slice", x, starts=(k * h,), stops=((k + 1) * h,), axes=(ax,))
 
 
 @_handler("RNN", "GRU", "LSTM")
@@ -145,95 +142,68 @@ def _recurrent(imp: _Importer, node: Any, ins: list, attrs: dict) -> list:
     if layout == 1:
         h0 = None if h0 is None else g.op("transpose", h0, perm=(1, 0, 2))
         c0 = None if c0 is None else g.op("transpose", c0, perm=(1, 0, 2))
-    zeros = g.op("expand", g.const(0, x.dtype), shape=(batch, h))
+    lbr = bool(int(attrs.get("linear_before_reset", 0)))
+    # One fused node where the recurrent ops define the layer (f32/f64, ONNX's default activations);
+    # else the same recurrence unrolled step by step (their decomposition).
+    fused = SCAN_OPS and op != "RNN" and x.dtype in SCAN_DTYPES and \
+        [a.lower() for a in acts] == list(DEFAULT_ACTS[op.lower()]) * n_dir
 
-    ys: list[list[Tensor]] = []
-    last_h: list[Tensor] = []
-    last_c: list[Tensor] = []
-    for d in range(n_dir):
-        fs = [_act(imp, a) for a in acts[d * per_dir:(d + 1) * per_dir]]
-        wt = g.op("transpose", _dir_slice(imp, w, d), perm=(1, 0))  # [input, G*h]
-        rt = g.op("transpose", _dir_slice(imp, r, d), perm=(1, 0))  # [h, G*h]
-        xp = g.op("matmul", x, wt)  # [seq, batch, G*h]: the input projection of every step at once
-        wb = rb = None
-        if b is not None:
-            bd = _dir_slice(imp, b, d)
-            wb = g.op("slice", bd, starts=(0,), stops=(n_gates * h,), axes=(0,))
-            rb = g.op("slice", bd, starts=(n_gates * h,), stops=(2 * n_gates * h,), axes=(0,))
-            if op != "GRU":
-                xp = xp + wb + rb
-            else:  # the recurrent bias of the hidden gate is inside r * (...) with linear_before_reset
-                xp = xp + wb
-        hd = zeros if h0 is None else _dir_slice(imp, h0, d)
-        cd = zeros if c0 is None else _dir_slice(imp, c0, d)
-        peep = None if p is None else _dir_slice(imp, p, d)
-        steps = range(seq - 1, -1, -1) if (direction == "reverse" or d == 1) else range(seq)
-        outs: dict[int, Tensor] = {}
-        for t in steps:
-            xt = g.op("reshape", g.op("slice", xp, starts=(t,), stops=(t + 1,), axes=(0,)),
-                      shape=(batch, n_gates * h))
-            if op == "RNN":
-                hd = fs[0](xt + g.op("matmul", hd, rt))
-            elif op == "GRU":
-                hd = _gru_step(imp, xt, hd, rt, rb, h, fs, int(attrs.get("linear_before_reset", 0)))
-            else:
-                hd, cd = _lstm_step(imp, xt + g.op("matmul", hd, rt), cd, peep, h, fs)
-            outs[t] = hd
-        ys.append([outs[t] for t in range(seq)])
-        last_h.append(hd)
-        last_c.append(cd)
+    # One input projection for every step and direction: x @ W.T plus every bias that adds to a
+    # gate's pre-activation (all of them but a GRU's recurrent candidate bias with
+    # linear_before_reset, which is inside r * (...)).
+    gh = n_gates * h
+    wall = g.op("reshape", w, shape=(n_dir * gh, w.shape[2]))  # [D*G*h, input]
+    rb = None
+    if b is None:
+        xp = g.op("matmul", x, g.op("transpose", wall, perm=(1, 0)))
+    else:
+        wb = g.op("slice", b, starts=(0,), stops=(gh,), axes=(1,))
+        rbs = g.op("slice", b, starts=(gh,), stops=(2 * gh,), axes=(1,))  # [D, G*h]
+        if op == "GRU" and lbr:
+            rb = g.op("slice", rbs, starts=(2 * h,), stops=(3 * h,), axes=(1,))  # [D, h]
+            rbs = g.op("concat", g.op("slice", rbs, starts=(0,), stops=(2 * h,), axes=(1,)),
+                       g.op("expand", g.const(0, x.dtype), shape=(n_dir, h)), axis=1)
+        xp = g.op("linear", x, wall, g.op("reshape", wb + rbs, shape=(n_dir * gh,)))  # [seq, batch, D*G*h]
+    state = g.op("expand", g.const(0, x.dtype), shape=(n_dir, batch, h))
+    h0 = state if h0 is None else h0
+    c0 = state if c0 is None else c0
 
-    def stack(ts: Sequence[Tensor], axis: int, shape: tuple) -> Tensor:
-        parts = [g.op("reshape", t, shape=shape) for t in ts]
-        return parts[0] if len(parts) == 1 else g.op("concat", *parts, axis=axis)
+    if fused and op == "LSTM":
+        y_all, y_h_all, y_c_all = g.op("lstm_scan", xp, r, h0, c0, *([p] if p is not None else []),
+                                       direction=direction)
+    elif fused:
+        y_all, y_h_all = g.op("gru_scan", xp, r, h0, *([rb] if rb is not None else []),
+                              linear_before_reset=lbr, direction=direction)
+    else:
+        ys: list[Tensor] = []
+        last_h: list[Tensor] = []
+        last_c: list[Tensor] = []
+        for d in range(n_dir):
+            xd = g.op("slice", xp, starts=(d * gh,), stops=((d + 1) * gh,), axes=(2,)) if n_dir > 1 else xp
+            yd, hd, cd = unroll(g, op.lower(), xd, _dir_slice(imp, r, d), _dir_slice(imp, h0, d),
+                                _dir_slice(imp, c0, d) if op == "LSTM" else None,
+                                p=None if p is None else _dir_slice(imp, p, d),
+                                rb=None if rb is None else _dir_slice(imp, rb, d), lbr=lbr,
+                                reverse=direction == "reverse" or d == 1,
+                                acts=[a.lower() for a in acts[d * per_dir:(d + 1) * per_dir]])
+            ys.append(yd)
+            last_h.append(hd)
+            last_c.append(cd)
+
+        def stack(ts: Sequence[Tensor], axis: int, shape: tuple) -> Tensor:
+            parts = [g.op("reshape", t, shape=shape) for t in ts]
+            return parts[0] if len(parts) == 1 else g.op("concat", *parts, axis=axis)
+
+        y_all = stack(ys, 1, (seq, 1, batch, h))  # [seq, num_directions, batch, h]
+        y_h_all = stack(last_h, 0, (1, batch, h))
+        y_c_all = stack(last_c, 0, (1, batch, h)) if op == "LSTM" else None
 
     wanted = list(node.output) + [""] * (3 - len(node.output))
     y = y_h = y_c = None
     if wanted[0]:
-        per = [stack(steps_d, 0, (1, 1, batch, h)) for steps_d in ys]  # [seq, 1, batch, h]
-        y = per[0] if n_dir == 1 else g.op("concat", *per, axis=1)
-        if layout == 1:
-            y = g.op("transpose", y, perm=(2, 0, 1, 3))
+        y = g.op("transpose", y_all, perm=(2, 0, 1, 3)) if layout == 1 else y_all
     if wanted[1]:
-        y_h = stack(last_h, 0, (1, batch, h))
-        if layout == 1:
-            y_h = g.op("transpose", y_h, perm=(1, 0, 2))
+        y_h = g.op("transpose", y_h_all, perm=(1, 0, 2)) if layout == 1 else y_h_all
     if op == "LSTM" and wanted[2]:
-        y_c = stack(last_c, 0, (1, batch, h))
-        if layout == 1:
-            y_c = g.op("transpose", y_c, perm=(1, 0, 2))
+        y_c = g.op("transpose", y_c_all, perm=(1, 0, 2)) if layout == 1 else y_c_all
     return [y, y_h, y_c][:len(node.output)]
-
-
-def _gru_step(imp: _Importer, xt: Tensor, hp: Tensor, rt: Tensor, rb: Tensor | None, h: int,
-              fs: Sequence[Callable[[Tensor], Tensor]], lbr: int) -> Tensor:
-    g = imp.g
-    f, gfn = fs
-    hr = g.op("matmul", hp, _cols(imp, rt, 0, 2 * h) if lbr == 0 else rt)  # [batch, 2h or 3h]
-    if rb is not None:
-        hr = hr + (_cols(imp, rb, 0, 2 * h) if lbr == 0 else rb)
-    z = f(_cols(imp, xt, 0, h) + _cols(imp, hr, 0, h))
-    rg = f(_cols(imp, xt, 1, h) + _cols(imp, hr, 1, h))
-    if lbr == 0:  # (r * h_prev) @ Rh^T + Rbh
-        inner = g.op("matmul", rg * hp, _cols(imp, rt, 2, h))
-        if rb is not None:
-            inner = inner + _cols(imp, rb, 2, h)
-    else:  # r * (h_prev @ Rh^T + Rbh)
-        inner = rg * _cols(imp, hr, 2, h)
-    cand = gfn(_cols(imp, xt, 2, h) + inner)
-    one = g.const(1, xt.dtype)
-    return (one - z) * cand + z * hp
-
-
-def _lstm_step(imp: _Importer, gates: Tensor, cp: Tensor, peep: Tensor | None, h: int,
-               fs: Sequence[Callable[[Tensor], Tensor]]) -> tuple[Tensor, Tensor]:
-    f, gfn, hfn = fs
-    gi, go, gf, gc = (_cols(imp, gates, k, h) for k in range(4))  # ONNX's gate order: i, o, f, c
-    if peep is not None:  # P is [3h] in the order i, o, f
-        gi = gi + _cols(imp, peep, 0, h) * cp
-        gf = gf + _cols(imp, peep, 2, h) * cp
-    i, fg = f(gi), f(gf)
-    c = fg * cp + i * gfn(gc)
-    if peep is not None:
-        go = go + _cols(imp, peep, 1, h) * c
-    return f(go) * hfn(c), c

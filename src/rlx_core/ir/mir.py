@@ -24,6 +24,7 @@ from .ops import elementwise as _elementwise  # noqa: F401
 from .ops import exact as _exact  # noqa: F401  (mod on floats, bitcast: exact primitives)
 from .ops import linalg as _linalg  # noqa: F401  (CSR sparse, solvers, dense factorizations)
 from .ops import movement as _movement  # noqa: F401
+from .ops import recurrent as _recurrent  # noqa: F401  (lstm_scan, gru_scan: one node a layer)
 from .ops import reduction as _reduction  # noqa: F401
 from .ops import splat as _splat  # noqa: F401  (3D Gaussian splatting: project, SH colour, rasterize)
 from .ops._common import BOOL, FLOATS_C, NUMERIC, REAL, SIGNED, STORAGE  # noqa: F401  (re-exported)

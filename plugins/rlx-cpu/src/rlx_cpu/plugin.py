@@ -100,6 +100,9 @@ def factories() -> dict[str, Any]:
         from . import bounded  # nonzero, non_max_suppression: padded result + count (bounded.claims)
 
         out.update(bounded.FACTORIES)
+        from . import recurrent  # lstm_scan, gru_scan: a layer's recurrence in one call (recurrent.claims)
+
+        out.update(recurrent.FACTORIES)
         out.update({"cpu.linear": hk.k_linear, "cpu.softmax": hk.k_softmax,
                     "cpu.log_softmax": hk.k_log_softmax, "cpu.layer_norm": hk.k_layer_norm,
                     "cpu.rms_norm": hk.k_rms_norm,
@@ -252,6 +255,9 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
     from .bounded import claims as bounded_claims
 
     claims += bounded_claims()
+    from .recurrent import claims as recurrent_claims
+
+    claims += recurrent_claims()
     return claims
 
 
