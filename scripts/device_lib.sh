@@ -41,12 +41,13 @@ stage() {  # stage NAME CAP CMD...: run within min(CAP, what is left of BUDGET);
   return $rc
 }
 
-summary() {
-  [ -n "${ORDER+x}" ] || return 0  # a script without stages
-  log "summary (${SECONDS}s)"
+summary() {  # once: called where the script wants it, else on exit
+  [ -n "${ORDER+x}" ] && [ -z "${_SUMMARY_DONE:-}" ] || return 0
+  _SUMMARY_DONE=1
+  log "summary (${0##*/}, ${SECONDS}s)"
   local k
-  for k in "${ORDER[@]}"; do printf '  %-12s %s\n' "$k" "${RESULT[$k]:-FAIL: not run}"; done
-  [ -n "${OUT:-}" ] && { echo "  files in $OUT:"; ls -la "$OUT"; }
+  for k in "${ORDER[@]}"; do printf '  %-16s %s\n' "$k" "${RESULT[$k]:-FAIL: not run}"; done
+  [ -n "${OUT:-}" ] && echo "  files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return 0
 }
 trap summary EXIT

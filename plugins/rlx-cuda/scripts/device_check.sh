@@ -24,27 +24,10 @@ PY="${PYTHON:-python3}"
 CARRY="$ROOT/plugins/rlx-cuda/.carry"
 export PYTHONUNBUFFERED=1
 export RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
-declare -A RESULT
-log() { printf '\n==> %s\n' "$*"; }
 BUDGET="${BUDGET:-570}"
-STAGES=" ${STAGES:-doctor tests bench conformance} "
-stage() {  # stage NAME CAP CMD...: run within min(CAP, budget left), record PASS/FAIL/TIMEOUT
-  local name="$1" limit="$2"; shift 2
-  if [[ "$STAGES" != *" $name "* ]]; then RESULT[$name]="not selected (STAGES)"; return; fi
-  local left=$((BUDGET - SECONDS - 15))
-  ((left < limit)) && limit=$left
-  if ((limit < 20)); then RESULT[$name]="SKIPPED: no time left in BUDGET=${BUDGET}s"; return; fi
-  log "$name (limit ${limit}s): $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@"
-  local rc=$?
-  case $rc in
-    0) RESULT[$name]="PASS";;
-    124|137) RESULT[$name]="TIMEOUT after ${limit}s";;
-    *) RESULT[$name]="FAIL (exit $rc)";;
-  esac
-  RESULT[$name]+=" in $((SECONDS - t0))s"
-}
+STAGES="${STAGES:-doctor tests bench conformance}"
+ORDER=(install doctor tests bench conformance)
+source scripts/device_lib.sh
 
 log "machine"
 nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
@@ -77,7 +60,6 @@ else
   echo "ERROR: pip could not install the repository; stopping"
   exit 1
 fi
-RLX=("$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()')
 
 if [ -f "$CARRY/minilm-f16/model.safetensors" ]; then
   log "MiniLM: widening the carried f16 weights to f32 in /tmp/minilm"
@@ -97,6 +79,4 @@ stage bench "${T_BENCH:-180}" "$PY" plugins/rlx-cuda/bench/bench_cuda.py --json 
 stage conformance 100000 "${RLX[@]}" conformance cuda -q \
   --json "$OUT/cuda-cert.json" --markdown "$OUT/cuda-cert.md"
 
-log "summary"
-for k in install doctor tests bench conformance; do printf '  %-12s %s\n' "$k" "${RESULT[$k]:-not run}"; done
-echo "  files in $OUT:"; ls -la "$OUT"
+summary

