@@ -14,14 +14,13 @@ CUDA-graph replay with fresh inputs, and the old path (settings off) agreeing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _cudakit import WHY, gpu, nvrtc_compile, nvrtc_lib
 from rlx_cuda import codegen
 
 from rlx_core import GraphBuilder, Session
@@ -31,15 +30,6 @@ from rlx_core.dtypes import DType
 RNG = np.random.default_rng(181)
 
 
-def _cuda_reason() -> str | None:
-    from rlx_cuda.plugin import rlx_probe_devices
-
-    devs = rlx_probe_devices()
-    return None if any(d.available for d in devs) else devs[0].reason
-
-
-_WHY = _cuda_reason()
-gpu = pytest.mark.skipif(_WHY is not None, reason=f"needs a CUDA GPU: {_WHY}")
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +39,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("RLX_CUDA_FAST_REDUCE", raising=False)
     reset_hub(Hub())
     _forget_kernels()
-    if _WHY is None:  # record the generated kernels each test binds (the process cache stays warm)
+    if WHY is None:  # record the generated kernels each test binds (the process cache stays warm)
         from rlx_cuda import kernels
 
         real = kernels.raw_kernel
@@ -75,44 +65,11 @@ def test_reduce_plan() -> None:
     assert plan((3, 4, 5), (0, 2)) is None  # not adjacent: CuPy's reduction
 
 
-def _nvrtc_lib() -> Any:
-    """A ctypes handle on libnvrtc, or None: the pip wheel's, then the system's."""
-    cands: list[str] = []
-    try:
-        import nvidia.cuda_nvrtc as pkg
-
-        root = Path(next(iter(pkg.__path__))) / "lib"
-        cands += [str(p) for p in sorted(root.glob("libnvrtc.so*")) if "builtins" not in p.name]
-    except Exception:
-        pass
-    found = ctypes.util.find_library("nvrtc")
-    cands += [found] if found else []
-    cands += ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
-    for c in cands:
-        try:
-            return ctypes.CDLL(c)
-        except OSError:
-            continue
-    return None
-
-
-def _compile(lib: Any, src: str, arch: str) -> tuple[int, str]:
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"data.cu", 0, None, None) == 0
-    opts = [b"-ftz=true", f"--gpu-architecture={arch}".encode()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = int(lib.nvrtcCompileProgram(prog, len(opts), arr))
-    n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    buf = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetProgramLog(prog, buf)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, buf.value.decode(errors="replace")
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_every_data_kernel_compiles(arch: str) -> None:
-    lib = _nvrtc_lib()
+    lib = nvrtc_lib()
     if lib is None:
         pytest.skip("no libnvrtc (pip install nvidia-cuda-nvrtc-cu12 or CuPy): the gather/reduce "
                     "kernels are NOT compile-checked on this machine")
@@ -120,7 +77,7 @@ def test_every_data_kernel_compiles(arch: str) -> None:
     assert len(sources) == len({name for name, _ in sources}) > 40  # one name per distinct kernel
     for name, src in sources:
         assert f" {name}(" in src
-        rc, log = _compile(lib, src, arch)
+        rc, log = nvrtc_compile(lib, src, arch, "data.cu")
         assert rc == 0, f"{name} does not compile for {arch}:\n{log[-3000:]}"
 
 

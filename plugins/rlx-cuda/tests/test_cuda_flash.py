@@ -13,8 +13,6 @@ two-GEMM path) really ran, and MiniLM in f16/bf16 against f32.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cudakit import gpu, nvrtc_compile, nvrtc_lib
 from rlx_cuda import flash
 
 from rlx_core import GraphBuilder, Session
@@ -32,15 +31,6 @@ from rlx_core.plugin import TensorType
 RNG = np.random.default_rng(18)
 
 
-def _cuda_reason() -> str | None:
-    from rlx_cuda.plugin import rlx_probe_devices
-
-    devs = rlx_probe_devices()
-    return None if any(d.available for d in devs) else devs[0].reason
-
-
-_WHY = _cuda_reason()
-gpu = pytest.mark.skipif(_WHY is not None, reason=f"needs a CUDA GPU: {_WHY}")
 
 
 @pytest.fixture(autouse=True)
@@ -90,52 +80,20 @@ def test_padded_head_dims() -> None:
 
 # -- no GPU: every kernel compiles (NVRTC, sm_90) ------------------------------------------------
 
-def _nvrtc_lib() -> Any:
-    """A ctypes handle on libnvrtc, or None: the pip wheel's, then the system's."""
-    cands: list[str] = []
-    try:
-        import nvidia.cuda_nvrtc as pkg
-
-        root = Path(next(iter(pkg.__path__))) / "lib"
-        cands += [str(p) for p in sorted(root.glob("libnvrtc.so*")) if "builtins" not in p.name]
-    except Exception:
-        pass
-    found = ctypes.util.find_library("nvrtc")
-    cands += [found] if found else []
-    cands += ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
-    for c in cands:
-        try:
-            return ctypes.CDLL(c)
-        except OSError:
-            continue
-    return None
-
-
-def _compile(lib: Any, src: str, arch: str) -> tuple[int, str]:
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"flash.cu", 0, None, None) == 0
-    opts = [b"-ftz=true", f"--gpu-architecture={arch}".encode()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = int(lib.nvrtcCompileProgram(prog, len(opts), arr))
-    n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    buf = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetProgramLog(prog, buf)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, buf.value.decode(errors="replace")
 
 
 def test_every_flash_kernel_compiles_for_sm90() -> None:
-    lib = _nvrtc_lib()
+    lib = nvrtc_lib()
     if lib is None:
         pytest.skip("no libnvrtc (pip install nvidia-cuda-nvrtc-cu12 or CuPy): the fused attention "
                     "kernels are NOT compile-checked on this machine")
     sources = flash.all_sources()
     assert len(sources) == len({name for name, _ in sources})  # one name per distinct kernel
     for name, src in sources:
-        rc, log = _compile(lib, src, "sm_90")
+        rc, log = nvrtc_compile(lib, src, "sm_90", "flash.cu")
         assert rc == 0, f"{name} does not compile:\n{log[-3000:]}"
-    rc, log = _compile(lib, flash.all_sources()[0][1], "sm_80")  # the oldest architecture claimed
+    # the oldest architecture claimed
+    rc, log = nvrtc_compile(lib, flash.all_sources()[0][1], "sm_80", "flash.cu")
     assert rc == 0, log[-3000:]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cudakit import gpu
 
 from rlx_core import GraphBuilder, Session
 from rlx_core._hub import Hub, reset_hub
@@ -22,18 +23,7 @@ from rlx_core.dtypes import DType
 from rlx_core.errors import DispatchError
 from rlx_core.ir.reference import evaluate
 
-
-def _cuda_reason() -> str | None:
-    try:
-        from rlx_cuda.plugin import rlx_probe_devices
-    except ImportError as e:
-        return f"rlx-cuda is not installed ({e})"
-    devs = rlx_probe_devices()
-    return None if any(d.available for d in devs) else devs[0].reason
-
-
-_WHY = _cuda_reason()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"needs a CUDA GPU: {_WHY}")
+pytestmark = gpu
 RNG = np.random.default_rng(3)
 
 

@@ -14,8 +14,6 @@ of special values, and layer_norm with and without the fused residual add.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import types
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cudakit import WHY, gpu, nvrtc_compile, nvrtc_lib
 from rlx_cuda import codegen
 
 from rlx_core import GraphBuilder, Session
@@ -35,15 +34,6 @@ RNG = np.random.default_rng(1818)
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
 
 
-def _cuda_reason() -> str | None:
-    from rlx_cuda.plugin import rlx_probe_devices
-
-    devs = rlx_probe_devices()
-    return None if any(d.available for d in devs) else devs[0].reason
-
-
-_WHY = _cuda_reason()
-gpu = pytest.mark.skipif(_WHY is not None, reason=f"needs a CUDA GPU: {_WHY}")
 #: Names of the generated kernels bound since the test started (by ``kernels.raw_kernel``).
 _BOUND: list[str] = []
 
@@ -54,7 +44,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("RLX_CUDA_VECTORIZE", raising=False)
     reset_hub(Hub())
     _BOUND.clear()
-    if _WHY is None:
+    if WHY is None:
         from rlx_cuda import kernels
 
         real = kernels.raw_kernel
@@ -131,39 +121,6 @@ def test_layer_norm_vec_width() -> None:
     assert v(384, F16, [256, 4, 256, 256]) == 2
 
 
-def _nvrtc_lib() -> Any:
-    """A ctypes handle on libnvrtc, or None: the pip wheel's, then the system's."""
-    cands: list[str] = []
-    try:
-        import nvidia.cuda_nvrtc as pkg
-
-        root = Path(next(iter(pkg.__path__))) / "lib"
-        cands += [str(p) for p in sorted(root.glob("libnvrtc.so*")) if "builtins" not in p.name]
-    except Exception:
-        pass
-    found = ctypes.util.find_library("nvrtc")
-    cands += [found] if found else []
-    cands += ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
-    for c in cands:
-        try:
-            return ctypes.CDLL(c)
-        except OSError:
-            continue
-    return None
-
-
-def _compile(lib: Any, src: str, arch: str) -> tuple[int, str]:
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"vec.cu", 0, None, None) == 0
-    opts = [b"-ftz=true", f"--gpu-architecture={arch}".encode()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = int(lib.nvrtcCompileProgram(prog, len(opts), arr))
-    n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    buf = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetProgramLog(prog, buf)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, buf.value.decode(errors="replace")
 
 
 def vector_kernels() -> list[tuple[str, str]]:
@@ -200,7 +157,7 @@ def vector_kernels() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_every_vector_kernel_compiles(arch: str) -> None:
-    lib = _nvrtc_lib()
+    lib = nvrtc_lib()
     if lib is None:
         pytest.skip("no libnvrtc (pip install nvidia-cuda-nvrtc-cu12 or CuPy): the vectorised kernels are "
                     "NOT compile-checked on this machine")
@@ -208,10 +165,10 @@ def test_every_vector_kernel_compiles(arch: str) -> None:
     assert len(sources) > 40
     # one translation unit (the preamble has an include guard; every kernel name is distinct)
     text = "\n".join(src for _, src in sources)
-    rc, log = _compile(lib, text, arch)
+    rc, log = nvrtc_compile(lib, text, arch, "vec.cu")
     assert rc == 0, f"the vectorised kernels do not compile for {arch}:\n{log[-3000:]}"
     for name, src in sources[:6]:  # and alone, with the bf16 rounding of the vector preamble
-        rc, log = _compile(lib, src, arch)
+        rc, log = nvrtc_compile(lib, src, arch, "vec.cu")
         assert rc == 0, f"{name} does not compile for {arch}:\n{log[-3000:]}"
 
 
