@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--config", action="append", default=[],
                     help="extra variant label=runtime:KEY=VAL,... (e.g. 'rlx 1t=rlx:RLX_CPU_THREADS=1')")
     ap.add_argument("--quick", action="store_true", help="shorter measurements (smoke runs)")
+    ap.add_argument("--rss", action="store_true",
+                    help="also a column of each runtime's peak RSS (MB, median over the quiet runs)")
     ap.add_argument("--json", dest="json_path")
     a = ap.parse_args()
     allowed = sorted(os.sched_getaffinity(0))
@@ -107,18 +109,24 @@ def main() -> None:
              and r["batch"] == batch and r["busy_core"] == busy]
         return statistics.median(v) * 1e3 if v else float("nan")
 
+    def rss(label: str, model: str, batch: int) -> float:
+        v = [r["peak_rss_mb"] for r in rows if r["label"] == label and r["model"] == model
+             and r["batch"] == batch and not r["busy_core"] and "peak_rss_mb" in r]
+        return statistics.median(v) if v else float("nan")
+
     print(f"\nmedian over {a.rounds} rounds of each process's p50 (ms); busy = a busy loop on CPU {cpu}")
     print(f"{'workload':14s} {'runtime':16s} {'quiet':>9s} {'busy':>9s} {'slowdown':>8s} "
-          f"{'/ort quiet':>10s} {'/ort busy':>10s}")
+          f"{'/ort quiet':>10s} {'/ort busy':>10s}" + (f" {'peak RSS MB':>11s}" if a.rss else ""))
     summary = []
     for model, batch in loads:
         oq, ob = med("ort", model, batch, False), med("ort", model, batch, True)
         for label, _, _ in configs:
             q, b = med(label, model, batch, False), med(label, model, batch, True)
+            mb = rss(label, model, batch)
             print(f"{model + ':' + str(batch):14s} {label:16s} {q:9.3f} {b:9.3f} {b / q:7.2f}x "
-                  f"{q / oq:9.2f}x {b / ob:9.2f}x")
+                  f"{q / oq:9.2f}x {b / ob:9.2f}x" + (f" {mb:11.0f}" if a.rss else ""))
             summary.append({"model": model, "batch": batch, "label": label, "quiet_ms": q, "busy_ms": b,
-                            "ratio_ort_quiet": q / oq, "ratio_ort_busy": b / ob})
+                            "ratio_ort_quiet": q / oq, "ratio_ort_busy": b / ob, "peak_rss_mb": mb})
     if a.json_path:
         with open(a.json_path, "w") as f:
             json.dump({"busy_cpu": cpu, "allowed": allowed, "summary": summary, "results": rows}, f,

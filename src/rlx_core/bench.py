@@ -202,8 +202,6 @@ def torch_model(model: str) -> Any:
 
 def onnx_path(model: str) -> Path:
     """The workload exported once from PyTorch (dynamic batch; dynamic seq for MiniLM)."""
-    import torch
-
     from .cache import publish_file, verify_file
 
     p = _cache_dir() / f"{model}.onnx"
@@ -211,6 +209,8 @@ def onnx_path(model: str) -> Path:
     # it is read from a directory only the user can write, so checking first is race-free.
     if verify_file(p) or (p.exists() and _PRIVATE and p.parent == _PRIVATE[0]):
         return p
+    import torch  # only to export: a worker timing the cached file must not carry torch in its RSS
+
     m = torch_model(model)
     feed = inputs(model, 2, 16)
     args = tuple(torch.from_numpy(v) for v in feed.values())

@@ -113,12 +113,27 @@ def _load() -> dict[str, Any]:
             fn.argtypes = [ci, ci, ci, i64, i64, i64, real, vp, i64, vp, i64, real, vp, i64]
         _STATE.update(ok=True, lib=lib, gemm={np.dtype(np.float32): sg, np.dtype(np.float64): dg})
         _STATE["dnnl"], _STATE["dnnl_why"] = _load_dnnl()
+        if "libs" in _DNNL:  # the libraries' handles, for rlx_cpu.onednn_conv
+            _STATE["dnnl_libs"] = _DNNL["libs"]
         return _STATE
 
 
 def _load_dnnl() -> tuple[tuple[int, int, int] | None, str]:
     """(the addresses of dnnl_sgemm, omp_get_max_threads and omp_set_num_threads, for
-    :mod:`rlx_cpu._gemm_rows`; or None and why not)."""
+    :mod:`rlx_cpu._gemm_rows`; or None and why not). Loaded once: also without the private
+    OpenBLAS (:func:`dnnl_gemm_fn`)."""
+    with _DNNL_LOCK:
+        if "fns" not in _DNNL:
+            _DNNL["fns"] = _open_dnnl()
+        fns: tuple[tuple[int, int, int] | None, str] = _DNNL["fns"]
+        return fns
+
+
+_DNNL: dict[str, Any] = {}
+_DNNL_LOCK = threading.Lock()
+
+
+def _open_dnnl() -> tuple[tuple[int, int, int] | None, str]:
     if not settings.ONEDNN.get():
         return None, "RLX_CPU_ONEDNN=0"
     from importlib.metadata import PackageNotFoundError, distribution
@@ -136,7 +151,7 @@ def _load_dnnl() -> tuple[tuple[int, int, int] | None, str]:
         fns = (lib.dnnl_sgemm, omp.omp_get_max_threads, omp.omp_set_num_threads)
     except (OSError, AttributeError) as e:
         return None, f"could not load oneDNN: {e}"
-    _STATE["dnnl_libs"] = (lib, omp)  # the addresses stay valid while the libraries stay loaded
+    _DNNL["libs"] = (lib, omp)  # the addresses stay valid while the libraries stay loaded
     a, b, c = (int(ctypes.cast(f, ctypes.c_void_p).value or 0) for f in fns)
     return (a, b, c), ""
 
@@ -197,6 +212,23 @@ def linear_rows(x: np.ndarray, w: np.ndarray, bias: np.ndarray,
     return fn, args
 
 
+def dnnl_gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: Any = None) -> Any:
+    """Like :func:`gemm_fn`, float32 on oneDNN only, called through ctypes instead of the Numba
+    trampoline, and without loading the private OpenBLAS: for programs that need neither (Numba
+    and LLVM are ~85 MB of RSS, the OpenBLAS copy ~6 MB; a call costs ~1 us more). None where
+    oneDNN is off or missing, or cannot read the operands. ``threads``: a function giving the
+    OpenMP threads for each call (default one: the row pool spreads the work)."""
+    if not settings.PRIVATE_BLAS.get() or not (a.dtype == b.dtype == c.dtype == np.float32):
+        return None
+    if _load_dnnl()[0] is None:
+        return None
+    lay = _layout(a, b, c)
+    if lay is None:
+        return None
+    ta, lda, tb, ldb = lay
+    return _dnnl_ctypes(ta, lda, lda if ta == _NO_TRANS else 1, tb, ldb, a, b, c, threads)
+
+
 def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
     """A closure ``f(lo, hi)`` computing rows ``lo:hi`` of ``c = a @ b`` on the calling thread
     (oneDNN for float32, else the private OpenBLAS; GIL released), or None if it cannot."""
@@ -228,3 +260,49 @@ def gemm_fn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Any:
         fn(_ROW_MAJOR, ta, tb, hi - lo, n, k, 1.0, pa + lo * a_row * isz, lda, pb, ldb, 0.0,
            pc + lo * ldc * isz, ldc)
     return run
+
+
+def _dnnl_ctypes(ta: int, lda: int, a_row: int, tb: int, ldb: int, a: np.ndarray, b: np.ndarray,
+                 c: np.ndarray, threads: Any = None) -> Any:
+    """:func:`dnnl_gemm_fn`'s closure (what :func:`rlx_cpu._gemm_rows.gemm_rows` does, without
+    Numba): one OpenMP thread for the call (or ``threads()``), the caller's count put back after."""
+    sgemm, get_max, set_num = _dnnl_ctypes_fns()
+    k, n, isz = a.shape[1], c.shape[1], 4
+    ldc = c.strides[0] // isz
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
+    tra, trb = bytes([_DNNL_OP[ta]]), bytes([_DNNL_OP[tb]])
+    keep = (a, b, c)  # the raw pointers below stay valid while this closure lives
+
+    def run(lo: int, hi: int) -> None:
+        if hi <= lo or keep is None:
+            return
+        want = 1 if threads is None else threads()
+        prev = get_max()
+        if prev != want:  # one OpenMP thread for this call: the row pool spreads the work
+            set_num(want)
+        try:
+            st = sgemm(tra, trb, hi - lo, n, k, 1.0, pa + lo * a_row * isz, lda, pb, ldb, 0.0,
+                       pc + lo * ldc * isz, ldc)
+        finally:
+            if prev != want:
+                set_num(prev)
+        if st != 0:
+            raise RuntimeError("oneDNN sgemm failed; set RLX_CPU_ONEDNN=0 to use OpenBLAS and report it")
+    return run
+
+
+def _dnnl_ctypes_fns() -> tuple[Any, Any, Any]:
+    """(dnnl_sgemm, omp_get_max_threads, omp_set_num_threads) as ctypes functions (GIL released
+    during each call), made once."""
+    fns = _DNNL.get("ctypes")
+    if fns is None:
+        lib, omp = _DNNL["libs"]
+        sgemm = lib.dnnl_sgemm
+        i64, f32, vp, ch = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_char
+        sgemm.restype = ctypes.c_int
+        sgemm.argtypes = [ch, ch, i64, i64, i64, f32, vp, i64, vp, i64, f32, vp, i64]
+        get_max, set_num = omp.omp_get_max_threads, omp.omp_set_num_threads
+        get_max.restype, get_max.argtypes = ctypes.c_int, []
+        set_num.restype, set_num.argtypes = None, [ctypes.c_int]
+        fns = _DNNL["ctypes"] = (sgemm, get_max, set_num)
+    return fns

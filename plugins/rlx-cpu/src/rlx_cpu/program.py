@@ -80,6 +80,15 @@ class CpuProgram:
         self.inputs = [(v.name, views[v.name]) for v in program.inputs]
         self.outputs = list(dict.fromkeys(v for _, v in program.outputs))
         self._outs = tuple((o, views[o]) for o in self.outputs)
+        self._bound: set[str] = set()
+        from . import dense
+
+        if dense.eligible(program, views):
+            # An MLP: bound without Numba (rlx_cpu.dense); its row-split linears are not row
+            # kernels another could chain with, so there is nothing to chain.
+            self.runs, self.kernel_names, self.run_kernels = dense.bind(program, views, factories)
+            self._slots: dict[str, list[tuple[list[int], int]]] = {}
+            return
         runs = []
         for s in program.kernels:
             runs.append(self._bind(s, factories))
@@ -107,7 +116,6 @@ class CpuProgram:
             self.kernel_names = tuple("+".join(self.kernel_names[i] for i in g) for g in idx)
             self.run_kernels = tuple(tuple(k for i in g for k in self.run_kernels[i]) for g in idx)
             self.runs = tuple(runs)
-        self._bound: set[str] = set()
 
     def _fuse_attention(self, runs: list[Any]) -> bool:
         """Masked attention as exporters write it (see :func:`guarded_attention_chains`) becomes

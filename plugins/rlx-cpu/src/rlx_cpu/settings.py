@@ -53,6 +53,16 @@ PAIR_MIN_FLOPS = declare_setting(
     "RLX_CPU_PAIR_MIN_FLOPS", "int", 1 << 62,
     "Two adjacent independent GEMMs of at least this many flops each run at once, one core each.",
     owner=OWNER, min=0, default_text="off (2**62)")
+DENSE = declare_setting(
+    "RLX_CPU_DENSE", "bool", True,
+    "Programs of only linears, ReLUs and softmaxes (MLPs) load no Numba: NumPy kernels, oneDNN via ctypes "
+    "(0: the general kernels).",
+    owner=OWNER)
+DENSE_GEMV_THREADS = declare_setting(
+    "RLX_CPU_DENSE_GEMV_THREADS", "bool", False,
+    "MLPs' 1-2 row linears with >= 256K weights run on oneDNN with OpenMP threads (faster on idle cores, "
+    "slower when others load them; loads oneDNN).", owner=OWNER)
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
-                           ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS]
+                           ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
+                           DENSE_GEMV_THREADS]

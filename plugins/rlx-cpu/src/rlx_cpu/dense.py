@@ -1,0 +1,300 @@
+"""Dense programs (MLPs: linears, ReLUs, a softmax) bound without Numba.
+
+Why a path of their own: the general kernels load Numba (softmax rows, and oneDNN's sgemm through
+a Numba trampoline for the GEMM row pieces), and Numba brings LLVM and SciPy: the MLP
+784-512-256-10 peaked at 187 MB RSS at batch 1 and 212 MB at 256, against ONNX Runtime's 70 and
+71 MB (all without PyTorch), ~125 MB of it those libraries. A program made only of the kernels
+below needs none of them:
+
+* a linear of one or two rows is one ``np.matmul`` (OpenBLAS's GEMV-like path, as on the general
+  path), with more rows the general path's row pieces on the row pool, each oneDNN's sgemm called
+  through ctypes (the same library and split, so the same results) and the piece's bias added
+  while its rows are in cache;
+* a ReLU right after a linear is done in place on the GEMM's output (one run, no extra pass);
+* a softmax is five ufunc calls (the general kernel's NumPy form).
+
+Then batch 1 loads only NumPy's OpenBLAS (66 MB peak) and batch 256 adds oneDNN (88 MB).
+Anything else in the program (an attention, a layer norm, a convolution) sends it down the
+general path unchanged, so transformer and convolution programs are not affected.
+``RLX_CPU_DENSE=0`` turns this off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_core.plugin import normalize_axis
+
+from . import settings
+
+Run = Callable[[], None]
+
+#: Kernels a dense program may consist of; every one is bound below or by a NumPy-only factory.
+KERNELS = frozenset({"cpu.linear", "cpu.maximum", "cpu.softmax", "cpu.log_softmax", "cpu.reshape"})
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def eligible(program: Any, views: Mapping[str, np.ndarray]) -> bool:
+    """Is ``program`` a dense inference program: only :data:`KERNELS`, at least one linear, every
+    linear on a constant (read-only) 2-D float weight with a 1-D bias of its dtype?"""
+    if not settings.DENSE.get():
+        return False
+    steps = program.kernels
+    if not steps or any(s.kernel not in KERNELS for s in steps):
+        return False
+    linears = [s for s in steps if s.kernel == "cpu.linear"]
+    if not linears:
+        return False
+    for s in linears:
+        if len(s.inputs) != 3 or len(s.outputs) != 1:
+            return False
+        x, w, b = (views[v] for v in s.inputs)
+        o = views[s.outputs[0]]
+        if (w.flags.writeable or w.ndim != 2 or b.ndim != 1 or x.ndim < 2 or o.dtype not in _FLOATS
+                or not x.dtype == w.dtype == b.dtype == o.dtype):
+            return False
+    return True
+
+
+def _zero(g: Any, name: str) -> bool:
+    """Is ``name`` a constant whose every element is 0 (a ReLU's floor)?"""
+    if name not in g.weights:
+        return False
+    a = np.asarray(g.weights[name])
+    return a.size >= 1 and a.ndim <= 1 and bool(np.all(a == 0))
+
+
+def bind(program: Any, views: Mapping[str, np.ndarray], factories: Mapping[str, Any]
+         ) -> tuple[tuple[Run, ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """(runs, their kernel names, for each run the claims whose work it does) of an
+    :func:`eligible` program."""
+    steps = program.kernels
+    g = program.graph
+    outs = {v for _, v in program.outputs}
+    readers: dict[str, int] = {}
+    for s in steps:
+        for v in dict.fromkeys(s.inputs):
+            readers[v] = readers.get(v, 0) + 1
+    runs: list[Run] = []
+    names: list[str] = []
+    claims: list[tuple[str, ...]] = []
+    i = 0
+    while i < len(steps):
+        s = steps[i]
+        ins = [views[v] for v in s.inputs]
+        o = views[s.outputs[0]]
+        if s.kernel == "cpu.linear":
+            relu = _relu_after(steps, i, g, outs, readers)
+            if relu is not None:
+                nxt = steps[i + 1]
+                r = views[nxt.outputs[0]]
+                zero = views[relu]
+                first = nxt.inputs[0] == s.outputs[0]
+                runs.append(_linear(ins[0], ins[1], ins[2], o, (r, zero, first)))
+                names.append("cpu.dense_linear_relu")
+                claims.append(("cpu.linear", "cpu.maximum"))
+                i += 2
+                continue
+            runs.append(_linear(ins[0], ins[1], ins[2], o, None))
+        elif s.kernel in ("cpu.softmax", "cpu.log_softmax"):
+            runs.append(_softmax(ins[0], o, s.attrs["axis"], s.kernel == "cpu.log_softmax"))
+        else:
+            with np.errstate(all="ignore"):
+                runs.append(factories[s.kernel](ins, [views[v] for v in s.outputs], s.attrs))
+        names.append(s.kernel)
+        claims.append((s.kernel,))
+        i += 1
+    return tuple(runs), tuple(names), tuple(claims)
+
+
+def _relu_after(steps: Sequence[Any], i: int, g: Any, outs: set[str], readers: Mapping[str, int]
+                ) -> str | None:
+    """The zero constant of a ``maximum(linear_out, 0)`` (either operand order) right after the
+    linear at step ``i``, when nothing else reads the linear's output; else None."""
+    if i + 1 >= len(steps):
+        return None
+    lo = steps[i].outputs[0]
+    nxt = steps[i + 1]
+    if nxt.kernel != "cpu.maximum" or len(nxt.inputs) != 2 or lo in outs or readers.get(lo) != 1:
+        return None
+    a, b = nxt.inputs
+    other = b if a == lo else a if b == lo else None
+    return other if other is not None and other != lo and _zero(g, other) else None
+
+
+#: Rows up to which a linear is one ``np.matmul`` (OpenBLAS's GEMV-like path, as fast as
+#: oneDNN there): the general path's threshold (``rlx_cpu.hir_kernels.GEMV_ROWS``).
+GEMV_ROWS = 2
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
+            relu: tuple[np.ndarray, np.ndarray, bool] | None) -> Run:
+    """``o = x @ w.T + b`` (then ``r = maximum(o, 0)`` when ``relu = (r, zero, o_first)``)."""
+    # The constant weight re-laid out once as (in, out), as the general kernel does: OpenBLAS runs
+    # x @ W faster than x @ W.T with W row-major (GEMV 784x512: ~20 against ~22 us).
+    wt = np.ascontiguousarray(w.T)
+    wt.flags.writeable = False
+    if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
+        x, o = x.reshape(-1, x.shape[-1]), o.reshape(-1, o.shape[-1])  # one GEMM, not one a row
+    # Where the GEMM writes: straight into the ReLU's buffer when it can (bias and ReLU then in
+    # place while the rows are in cache), else the linear's own.
+    t, post = o, None
+    if relu is not None:
+        r, zero, o_first = relu
+        r2 = r.reshape(o.shape) if r.shape != o.shape and r.size == o.size and r.flags.c_contiguous else r
+        if (r2.shape == o.shape and r2.dtype == o.dtype and r2.flags.c_contiguous and o.ndim == 2
+                and not np.may_share_memory(r2, x)):
+            t = r2
+        post = (r2 if t is r2 else r, zero, o_first)
+    if o.ndim == 2 and x.ndim == 2 and o.shape[0] > GEMV_ROWS:
+        rows = _row_pieces(x, wt, b, t, post)
+        if rows is not None:
+            return rows
+    if (o.ndim == 2 and x.ndim == 2 and wt.size >= GEMV_SPLIT_MIN and (post is None or post[0] is t)
+            and settings.DENSE_GEMV_THREADS.get()):
+        gemv = _threaded_gemv(x, wt, b, t, post)
+        if gemv is not None:
+            return gemv
+    return _whole(x, wt, b, t, o, post)
+
+
+#: Weight elements from which a one- or two-row linear runs on oneDNN with OpenMP threads
+#: (``RLX_CPU_DENSE_GEMV_THREADS=1``): split over both cores, the 784x512 GEMV takes 12 instead
+#: of 22 us at best (each core streams half the weights); a 512x256 one gains less than the extra
+#: calls cost (7.0 against 7.5 us). Off by default: on the shared 2-core machine the OpenMP
+#: barrier waited for a core other processes held (MLP batch 1, p50 of 3 processes: 65 against
+#: 44 us), and it loads oneDNN (+17 MB RSS).
+GEMV_SPLIT_MIN = 262144
+
+
+def _threaded_gemv(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
+                   post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
+    """A one- or two-row linear as one oneDNN sgemm on as many OpenMP threads as the row pool
+    has active (one while other processes keep a core busy: a thread sharing its core holds
+    the split up), its bias and ReLU after; None without oneDNN or a second core."""
+    from . import blas
+    from .parallel import pool
+
+    p = pool()
+    if p.threads < 2:
+        return None
+    gemm = blas.dnnl_gemm_fn(x, wt, t, threads=lambda: p.active)
+    if gemm is None:
+        return None
+    m = t.shape[0]
+    add, maximum = np.add, np.maximum
+    if post is None:
+        def run() -> None:
+            gemm(0, m)
+            add(t, b, out=t)
+        return run
+    zero, o_first = post[1], post[2]
+    a_, b_ = (t, zero) if o_first else (zero, t)
+
+    def run_relu() -> None:
+        gemm(0, m)
+        add(t, b, out=t)
+        maximum(a_, b_, out=t)
+    return run_relu
+
+
+def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray,
+           post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run:
+    """The linear as one ``np.matmul`` into ``t``, the bias and ReLU (``post``) after it."""
+    matmul, add, maximum = np.matmul, np.add, np.maximum
+    if post is None:
+        def run() -> None:
+            matmul(x, wt, out=t)
+            add(t, b, out=t)
+        return run
+    r, zero, o_first = post
+    if t is r:
+        if o_first:
+            def run_in_place() -> None:
+                matmul(x, wt, out=t)
+                add(t, b, out=t)
+                maximum(t, zero, out=t)
+        else:
+            def run_in_place() -> None:
+                matmul(x, wt, out=t)
+                add(t, b, out=t)
+                maximum(zero, t, out=t)
+        return run_in_place
+    a_, b_ = (o, zero) if o_first else (zero, o)
+
+    def run_two() -> None:
+        matmul(x, wt, out=o)
+        add(o, b, out=o)
+        maximum(a_, b_, out=r)
+    return run_two
+
+
+def _row_pieces(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
+                post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
+    """The linear in row pieces on the row pool: each a single-threaded GEMM (oneDNN through
+    ctypes for float32, the private OpenBLAS otherwise), then its rows' bias and ReLU while they
+    are in cache; None where rlx-cpu's BLAS is not there (then NumPy's threaded one does all)."""
+    from . import blas
+    from .parallel import RowRun, pool
+
+    if post is not None and post[0] is not t:
+        return None  # the ReLU reads another buffer: the whole-tensor form
+    gemm = blas.dnnl_gemm_fn(x, wt, t) or blas.gemm_fn(x, wt, t)
+    if gemm is None:
+        return None
+    m, k, n = t.shape[0], x.shape[1], t.shape[1]
+    threads = pool().threads
+    # The general linear's split rule (rlx_cpu.hir_kernels.SPLIT_MIN_MACS): a hand-off costs
+    # ~20 us at the median, 4M multiply-adds ~70 us on one core.
+    parts = threads if m * n * k >= 4_000_000 and m >= 2 * threads else 1
+    cpt = max(1, min(4, m // (512 * threads)))
+    add, maximum = np.add, np.maximum
+    zero, o_first = (post[1], post[2]) if post is not None else (None, True)
+
+    def rows(lo: int, hi: int) -> None:
+        gemm(lo, hi)
+        piece = t[lo:hi]
+        add(piece, b, out=piece)
+        if zero is not None:
+            if o_first:
+                maximum(piece, zero, out=piece)
+            else:
+                maximum(zero, piece, out=piece)
+    return RowRun(rows, m, (), m * n * k // 64, chunks_per_thread=cpt, parts=parts)
+
+
+def _softmax(x: np.ndarray, o: np.ndarray, axis: Any, log: bool) -> Run:
+    """(log-)softmax along ``axis`` in five ufunc calls into buffers made once (the reductions'
+    arguments positional: their keywords cost ~0.1 us each)."""
+    if x.size == 0:
+        return lambda: None  # an empty output: nothing to compute
+    ax = normalize_axis(axis, x.ndim)
+    red = tuple(1 if k == ax else d for k, d in enumerate(x.shape))
+    m, s = np.empty(red, x.dtype), np.empty(red, x.dtype)
+    vmax: Any = np.maximum.reduce  # positional (axis, dtype, out, keepdims): no stub matches
+    vsum: Any = np.add.reduce
+    sub, exp = np.subtract, np.exp
+    if log:
+        e = np.empty(o.shape, o.dtype)
+        lg = np.log
+
+        def run_log() -> None:
+            vmax(x, ax, None, m, True)
+            sub(x, m, out=o)
+            exp(o, out=e)
+            vsum(e, ax, None, s, True)
+            lg(s, out=s)
+            sub(o, s, out=o)
+        return run_log
+    div = np.divide
+
+    def run() -> None:
+        vmax(x, ax, None, m, True)
+        sub(x, m, out=o)
+        exp(o, out=o)
+        vsum(o, ax, None, s, True)
+        div(o, s, out=o)
+    return run

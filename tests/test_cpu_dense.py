@@ -1,0 +1,163 @@
+"""Dense programs on rlx-cpu (issue 18): MLPs bound on NumPy and oneDNN through ctypes
+(:mod:`rlx_cpu.dense`) match float64 references, fuse a linear with its ReLU, leave every other
+program on the general path, and load neither Numba nor LLVM."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_core import GraphBuilder, Session
+from rlx_core.runtime import bind_inputs
+
+RNG = np.random.default_rng(6)
+
+
+def _mlp(batch: int, sizes: tuple[int, ...], dtype: str = "f32", head: str = "softmax",
+         zero_first: bool = False) -> tuple[Any, dict[str, np.ndarray], np.ndarray]:
+    """``sizes[0] -> ... -> sizes[-1]`` with ReLUs between the linears and ``head`` at the end,
+    its feed and a float64 reference."""
+    npdt = np.float32 if dtype == "f32" else np.float64
+    g = GraphBuilder("mlp")
+    x = g.input("x", dtype, (batch, sizes[0]))
+    xv = RNG.standard_normal((batch, sizes[0])).astype(npdt)
+    h, ref = x, xv.astype(np.float64)
+    zero = g.const(0.0, dtype)
+    for k, (i, o) in enumerate(itertools.pairwise(sizes)):
+        w = (RNG.standard_normal((o, i)) / np.sqrt(i)).astype(npdt)
+        b = RNG.standard_normal(o).astype(npdt)
+        h = g.op("linear", h, g.param(f"w{k}", w), g.param(f"b{k}", b))
+        ref = ref @ w.T.astype(np.float64) + b
+        if k < len(sizes) - 2:
+            h = g.op("maximum", zero, h) if zero_first else g.op("maximum", h, zero)
+            ref = np.maximum(ref, 0)
+    if head != "none":
+        h = g.op(head, h, axis=-1)
+        e = np.exp(ref - ref.max(-1, keepdims=True))
+        ref = e / e.sum(-1, keepdims=True)
+        if head == "log_softmax":
+            ref = np.log(ref)
+    g.output(h, "y")
+    return g.build(), {"x": xv}, ref
+
+
+def _compiled(exe: Any, graph: Any, feed: dict[str, np.ndarray]) -> Any:
+    return exe._specialise(bind_inputs(graph, feed, "test")[1])[0]
+
+
+@pytest.mark.parametrize("batch,sizes", [(1, (64, 48, 32, 10)), (2, (64, 48, 10)), (5, (64, 48, 32, 10)),
+                                         (256, (128, 160, 10))])
+def test_mlp_matches_float64_and_fuses_linear_relu(batch: int, sizes: tuple[int, ...]) -> None:
+    graph, feed, ref = _mlp(batch, sizes)
+    exe = Session("cpu").compile(graph)
+    for _ in range(2):  # a second run: the buffers are reused, nothing carries over
+        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+    c = _compiled(exe, graph, feed)
+    assert c.kernel_names.count("cpu.dense_linear_relu") == len(sizes) - 2, c.kernel_names
+    assert "cpu.maximum" not in c.kernel_names
+    assert c.run_kernels[0] == ("cpu.linear", "cpu.maximum")
+    _, counts = c.profile(feed)
+    assert counts["cpu.linear"] == len(sizes) - 1 and counts["cpu.maximum"] == len(sizes) - 2
+
+
+@pytest.mark.parametrize("head", ["log_softmax", "none"])
+def test_heads_float64_and_zero_first(head: str) -> None:
+    graph, feed, ref = _mlp(3, (16, 12, 8), dtype="f64", head=head, zero_first=True)
+    exe = Session("cpu").compile(graph)
+    np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=1e-12, atol=1e-12)
+    assert "cpu.dense_linear_relu" in _compiled(exe, graph, feed).kernel_names
+
+
+def test_relu_keeps_nan_and_inf_like_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, feed, _ = _mlp(4, (8, 6, 3), head="none")
+    x = feed["x"].copy()
+    x[0, 0], x[1, :] = np.nan, np.inf
+    x[2, :] = -np.inf
+    got = Session("cpu").compile(graph).run({"x": x})["y"]
+    monkeypatch.setenv("RLX_CPU_DENSE", "0")
+    want = Session("cpu").compile(graph).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_setting_off_and_other_programs_take_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, feed, ref = _mlp(3, (16, 12, 8))
+    monkeypatch.setenv("RLX_CPU_DENSE", "0")
+    exe = Session("cpu").compile(graph)
+    np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+    assert "cpu.dense_linear_relu" not in _compiled(exe, graph, feed).kernel_names
+    monkeypatch.delenv("RLX_CPU_DENSE")
+    # A layer norm (a Numba row kernel) makes it a general program.
+    g = GraphBuilder("ln_mlp")
+    x = g.input("x", "f32", (3, 16))
+    h = g.op("layer_norm", x, g.param("g", np.ones(16, np.float32)), g.param("b", np.zeros(16, np.float32)),
+             axis=-1, eps=1e-5)
+    h = g.op("linear", h, g.param("w", RNG.standard_normal((8, 16)).astype(np.float32)),
+             g.param("bb", np.zeros(8, np.float32)))
+    g.output(g.op("maximum", h, g.const(0.0, "f32")), "y")
+    graph2 = g.build()
+    exe2 = Session("cpu").compile(graph2)
+    exe2.run(feed)
+    assert "cpu.dense_linear_relu" not in _compiled(exe2, graph2, feed).kernel_names
+
+
+def test_linear_read_twice_is_not_fused() -> None:
+    g = GraphBuilder("two_readers")
+    x = g.input("x", "f32", (3, 8))
+    w = RNG.standard_normal((5, 8)).astype(np.float32)
+    h = g.op("linear", x, g.param("w", w), g.param("b", np.zeros(5, np.float32)))
+    g.output(g.op("maximum", h, g.const(0.0, "f32")), "r")
+    g.output(h, "h")
+    graph = g.build()
+    xv = RNG.standard_normal((3, 8)).astype(np.float32)
+    exe = Session("cpu").compile(graph)
+    out = exe.run({"x": xv})
+    ref = xv.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(out["h"], ref, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(out["r"], np.maximum(ref, 0), rtol=2e-5, atol=2e-6)
+    assert "cpu.dense_linear_relu" not in _compiled(exe, graph, {"x": xv}).kernel_names
+
+
+_CHILD = """
+import json, sys
+import numpy as np
+sys.path[:0] = [{here!r}]
+from test_cpu_dense import _mlp
+from rlx_core import Session
+errs = []
+for batch in (1, 256):
+    graph, feed, ref = _mlp(batch, (784, 512, 256, 10))
+    y = Session("cpu").compile(graph).run(feed)["y"]
+    errs.append(float(np.abs(y - ref).max()))
+print(json.dumps({{"mods": sorted(m for m in ("numba", "llvmlite", "scipy") if m in sys.modules),
+                  "errs": errs}}))
+"""
+
+
+def test_mlp_loads_no_numba() -> None:
+    """The RSS claim: an MLP at batch 1 and 256 runs without Numba, LLVM or SciPy loaded."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", _CHILD.format(here=here)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["mods"] == [], got
+    assert max(got["errs"]) < 1e-5, got
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_threaded_gemv_matches_float64(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RLX_CPU_DENSE_GEMV_THREADS=1``: the large 1-2 row linears on oneDNN's OpenMP threads."""
+    monkeypatch.setenv("RLX_CPU_DENSE_GEMV_THREADS", "1")
+    graph, feed, ref = _mlp(batch, (600, 512, 10))
+    exe = Session("cpu").compile(graph)
+    for _ in range(3):
+        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+    assert _compiled(exe, graph, feed).kernel_names[0] == "cpu.dense_linear_relu"
