@@ -1,18 +1,24 @@
-"""rlx-cpu convolutions A/B in one process: ResNet-18 (or a zoo CNN) with oneDNN's convs on the row
-pool (one-thread primitives, the default) vs on an OpenMP team (``onednn_conv.ROW_POOL = False``),
-and optionally vs im2col (``--im2col``). Both programs are compiled first; then blocks of runs
-alternate A, B, A, B so that drift and other processes' load hit both. The first run of each block is
-dropped (libgomp's worker may still spin from the other side's last conv). Prints each side's median
+"""rlx-cpu convolutions A/B in one process: ResNet-18 with its convs as one conv chain (activations
+in oneDNN's blocked layout between convs, ``rlx_cpu.conv_chain``: the default) vs each conv alone
+with oneDNN on the row pool (one-thread primitives, NCHW reorders around every conv: the default
+before the chains), optionally vs the chain on OpenMP teams (``--chain-openmp``), each conv on an
+OpenMP team (``--openmp``,
+``onednn_conv.ROW_POOL = False``) and vs im2col (``--im2col``). All programs are compiled
+first; then blocks of runs alternate A, B, A, B so that drift and other processes' load hit both.
+The first run of each block is dropped (libgomp's worker may still spin from the other side's last
+conv). Prints each side's median
 over blocks of the block p50, the fastest run, and the median process CPU time a run (a spinning
 OpenMP worker counts there; on a loaded machine it varies less than wall time), and ONNX Runtime's
 p50 from its own process (``--ort``).
 
     taskset -c 0,1 python bench/conv_ab.py --batch 1 --batch 8 --rounds 6 --ort
+    python bench/conv_ab.py --zoo efficientnet_b0 --batch 1 --batch 8   # a zoo CNN (64x64, tests/_zoo.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import time
@@ -20,19 +26,35 @@ from typing import Any
 
 
 def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, Any]:
-    from rlx_cpu import onednn_conv
+    from rlx_cpu import conv_chain, onednn_conv
 
     from rlx_core.runtime import Session
 
     exes = {}
     for side in sides:
-        onednn_conv.ROW_POOL = side == "pool"
+        conv_chain.USE = side in ("chain", "chain-openmp")  # off: the chain's convs bound one at a time
+        conv_chain.OPENMP = side == "chain-openmp"
+        onednn_conv.ROW_POOL = side != "openmp"
         onednn_conv.USE = side != "im2col"
         exe = Session("cpu", use_cache=False).compile(graph)
         exe.run(feed)  # binds the kernels with the switches above
         exes[side] = exe
-    onednn_conv.ROW_POOL, onednn_conv.USE = True, True
+    conv_chain.USE, conv_chain.OPENMP, onednn_conv.ROW_POOL, onednn_conv.USE = True, False, True, True
     return exes
+
+
+def _zoo_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tests"))
+    _zoo = importlib.import_module("_zoo")  # the tests' zoo (not type-checked with the benches)
+
+    from rlx_core.frontends.onnx import load_onnx
+
+    path = _zoo.export(name, "legacy", False, root / ".pytest_cache" / "rlx-onnx-zoo", batch=batch)
+    return load_onnx(str(path)), dict(_zoo.feeds(name, batch))
 
 
 def main() -> None:
@@ -40,18 +62,24 @@ def main() -> None:
     ap.add_argument("--batch", type=int, action="append")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--block", type=int, default=8, help="runs per block (the first is dropped)")
-    ap.add_argument("--im2col", action="store_true", help="a third side: the im2col path")
-    ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process")
+    ap.add_argument("--openmp", action="store_true", help="a side: each conv on an OpenMP team")
+    ap.add_argument("--chain-openmp", action="store_true",
+                    help="a side: the chain with each conv on an OpenMP team (conv_chain.OPENMP)")
+    ap.add_argument("--im2col", action="store_true", help="a side: the im2col path")
+    ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process (ResNet-18)")
+    ap.add_argument("--zoo", help="a zoo CNN instead of ResNet-18 (tests/_zoo.py; exports cached where "
+                                  "the tests cache them)")
     a = ap.parse_args()
     from rlx_core import bench
 
-    sides = ["pool", "openmp"] + (["im2col"] if a.im2col else [])
+    sides = ["chain", "pool"] + (["chain-openmp"] if a.chain_openmp else [])
+    sides += (["openmp"] if a.openmp else []) + (["im2col"] if a.im2col else [])
     print(f"cpus {sorted(os.sched_getaffinity(0))}, load {os.getloadavg()}")
     for batch in a.batch or [1]:
-        graph = bench.rlx_graph("resnet18")
-        feed = bench.inputs("resnet18", batch, 128)
+        graph, feed = _zoo_model(a.zoo, batch) if a.zoo else (bench.rlx_graph("resnet18"),
+                                                              bench.inputs("resnet18", batch, 128))
         exes = _programs(graph, feed, sides)
-        ref = exes["pool"].run(feed)
+        ref = exes["chain"].run(feed)
         for s in sides[1:]:
             for k, v in exes[s].run(feed).items():
                 err = float(abs(v - ref[k]).max())
@@ -74,10 +102,10 @@ def main() -> None:
         line = ", ".join(f"{s} {statistics.median(v):.2f} ms (blocks {min(v):.1f}-{max(v):.1f}; "
                          f"fastest {best[s]:.1f}; CPU {statistics.median(cpu[s]):.1f} ms a run)"
                          for s, v in p50s.items())
-        if a.ort:
+        if a.ort and not a.zoo:
             o = bench.run_one("ort", "resnet18", batch, 128, False)
             line += f", ORT {o.get('p50_s', float('nan')) * 1e3:.2f} ms"
-        print(f"resnet18 batch {batch}: {line}; load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"{a.zoo or 'resnet18'} batch {batch}: {line}; load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,3 +32,31 @@ def max_pool_planes(x, o, kh, kw, sh, sw, pt, pl, lo, hi):
                         v = xrow[c * sw - pl + j]
                         m = orow[c]
                         orow[c] = v if (v > m or v != v) else m
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def max_pool_blocked(x, o, kh, kw, sh, sw, pt, pl, lo, hi):
+    """Planes ``lo:hi`` of a max pool on channel-blocked tensors (x: (P, H, W, B), o: (P, HO, WO, B),
+    P = images * channel blocks, B channels a block: oneDNN's nChw16c viewed so). Same rules as
+    :func:`max_pool_planes`: padding never wins, NaN wins; the B lanes of a pixel vectorise."""
+    h, w, nb = x.shape[1], x.shape[2], x.shape[3]
+    ho, wo = o.shape[1], o.shape[2]
+    for p in range(lo, hi):
+        for r in range(ho):
+            for c in range(wo):
+                out = o[p, r, c]
+                for lane in range(nb):
+                    out[lane] = -float("inf")
+                for i in range(kh):
+                    ih = r * sh - pt + i
+                    if ih < 0 or ih >= h:
+                        continue
+                    for j in range(kw):
+                        iw = c * sw - pl + j
+                        if iw < 0 or iw >= w:
+                            continue
+                        src = x[p, ih, iw]
+                        for lane in range(nb):
+                            v = src[lane]
+                            m = out[lane]
+                            out[lane] = v if (v > m or v != v) else m

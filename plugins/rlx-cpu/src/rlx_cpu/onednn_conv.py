@@ -54,6 +54,7 @@ _ELTWISE_HARDSWISH = 0x34  # dnnl_eltwise_hardswish
 _DT_UNDEF = 0  # dnnl_data_type_undef: the sum post-op reads the destination's type
 _QUERY_EXEC_ARG_MD = 255  # dnnl_query_exec_arg_md (index: a DNNL_ARG_*)
 _QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
+_QUERY_DIMS = 257  # dnnl_query_dims (a memory descriptor's dims)
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _SCRATCHPAD_USER = 1  # dnnl_scratchpad_mode_user
 _ARG_FROM, _ARG_TO = 1, 17
@@ -97,6 +98,7 @@ def _api() -> dict[str, Any] | None:
                                                         ctypes.c_int, ctypes.c_int]),
             "dnnl_memory_desc_create_with_strides": (st_t, [ctypes.POINTER(_VP), ctypes.c_int, _Dims,
                                                             ctypes.c_int, _Dims]),
+            "dnnl_memory_desc_query": (st_t, [_VP, ctypes.c_int, _VP]),
             "dnnl_memory_desc_destroy": (st_t, [_VP]),
             "dnnl_memory_desc_equal": (ctypes.c_int, [_VP, _VP]),
             "dnnl_memory_desc_get_size": (ctypes.c_size_t, [_VP]),
@@ -216,6 +218,35 @@ class _Prim:
             ctypes.byref(md), len(arr_shape), _dims(arr_shape), _F32, _dims(strides)), "memory_desc")
         self.owned.append(("dnnl_memory_desc_destroy", md))
         return md
+
+    def md_like(self, like: Any, shape: tuple[int, ...]) -> Any:
+        """A descriptor of ``shape`` in the layout of the 4-D descriptor ``like`` (a conv's nChw16c
+        output, for a pool's): the C API has no call that makes a blocked descriptor from
+        strides and blocks in this version, so the format tag giving ``like`` is looked up once."""
+        dims = _Dims()
+        got = ctypes.POINTER(ctypes.c_int64)()
+        self.check(self.fns["dnnl_memory_desc_query"](like, _QUERY_DIMS, ctypes.byref(got)),
+                   "memory_desc_query")
+        key = tuple(int(got[i]) for i in range(4))
+        for i, v in enumerate(key):
+            dims[i] = v
+        tags = _STATE.setdefault("tags", [])
+        for tag in [*tags, *range(2, 1024)]:
+            md = _VP()
+            if self.fns["dnnl_memory_desc_create_with_tag"](ctypes.byref(md), 4, dims, _F32, tag) != 0:
+                continue
+            same = self.fns["dnnl_memory_desc_equal"](md, like)
+            self.fns["dnnl_memory_desc_destroy"](md)
+            if same:
+                if tag not in tags:
+                    tags.append(tag)
+                out = _VP()
+                self.check(self.fns["dnnl_memory_desc_create_with_tag"](
+                    ctypes.byref(out), 4, _dims(shape), _F32, tag), "memory_desc")
+                self.owned.append(("dnnl_memory_desc_destroy", out))
+                return out
+        raise OneDNNError("no format tag gives this layout", where="rlx_cpu.onednn_conv",
+                          fix="none needed: the conv chain runs its ops one at a time instead")
 
     def md_any(self, shape: tuple[int, ...]) -> Any:
         md = _VP()

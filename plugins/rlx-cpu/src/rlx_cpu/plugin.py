@@ -122,22 +122,27 @@ def factories() -> dict[str, Any]:
         from .pooling import k_max_pool2d  # one pass instead of pad + a slice and a max a tap
 
         out["cpu.max_pool2d"] = k_max_pool2d
+        from .conv_chain import k_conv_chain  # convs with blocked activations between them
+
+        out["cpu.rlx_cpu.conv_chain"] = k_conv_chain
         _FACTORIES = out
     return _FACTORIES
 
 
 @hookimpl
 def rlx_ops() -> list[Any]:
+    from .conv_chain import ops as chain_ops  # conv chains in oneDNN's blocked layout
     from .conv_fusion import ops  # conv tails with oneDNN post-ops (rlx_cpu.conv_fusion)
 
-    return ops()
+    return ops() + chain_ops()
 
 
 @hookimpl
 def rlx_fusion_rules() -> list[Any]:
+    from .conv_chain import RULE as CHAIN_RULE
     from .conv_fusion import RULE
 
-    return [RULE]
+    return [RULE, CHAIN_RULE]
 
 
 @hookimpl
@@ -240,6 +245,7 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                KernelClaim("rlx_cpu.conv2d_bias_silu", "cpu.rlx_cpu.conv2d_bias_silu", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_hardswish", "cpu.rlx_cpu.conv2d_bias_hardswish", dtypes=f),
                KernelClaim("max_pool2d", "cpu.max_pool2d", dtypes=f),
+               KernelClaim("rlx_cpu.conv_chain", "cpu.rlx_cpu.conv_chain", dtypes=frozenset({DType.F32})),
                KernelClaim("attention", "cpu.attention", dtypes=f | {DType.BOOL, DType.I32, DType.I64},
                            out_dtypes=f, predicate=_attention_pred,
                            constraint="(B,H,S,D) with mask none/causal/padding/bias")]

@@ -58,6 +58,10 @@ DENSE = declare_setting(
     "Programs of only linears, ReLUs and softmaxes (MLPs) load no Numba: NumPy kernels, oneDNN via ctypes "
     "(0: the general kernels).",
     owner=OWNER)
+CONV_CHAIN = declare_setting(
+    "RLX_CPU_CONV_CHAIN", "bool", True,
+    "Chains of convs/max pools keep activations in oneDNN's blocked layout between convs (0: each conv "
+    "reorders NCHW in and out, as before).", owner=OWNER)
 DENSE_GEMV_THREADS = declare_setting(
     "RLX_CPU_DENSE_GEMV_THREADS", "bool", False,
     "MLPs' 1-2 row linears with >= 256K weights run on oneDNN with OpenMP threads (faster on idle cores, "
@@ -65,4 +69,4 @@ DENSE_GEMV_THREADS = declare_setting(
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
-                           DENSE_GEMV_THREADS]
+                           DENSE_GEMV_THREADS, CONV_CHAIN]

@@ -1,0 +1,955 @@
+"""Chains of convolutions (and max pools) whose activations stay in oneDNN's blocked layout.
+
+Why: each oneDNN conv of :mod:`rlx_cpu.onednn_conv` reorders its NCHW input into the blocked
+layout its direct kernel reads (nChw16c here) and its output back, and at batch 1 every piece of
+a split conv repeats the input reorder; ResNet-18 at batch 1 spent 34 of 36 ms in its 20 convs,
+MLAS (ONNX Runtime) keeps NCHWc between convs. Here a fusion rule (stage ``legal``, after
+:mod:`rlx_cpu.conv_fusion` made the conv tails) collapses a run of conv / conv-tail / max_pool2d
+nodes whose intermediate values nothing else reads into one ``rlx_cpu.conv_chain`` node. Its kernel
+reorders the chain's input once, runs every conv on blocked source and destination (constant
+weights packed once when the kernel is bound; a residual is added by the sum post-op, in place
+where the residual dies there), max pools with a Numba kernel on the blocked layout (NaN wins, as
+the core's max_pool2d), and reorders only the chain's output back to NCHW. The intermediates live
+in this thread's conv scratch (:func:`rlx_cpu.conv.scratch`), planned so that dead values' bytes
+are reused.
+
+Layouts: each conv reads its input in the layout oneDNN prefers for it (nChw16c or NHWC here; see
+:data:`BRG_FIRST`), which is mostly the layout the previous conv wrote, so a chain reorders at its
+edges and where the preferred layout changes (ResNet: once, after the stem's pool).
+
+Threads: every conv is a one-thread primitive; a conv with enough work is cut into pieces that the
+row pool's threads take in turn (:mod:`rlx_cpu.parallel`): whole images, or at batch 1 output rows
+(NHWC: each piece reads its input rows and the kernel's halo in place) or whole channel blocks
+(nChw16c); nothing is reordered per piece as :mod:`rlx_cpu.onednn_conv`'s row pieces do. No
+OpenMP team is opened, so no libgomp worker spins, and a core taken by another process takes fewer
+pieces. ``OPENMP = True`` runs each conv as one primitive on an OpenMP team instead: as fast on a
+quiet machine (ResNet-18 b1, fastest run 20.0 vs 20.9 ms, 2026-12-02) but 4-8x slower in the
+median whenever another process holds a core for a moment (every conv waits for the team's slower
+thread), so the pieces are the default.
+
+``USE = False`` (or ``RLX_CPU_CONV_CHAIN=0``) binds a chain as its member ops one at a time
+(:mod:`rlx_cpu.conv`'s per-conv path on NCHW intermediates): the same graph, the old kernels, for
+A/B runs. That is also what runs where oneDNN is missing, refuses a shape, or a padded conv's fed
+weights hold NaN/Inf (oneDNN skips the zero padding they would multiply).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rlx_core.plugin import (
+    REGISTRY,
+    Attrs,
+    AttrSpec,
+    DType,
+    FusionRule,
+    GraphBuilder,
+    Node,
+    OpSchema,
+    Region,
+    Tensor,
+    TensorType,
+)
+
+from . import settings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+CHAIN = "rlx_cpu.conv_chain"
+Run = Callable[[], None]
+
+SETTING = settings.CONV_CHAIN
+#: False: chains run as their member ops one at a time (A/B runs; tests).
+USE = True
+#: True: every conv of a chain is one primitive on an OpenMP team of the pool's active threads.
+#: False: one-thread primitives, big convs cut into pieces (images, or output channel blocks) that
+#: the row pool's threads take in turn (``bench/conv_ab.py --chain-openmp`` compares them).
+OPENMP = False
+#: True: where oneDNN's preferred conv for its own layout is a brgconv kernel (NHWC here) and the
+#: producer's layout (ResNet's stem writes nChw16c) would give an older one, reorder once into the
+#: preferred layout; the convs after it then read it as it is. False: keep the producer's layout
+#: unless that gives a GEMM or reference conv. Measured in one process, 2026-12-02 (chain on/off
+#: alternating, 2-core EPYC, load ~2): ResNet-18 64x64 b1 4.56 vs 6.24 ms, FCN-ResNet-18 5.37 vs
+#: 6.84 ms, ResNet-18 224x224 b1 34.3 vs 36.1 ms, b8 fastest 141 vs 154 ms.
+BRG_FIRST = True
+
+#: Conv ops a chain takes, with the activation their tail applies (conv_fusion's ops).
+_CONV_OPS = ("conv2d_bias", "rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_add_relu",
+             "rlx_cpu.conv2d_bias_silu", "rlx_cpu.conv2d_bias_hardswish")
+_POOL = "max_pool2d"
+#: Members a region needs: a single conv gains nothing (its own reorders are all it has).
+MIN_MEMBERS = 2
+
+
+def _steps(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chain's steps. Values: 0 is ``x``, ``k + 1`` the output of step ``k``; ``w``/``b`` index
+    the op's inputs. The default (no ``steps``) is one ``conv2d_bias`` of inputs 0, 1, 2 with the
+    op's own conv attributes: the conformance suite's conv2d_bias cases feed it so."""
+    text = attrs.get("steps") or ""
+    if not text:
+        conv = {k: attrs[k] for k in ("strides", "pads", "dilations", "groups")}
+        return [{"op": "conv2d_bias", "src": 0, "w": 1, "b": 2, "res": None, "attrs": conv}]
+    out: list[dict[str, Any]] = json.loads(str(text))
+    return out
+
+
+def _step_attrs(st: Mapping[str, Any]) -> Attrs:
+    schema: OpSchema = REGISTRY.get(st["op"])
+    attrs: Attrs = schema.check_attrs(dict(st["attrs"]), CHAIN)
+    return attrs
+
+
+def _step_inputs(st: Mapping[str, Any], vals: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
+    ins = [vals[st["src"]]]
+    if st["op"] != _POOL:
+        ins += [xs[st["w"]], xs[st["b"]]]
+    if st.get("res") is not None:
+        ins.append(vals[st["res"]])
+    return ins
+
+
+def _infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    vals: list[TensorType] = [ts[0]]
+    for st in _steps(attrs):
+        (t,) = REGISTRY.get(st["op"]).infer(_step_inputs(st, vals, ts), _step_attrs(st))
+        vals.append(t)
+    return [vals[-1]]
+
+
+def _reference(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    vals: list[np.ndarray] = [xs[0]]
+    for st in _steps(attrs):
+        (y,) = REGISTRY.get(st["op"]).reference(_step_inputs(st, vals, xs), _step_attrs(st))
+        vals.append(y)
+    return [vals[-1]]
+
+
+def _decompose(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Tensor]:
+    vals: list[Tensor] = [ins[0]]
+    for st in _steps(attrs):
+        vals.append(g.op(st["op"], *_step_inputs(st, vals, ins), name=None, **dict(_step_attrs(st))))
+    return [vals[-1]]
+
+
+def _flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> float:
+    vals: list[TensorType] = [ins[0]]
+    total = 0.0
+    for st in _steps(attrs):
+        schema = REGISTRY.get(st["op"])
+        sins = _step_inputs(st, vals, ins)
+        sat = _step_attrs(st)
+        (t,) = schema.infer(sins, sat)
+        total += float(schema.flops(sins, [t], sat))
+        vals.append(t)
+    return total
+
+
+def _condition(xs: Sequence[np.ndarray], attrs: Attrs) -> tuple[int, float]:
+    """The conformance tolerance (terms summed per output, their magnitude): every conv's
+    ``ci*kh*kw`` products plus bias and residual, the magnitude from the chain run on ``|inputs|``
+    (an upper bound on every intermediate's size)."""
+    import numpy as np
+
+    a = [np.where(np.isfinite(v), np.abs(np.asarray(v, np.float64)), 0.0) for v in xs]
+    terms = 0
+    for st in _steps(attrs):
+        if st["op"] != _POOL:
+            _, cg, kh, kw = a[st["w"]].shape
+            terms += cg * kh * kw + 1 + (st.get("res") is not None)
+    (mag,) = _reference(a, attrs)
+    return terms, float(mag.max()) if mag.size else 0.0
+
+
+@functools.cache
+def _schemas() -> tuple[OpSchema, ...]:
+    from dataclasses import replace
+
+    conv = REGISTRY.get("conv2d_bias")
+    spec = REGISTRY.get("add").cases
+    cases = None if spec is None else replace(spec, family="conv2d_bias", domains=(), overflow=False)
+    return (OpSchema(
+        CHAIN, ("x", "params*"), _infer, reference=_reference, level="hir", category="conv",
+        dtypes=(DType.F32,), attrs=(AttrSpec("steps", "str", default=""), *conv.attrs),
+        decompose=_decompose, flops=_flops, provider="rlx-cpu", differentiable=False, amp="low",
+        accumulates=True, cases=cases, extra={"condition": _condition},
+        doc="A chain of conv2d_bias / conv-tail / max_pool2d ops (``steps``, JSON) run with the "
+            "activations in oneDNN's blocked layout between them; without ``steps``, one conv2d_bias"),)
+
+
+def ops() -> list[OpSchema]:
+    return list(_schemas())
+
+
+# -- the fusion rule -----------------------------------------------------------------------------
+
+def find_conv_chains(g: Any) -> list[Region]:
+    """Regions of consecutive chainable nodes (f32 convs with constant, finite weights and bias,
+    their fused tails, max_pool2d) reading one activation from outside (the first conv's input;
+    residuals must come from inside), whose values other than the last nothing outside reads."""
+    import numpy as np
+
+    if not SETTING.get():
+        return []
+    outs = set(g.outputs)
+    cons = g.consumers
+
+    def chainable(n: Node) -> bool:
+        t = g.types[n.outputs[0]]
+        if len(n.outputs) != 1 or t.dtype != DType.F32 or t.rank != 4:
+            return False
+        if n.op == _POOL:
+            return True
+        if n.op not in _CONV_OPS:
+            return False
+        w, b = n.inputs[1], n.inputs[2]
+        return (w in g.weights and b in g.weights and bool(np.isfinite(np.asarray(g.weights[w])).all())
+                and g.types[n.inputs[0]].dtype == DType.F32)
+
+    regions: list[Region] = []
+    nodes = list(g.nodes)
+    i = 0
+    while i < len(nodes):
+        first = nodes[i]
+        # The first member is a conv reading the chain's one outside activation (no residual).
+        if not (chainable(first) and first.op not in (_POOL, "rlx_cpu.conv2d_bias_add_relu")):
+            i += 1
+            continue
+        members = [first]
+        made = {first.outputs[0]}
+        for n in nodes[i + 1:]:
+            if not chainable(n):
+                if any(v in made for v in n.inputs):  # a value escapes: the chain ends here
+                    break
+                continue  # an unrelated node in between
+            acts = [n.inputs[0]] + ([n.inputs[3]] if n.op == "rlx_cpu.conv2d_bias_add_relu" else [])
+            if not all(v in made or v == first.inputs[0] for v in acts):
+                if any(v in made for v in n.inputs):
+                    break
+                continue
+            members.append(n)
+            made.add(n.outputs[0])
+        members = _trim(members, cons, outs)
+        if len(members) >= MIN_MEMBERS:
+            regions.append(_region(g, members))
+        i = nodes.index(members[-1]) + 1 if members else i + 1
+    return regions
+
+
+def _trim(members: list[Node], cons: Mapping[str, Any], outs: set[str]) -> list[Node]:
+    """The longest prefix whose values, all but the last, only members read."""
+    while members:
+        names = {m.name for m in members}
+        cut = next((k for k, m in enumerate(members[:-1])
+                    if m.outputs[0] in outs or any(c.name not in names for c in cons.get(m.outputs[0], ()))),
+                   None)
+        if cut is None:
+            return members
+        members = members[:cut + 1]
+    return members
+
+
+def _region(g: Any, members: list[Node]) -> Region:
+    x = members[0].inputs[0]
+    params: list[str] = []
+    val = {x: 0}
+    steps = []
+
+    def param(name: str) -> int:
+        if name not in params:
+            params.append(name)
+        return params.index(name) + 1
+
+    for k, n in enumerate(members):
+        at = {a: list(v) if isinstance(v, tuple) else v for a, v in n.attrs.items()}
+        st: dict[str, Any] = {"op": n.op, "src": val[n.inputs[0]], "res": None, "attrs": at}
+        if n.op != _POOL:
+            st["w"], st["b"] = param(n.inputs[1]), param(n.inputs[2])
+        if n.op == "rlx_cpu.conv2d_bias_add_relu":
+            st["res"] = val[n.inputs[3]]
+        steps.append(st)
+        val[n.outputs[0]] = k + 1
+    node = Node(f"{members[0].name}/chain", CHAIN, (x, *params), members[-1].outputs,
+                Attrs({"steps": json.dumps(steps, separators=(",", ":"))}))
+    return Region(tuple(m.name for m in members), (node,))
+
+
+RULE = FusionRule("rlx_cpu.conv_chains", find_conv_chains, stage="legal", provider="rlx-cpu",
+                  doc="runs of convs (with their fused tails) and max pools become one rlx_cpu.conv_chain: "
+                      "activations stay in oneDNN's blocked layout between them")
+
+
+# -- the kernel ----------------------------------------------------------------------------------
+
+def _act(op: str, attrs: Attrs) -> Any:
+    if op in ("rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_add_relu"):
+        return "relu"
+    if op == "rlx_cpu.conv2d_bias_silu":
+        return "silu"
+    if op == "rlx_cpu.conv2d_bias_hardswish":
+        return ("hardswish", float(attrs["alpha"]), float(attrs["beta"]))  # type: ignore[arg-type]
+    return ""
+
+
+def _conv_args(attrs: Attrs) -> tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int], int]:
+    s, p, d = attrs["strides"], attrs["pads"], attrs["dilations"]
+    assert isinstance(s, tuple) and isinstance(p, tuple) and isinstance(d, tuple)
+    return ((int(s[0]), int(s[1])), (int(p[0]), int(p[1]), int(p[2]), int(p[3])), (int(d[0]), int(d[1])),
+            int(attrs["groups"]))  # type: ignore[arg-type]
+
+
+def _pool_args(attrs: Attrs) -> tuple[int, int, int, int, int, int]:
+    k, s, p = attrs["kernel"], attrs["strides"], attrs["pads"]
+    assert isinstance(k, tuple) and isinstance(p, tuple)
+    kh, kw = int(k[0]), int(k[1])
+    sh, sw = (kh, kw) if s is None else (int(s[0]), int(s[1]))  # type: ignore[index]
+    return kh, kw, sh, sw, int(p[0]), int(p[1])
+
+
+def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[Mapping[str, Any]]
+            ) -> list[tuple[int, ...]]:
+    """Every value's shape (value 0: the chain's input)."""
+    shapes = [x_shape]
+    for st in steps:
+        n, _, h, w = shapes[st["src"]]
+        at = _step_attrs(st)
+        if st["op"] == _POOL:
+            kh, kw, sh, sw, _pt, _pl = _pool_args(at)
+            pads = at["pads"]
+            assert isinstance(pads, tuple)
+            c = shapes[st["src"]][1]
+            shapes.append((n, c, (h + int(pads[0]) + int(pads[2]) - kh) // sh + 1,
+                           (w + int(pads[1]) + int(pads[3]) - kw) // sw + 1))
+            continue
+        (sh, sw), (pt, pl, pb, pr), (dh, dw), _g = _conv_args(at)
+        oc, _, kh, kw = xs[st["w"]].shape
+        shapes.append((n, oc, (h + pt + pb - dh * (kh - 1) - 1) // sh + 1,
+                       (w + pl + pr - dw * (kw - 1) - 1) // sw + 1))
+    return shapes
+
+
+def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
+    steps = _steps(attrs)
+    o = outs[0]
+    from . import onednn_conv
+
+    api = onednn_conv._api() if onednn_conv.USE else None
+    if not (USE and SETTING.get()) or api is None or any(a.dtype.name != "float32" for a in ins):
+        return _per_op(ins, o, steps)
+    from .parallel import pool
+
+    pl = pool()
+    shared: dict[Any, Any] = {}  # packed constant weights, shared by the thread-count variants
+    try:
+        if not OPENMP:  # one-thread primitives; big convs cut into pieces for the row pool
+            one = _Blocked(api, ins, o, steps, 1, shared, split=pl.threads)
+            variants = {pl.threads: one}
+
+            def pooled() -> None:
+                one.run()
+            pooled.onednn_impl = one.impls  # type: ignore[attr-defined]
+        else:
+            variants = {pl.threads: _Blocked(api, ins, o, steps, pl.threads, shared)}
+    except (onednn_conv.OneDNNError, _Unsupported):
+        return _per_op(ins, o, steps)
+
+    def fast() -> None:
+        n = pl.active
+        v = variants.get(n)
+        if v is None:  # other processes took cores: primitives for fewer threads (made once)
+            v = variants[n] = _Blocked(api, ins, o, steps, n, shared)
+        v.run()
+    fast.onednn_impl = variants[pl.threads].impls  # type: ignore[attr-defined]
+    if not OPENMP:
+        fast = pooled
+    # oneDNN skips the zero padding that NaN/Inf weights would multiply (the reference gives NaN):
+    # fed weights of padded convs are checked every run (constants were checked by the rule).
+    fed = [ins[st["w"]] for st in steps if st["op"] != _POOL and ins[st["w"]].flags.writeable
+           and any(_conv_args(_step_attrs(st))[1])]
+    if not fed:
+        return fast
+    import numpy as np
+
+    slow: list[Run] = []  # bound on first need: it holds NCHW intermediates and its own packed weights
+
+    def checked() -> None:
+        if all(np.isfinite(w).all() for w in fed):
+            fast()
+            return
+        if not slow:
+            slow.append(_per_op(ins, o, steps))
+        slow[0]()
+    checked.onednn_impl = fast.onednn_impl  # type: ignore[attr-defined]
+    return checked
+
+
+def _per_op(ins: Sequence[np.ndarray], o: np.ndarray, steps: Sequence[Mapping[str, Any]]) -> Run:
+    """The chain as its member ops one after another on NCHW intermediates of its own."""
+    import numpy as np
+
+    from .conv import conv2d_float
+    from .pooling import k_max_pool2d
+
+    shapes = _shapes(ins[0].shape, ins, steps)
+    vals: list[np.ndarray] = [ins[0]]
+    runs: list[Run] = []
+    for k, st in enumerate(steps):
+        out = o if k == len(steps) - 1 else np.empty(shapes[k + 1], o.dtype)
+        at = _step_attrs(st)
+        if st["op"] == _POOL:
+            runs.append(k_max_pool2d([vals[st["src"]]], [out], at))
+        else:
+            strides, pads, dil, g = _conv_args(at)
+            res = None if st.get("res") is None else vals[st["res"]]
+            runs.append(conv2d_float(vals[st["src"]], ins[st["w"]], out, strides, pads, dil, g,
+                                     ins[st["b"]], res, _act(st["op"], at)))
+        vals.append(out)
+
+    def run() -> None:
+        for r in runs:
+            r()
+    return run
+
+
+class _Unsupported(Exception):
+    """A layout the blocked chain does not handle (the per-op path runs instead)."""
+
+
+_QUERY_STRIDES = 14  # dnnl_query_strides
+_QUERY_NDIMS, _QUERY_DIMS = 256, 257  # dnnl_query_ndims_s32, dnnl_query_dims
+_QUERY_INNER_NBLKS, _QUERY_INNER_BLKS, _QUERY_INNER_IDXS = 263, 264, 265
+
+
+def _layout(fns: Mapping[str, Any], md: Any) -> tuple[int, tuple[int, ...], bool] | None:
+    """(channel block, outer strides, NHWC?) of a dense 4-D memory descriptor: plain NCHW (block
+    1), blocked only along channels with its outer dims in N, C-blocks, H, W order (nChw16c), or
+    NHWC (block: all the channels); None otherwise."""
+    q = fns["dnnl_memory_desc_query"]
+    nd = ctypes.c_int()
+    if q(md, _QUERY_NDIMS, ctypes.byref(nd)) != 0 or nd.value != 4:
+        return None
+    nblks = ctypes.c_int()
+    ptr = ctypes.POINTER(ctypes.c_int64)()
+    if q(md, _QUERY_INNER_NBLKS, ctypes.byref(nblks)) != 0 or q(md, _QUERY_STRIDES, ctypes.byref(ptr)) != 0:
+        return None
+    strides = tuple(int(ptr[i]) for i in range(4))
+    q(md, _QUERY_DIMS, ctypes.byref(ptr))
+    n, c, h, w = (int(ptr[i]) for i in range(4))
+    if nblks.value == 0:
+        blk = 1
+    elif nblks.value == 1:
+        q(md, _QUERY_INNER_BLKS, ctypes.byref(ptr))
+        blk = int(ptr[0])
+        q(md, _QUERY_INNER_IDXS, ctypes.byref(ptr))
+        if int(ptr[0]) != 1:
+            return None
+    else:
+        return None
+    if blk == 1 and strides == (h * w * c, 1, w * c, c):
+        return c, strides, True
+    cb = -(-c // blk)
+    if strides != (cb * h * w * blk, h * w * blk, w * blk, blk):
+        return None
+    return blk, strides, False
+
+
+class _Blocked:
+    """The chain's primitives for ``threads`` OpenMP threads over planned scratch bytes."""
+
+    def __init__(self, api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
+                 steps: Sequence[Mapping[str, Any]], threads: int, shared: dict[Any, Any],
+                 split: int = 1) -> None:
+        from .onednn_conv import _Prim
+
+        self.api, self.threads, self.split = api, threads, split
+        #: scratchpads of conv pieces: piece j of every split conv uses area j (pieces run at once)
+        self.piece_sp: list[tuple[Any, int]] = []
+        self.piece_sp_nb: list[int] = []
+        self.p = _Prim(api)
+        self.keep: list[Any] = [list(ins), o]
+        self.entries: list[tuple[Any, Any] | Run] = []  # (primitive, args) or a Python step
+        self.impls: list[str] = []
+        get_t, set_t = api["omp"]
+        prev = get_t()
+        set_t(threads)  # a primitive's work split is fixed for the thread count it is made with
+        try:
+            self._plan(ins, o, steps, shared)
+        finally:
+            set_t(prev)
+
+    def _plan(self, ins: Sequence[np.ndarray], o: np.ndarray, steps: Sequence[Mapping[str, Any]],
+              shared: dict[Any, Any]) -> None:
+        from .onednn_conv import _ARG_BIAS, _ARG_DST, _ARG_SRC, _ARG_WEIGHTS, _strides_elems, impl_info
+
+        p, fns = self.p, self.p.fns
+        eq, size = fns["dnnl_memory_desc_equal"], fns["dnnl_memory_desc_get_size"]
+        q = fns["dnnl_primitive_desc_query_md"]
+        from .onednn_conv import _QUERY_EXEC_ARG_MD as XMD
+
+        x = ins[0]
+        last: dict[int, int] = {}  # value -> the last step reading it
+        for k, st in enumerate(steps):
+            last[st["src"]] = k
+            if st.get("res") is not None:
+                last[st["res"]] = k
+        arena = _Arena()
+        self.sp: list[Any] = []  # scratchpad memories (all at one offset: steps run one at a time)
+        self.sp_nb = 0
+        # value -> (md, memory, scratch offset or None for arrays of the program)
+        vals: dict[int, tuple[Any, Any, int | None]] = {}
+        x_md = p.md_plain(x.shape, _strides_elems(x))
+        vals[0] = (x_md, p.memory(x_md, x.ctypes.data), None)
+        # value -> ("s", scratch offset) or ("p", pointer into the program's arena)
+        where: dict[int, tuple[str, int]] = {0: ("p", x.ctypes.data)}
+        shapes = _shapes(x.shape, ins, steps)
+        o_md = p.md_plain(o.shape, _strides_elems(o))
+
+        def scratch_mem(md: Any, off: int) -> Any:
+            mem = p.memory(md, 0)
+            p.in_scratch.append((mem, off))
+            return mem
+
+        def step(prim: Any, pairs: list[tuple[int, Any]]) -> None:
+            from .onednn_conv import _ExecArg
+
+            arr = (_ExecArg * len(pairs))(*(_ExecArg(a, m) for a, m in pairs))
+            self.keep.append(arr)
+            self.entries.append((prim, arr))
+
+        def scratchpad(pd: Any) -> list[tuple[int, Any]]:
+            from .onednn_conv import _ARG_SCRATCHPAD
+
+            md = q(pd, XMD, _ARG_SCRATCHPAD)
+            if not md or size(md) == 0:
+                return []
+            self.sp_nb = max(self.sp_nb, -(-int(size(md)) // 64) * 64)
+            mem = p.memory(md, 0)
+            self.sp.append(mem)
+            return [(_ARG_SCRATCHPAD, mem)]
+
+        def reorder(src_md: Any, dst_md: Any, src: Any, dst: Any) -> None:
+            from .onednn_conv import _ARG_FROM, _ARG_TO
+
+            pd = ctypes.c_void_p()
+            eng = self.api["engine"]
+            p.check(fns["dnnl_reorder_primitive_desc_create"](ctypes.byref(pd), src_md, eng, dst_md, eng,
+                                                               p.attr()), "reorder")
+            p.owned.append(("dnnl_primitive_desc_destroy", pd))
+            step(p.primitive(pd), [(_ARG_FROM, src), (_ARG_TO, dst), *scratchpad(pd)])
+
+        def free_after(k: int, *values: int) -> None:
+            for v in values:
+                off = vals[v][2]
+                if last.get(v) == k and off is not None:
+                    arena.free(off, k)
+
+        for k, st in enumerate(steps):
+            at = _step_attrs(st)
+            src_md, src_mem, _ = vals[st["src"]]
+            final = k == len(steps) - 1
+            if st["op"] == _POOL:
+                lay = _layout(fns, src_md)
+                if lay is None:
+                    raise _Unsupported("max pool on an unexpected layout")
+                blk, _, nhwc = lay
+                n, c, ho, wo = shapes[k + 1]
+                planes = n if nhwc else n * -(-c // blk)  # (planes, H, W, lanes) views of the layout
+                dst_md = p.md_like(src_md, (n, c, ho, wo))
+                off = arena.alloc(int(size(dst_md)), k)
+                dst_mem = scratch_mem(dst_md, off)
+                src_off = vals[st["src"]][2]
+                src_shape = (planes, shapes[st["src"]][2], shapes[st["src"]][3], blk)
+                self.entries.append(self._pool_run(src_off, x if src_off is None else None, src_shape,
+                                                   off, (planes, ho, wo, blk), _pool_args(at)))
+                self.impls.append(f"max_pool2d:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
+                free_after(k, st["src"])
+                vals[k + 1] = (dst_md, dst_mem, off)
+                where[k + 1] = ("s", off)
+                if final:
+                    reorder(dst_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+                continue
+            w, b = ins[st["w"]], ins[st["b"]]
+            strides, pads, dil, g = _conv_args(at)
+            res = st.get("res")
+            pd, w_md, w_user = self._conv_pd(src_md, w, b, shapes[k + 1], strides, pads, dil, g,
+                                             res is not None, _act(st["op"], at))
+            want = q(pd, XMD, _ARG_SRC)
+            src_at = where[st["src"]]
+            if not eq(want, src_md):  # a layout change the conv would not read itself
+                off = arena.alloc(int(size(want)), k)
+                tmp = scratch_mem(want, off)
+                reorder(src_md, want, src_mem, tmp)
+                arena.free(off, k)
+                src_mem, src_md, src_at = tmp, want, ("s", off)
+            dst_md = q(pd, XMD, _ARG_DST)
+            if final and eq(dst_md, o_md):
+                dst_mem, off_d = p.memory(o_md, o.ctypes.data), None
+                if res is not None:  # the sum post-op adds what the output holds
+                    reorder(vals[res][0], dst_md, vals[res][1], dst_mem)
+            elif (res is not None and last.get(res) == k and res != st["src"] and vals[res][2] is not None
+                  and eq(vals[res][0], dst_md)):
+                dst_mem, off_d = vals[res][1], vals[res][2]  # the sum post-op adds in place: res dies here
+                last[res] = -1  # its bytes are the output's now
+            else:
+                off_d = arena.alloc(int(size(dst_md)), k)
+                dst_mem = scratch_mem(dst_md, off_d)
+                if res is not None:
+                    reorder(vals[res][0], dst_md, vals[res][1], dst_mem)
+            dst_at = ("p", o.ctypes.data) if off_d is None else ("s", off_d)
+            pieces = None if self.split < 2 else self._pieces(
+                scratch_mem, src_md, src_at, dst_md, dst_at, w, b, shapes[k + 1], strides, pads, dil, g,
+                res is not None, _act(st["op"], at), shared, reorder)
+            if pieces is not None:
+                self.entries.append(pieces)
+                self.impls.append(pieces.impl)  # type: ignore[attr-defined]
+            else:
+                w_mem = self._weights(w, w_md, w_user, shared, reorder)
+                args = [(_ARG_SRC, src_mem), (_ARG_WEIGHTS, w_mem), (_ARG_DST, dst_mem), *scratchpad(pd),
+                        (_ARG_BIAS, p.memory(p.md_plain(b.shape, _strides_elems(b)), b.ctypes.data))]
+                step(p.primitive(pd), args)
+                self.impls.append(impl_info(self.api, pd))
+            free_after(k, st["src"], *(() if res is None else (res,)))
+            vals[k + 1] = (dst_md, dst_mem, off_d)
+            where[k + 1] = dst_at
+            if final and off_d is not None:
+                reorder(dst_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+        self.sp_off = arena.top
+        for mem in self.sp:
+            p.in_scratch.append((mem, self.sp_off))
+        top = arena.top + self.sp_nb
+        for j, nb in enumerate(self.piece_sp_nb):  # each piece's scratchpad area after that
+            for mem, jj in self.piece_sp:
+                if jj == j:
+                    p.in_scratch.append((mem, top))
+            top += nb
+        p.scratch_nb = top
+        self.where = -1
+        self.views: dict[int, Any] = {}
+
+    def _conv_pd(self, src_md: Any, w: np.ndarray, b: np.ndarray, oshape: tuple[int, ...],
+                 strides: tuple[int, int], pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                 add: bool, act: Any, dst: Any = None) -> tuple[Any, Any, Any]:
+        """(the conv's primitive descriptor, its weights md, the user's weights md). Source and
+        destination in the layout oneDNN picks; where it picks another source layout than the
+        producer's, the producer's is tried first (a reorder is the last resort)."""
+        from .onednn_conv import (
+            _CONV_DIRECT,
+            _FWD_INFERENCE,
+            _VP,
+            OneDNNError,
+            _dims,
+            _post_ops,
+            _strides_elems,
+            impl_info,
+        )
+
+        p, fns = self.p, self.p.fns
+        oc, ci, kh, kw = w.shape
+        if g > 1:
+            wshape: tuple[int, ...] = (g, oc // g, ci, kh, kw)
+            ws = _strides_elems(w)
+            wstr: tuple[int, ...] = ((oc // g) * ws[0], *ws)
+        else:
+            wshape, wstr = w.shape, _strides_elems(w)
+        w_user = p.md_plain(wshape, wstr)
+        b_md = p.md_plain(b.shape, _strides_elems(b))
+        (sh, sw), (pt, pl, pb, pr), (dh, dw) = strides, pads, dil
+        q = fns["dnnl_primitive_desc_query_md"]
+        from .onednn_conv import _ARG_WEIGHTS
+        from .onednn_conv import _QUERY_EXEC_ARG_MD as XMD
+
+        def make(src: Any) -> Any:
+            pd = _VP()
+            st = fns["dnnl_convolution_forward_primitive_desc_create"](
+                ctypes.byref(pd), self.api["engine"], _FWD_INFERENCE, _CONV_DIRECT, src, p.md_any(wshape),
+                b_md, p.md_any(oshape) if dst is None else dst, _dims((sh, sw)), _dims((dh - 1, dw - 1)),
+                _dims((pt, pl)), _dims((pb, pr)), _post_ops(p, add, act))
+            if st != 0:
+                return None
+            p.owned.append(("dnnl_primitive_desc_destroy", pd))
+            return pd
+
+        eq = fns["dnnl_memory_desc_equal"]
+        if dst is not None:  # a piece: its layouts are the whole conv's
+            pd = make(src_md)
+            if pd is None or impl_info(self.api, pd).startswith("ref"):
+                raise _Unsupported("no fast conv for these layouts")
+            return pd, q(pd, XMD, _ARG_WEIGHTS), w_user
+        from .onednn_conv import _ARG_SRC
+
+        shape = tuple(int(v) for v in self._dims_of(src_md))
+        best = make(p.md_any(shape))  # the layout oneDNN prefers for this conv
+        if best is not None and eq(q(best, XMD, _ARG_SRC), src_md):
+            return best, q(best, XMD, _ARG_WEIGHTS), w_user
+        # The producer's layout, unless oneDNN then falls back to its GEMM or reference convs
+        # (EfficientNet's depthwise convs on plain NCHW: 10x slower than a reorder and its own).
+        pd = make(src_md)
+        have = "" if pd is None else impl_info(self.api, pd)
+        brg = BRG_FIRST and best is not None and impl_info(self.api, best).startswith("brg")
+        if have and not have.startswith(("ref", "x64:gemm", "gemm")) and (have.startswith("brg") or not brg):
+            return pd, q(pd, XMD, _ARG_WEIGHTS), w_user
+        if best is None:
+            best = pd
+        if best is None or impl_info(self.api, best).startswith("ref"):
+            raise OneDNNError("oneDNN has no fast conv for a conv of the chain", where="rlx_cpu.conv_chain",
+                              fix="none needed: the chain runs its ops one at a time")
+        return best, q(best, XMD, _ARG_WEIGHTS), w_user
+
+    def _pieces(self, scratch_mem: Callable[[Any, int], Any], src_md: Any, src_at: tuple[str, int],
+                dst_md: Any, dst_at: tuple[str, int], w: np.ndarray, b: np.ndarray, oshape: tuple[int, ...],
+                strides: tuple[int, int], pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                add: bool, act: Any, shared: dict[Any, Any],
+                reorder: Callable[[Any, Any, Any, Any], None]) -> Run | None:
+        """The conv as one-thread primitives on independent pieces that the row pool's threads take
+        in turn, or None where it is not worth it or the layouts do not allow it: whole images
+        where there are enough, else (one image) whole channel blocks of the output (contiguous in
+        nChw16c; every piece reads the whole input, which no piece reorders: it is blocked
+        already). A thread on a core another process takes runs fewer pieces."""
+        from .onednn_conv import (
+            _ARG_BIAS,
+            _ARG_DST,
+            _ARG_SCRATCHPAD,
+            _ARG_SRC,
+            _ARG_WEIGHTS,
+            _QUERY_EXEC_ARG_MD,
+            MIN_MACS_PER_PIECE,
+            _ExecArg,
+            _execute,
+            _strides_elems,
+            impl_info,
+        )
+
+        p, fns = self.p, self.p.fns
+        n, oc, ho, wo = oshape
+        src_lay, dst_lay = _layout(fns, src_md), _layout(fns, dst_md)
+        if src_lay is None or dst_lay is None:
+            return None
+        most = n * oc * ho * wo * int(w[0].size) // MIN_MACS_PER_PIECE
+        k = min(self.split, most)
+        if k < 2 or w.flags.writeable:  # fed weights: packed every run by the whole conv
+            return None
+        c_in, h_in, w_in = self._dims_of(src_md)[1:]
+        # (image from, to, output channel from, to, output row from, to)
+        cuts: list[tuple[int, int, int, int, int, int]] = []
+        if n >= self.split:
+            k = min(n, 2 * self.split, most)
+            cuts = [(n * i // k, n * (i + 1) // k, 0, oc, 0, ho) for i in range(k)]
+        elif n == 1 and dst_lay[2] and src_lay[2]:  # NHWC: output rows (and their input rows)
+            k = min(k, ho)
+            if k < 2:
+                return None
+            cuts = [(0, 1, 0, oc, ho * i // k, ho * (i + 1) // k) for i in range(k)]
+        elif n == 1 and g == 1 and not dst_lay[2]:  # nChw16c: whole channel blocks
+            blk = dst_lay[0]
+            while k > 1 and (oc % k or (oc // k) % blk):
+                k -= 1
+            if k < 2:
+                return None
+            cuts = [(0, 1, oc * i // k, oc * (i + 1) // k, 0, ho) for i in range(k)]
+        else:
+            return None
+        q = fns["dnnl_primitive_desc_query_md"]
+        size = fns["dnnl_memory_desc_get_size"]
+        (sh, _), (pt, pl, _, pr), dh = strides, pads, dil[0]
+        kh = int(w.shape[2])
+
+        def mem(md: Any, at: tuple[str, int], shift: int) -> Any:
+            return scratch_mem(md, at[1] + shift) if at[0] == "s" else p.memory(md, at[1] + shift)
+
+        runs: list[tuple[Any, Any]] = []
+        impl = ""
+        for j, (n0, n1, c0, c1, r0, r1) in enumerate(cuts):
+            # Input rows lo:hi that output rows r0:r1 read (outside the input: padding).
+            lo, hi = r0 * sh - pt, (r1 - 1) * sh - pt + dh * (kh - 1) + 1
+            if lo >= h_in or hi <= 0:  # a piece reading padding only
+                return None
+            rows = (r0, r1) != (0, ho)
+            a, z = (max(lo, 0), min(hi, h_in)) if rows else (0, h_in)
+            ppads = (max(-lo, 0), pl, max(hi - h_in, 0), pr) if rows else pads
+            s_whole = (n0, n1, a, z) == (0, n, 0, h_in)
+            s_md = src_md if s_whole else p.md_like(src_md, (n1 - n0, c_in, z - a, w_in))
+            whole = (n0, n1, c0, c1, r0, r1) == (0, n, 0, oc, 0, ho)
+            d_md = dst_md if whole else p.md_like(dst_md, (n1 - n0, c1 - c0, r1 - r0, wo))
+            s_shift = 4 * (n0 * src_lay[1][0] + a * src_lay[1][2])
+            d_shift = 4 * (n0 * dst_lay[1][0] + (c0 // dst_lay[0]) * dst_lay[1][1] + r0 * dst_lay[1][2])
+            wp, bp = w[c0:c1], b[c0:c1]
+            pd, w_md, w_user = self._conv_pd(s_md, wp, bp, (n1 - n0, c1 - c0, r1 - r0, wo), strides, ppads,
+                                             dil, g, add, act, dst=d_md)
+            if not fns["dnnl_memory_desc_equal"](q(pd, _QUERY_EXEC_ARG_MD, _ARG_SRC), s_md):
+                return None
+            w_mem = self._weights(wp, w_md, w_user, shared, reorder, (id(w), c0, c1))
+            args = [(_ARG_SRC, mem(s_md, src_at, s_shift)), (_ARG_WEIGHTS, w_mem),
+                    (_ARG_DST, mem(d_md, dst_at, d_shift)),
+                    (_ARG_BIAS, p.memory(p.md_plain(bp.shape, _strides_elems(bp)), bp.ctypes.data))]
+            sp = q(pd, _QUERY_EXEC_ARG_MD, _ARG_SCRATCHPAD)
+            if sp and size(sp):
+                spm = p.memory(sp, 0)
+                while len(self.piece_sp_nb) <= j:
+                    self.piece_sp_nb.append(0)
+                self.piece_sp_nb[j] = max(self.piece_sp_nb[j], -(-int(size(sp)) // 64) * 64)
+                self.piece_sp.append((spm, j))
+                args.append((_ARG_SCRATCHPAD, spm))
+            arr = (_ExecArg * len(args))(*(_ExecArg(a, m) for a, m in args))
+            self.keep.append(arr)
+            runs.append((p.primitive(pd), arr))
+            impl = impl_info(self.api, pd)
+        api, keep = self.api, self.keep
+
+        def some(lo: int, hi: int) -> None:
+            _execute(api, runs[lo:hi], 1, keep)
+
+        from .parallel import pool
+
+        rp = pool()
+        parts = min(rp.threads, len(runs))
+
+        def run() -> None:
+            rp.run(some, len(runs), (), parts, len(runs))
+        run.impl = f"{impl} x{len(runs)}"  # type: ignore[attr-defined]
+        return run
+
+    def _dims_of(self, md: Any) -> tuple[int, ...]:
+        ptr = ctypes.POINTER(ctypes.c_int64)()
+        self.p.fns["dnnl_memory_desc_query"](md, _QUERY_DIMS, ctypes.byref(ptr))
+        return tuple(int(ptr[i]) for i in range(4))
+
+    def _weights(self, w: np.ndarray, w_md: Any, w_user: Any, shared: dict[Any, Any],
+                 reorder: Callable[[Any, Any, Any, Any], None], key: Any = None) -> Any:
+        """The weights in the conv's layout: packed once now when they are constants (shared with
+        the other thread-count variants where the layout is the same), else every run."""
+        from .onednn_conv import _aligned, _execute
+
+        p, fns = self.p, self.p.fns
+        eq, size = fns["dnnl_memory_desc_equal"], fns["dnnl_memory_desc_get_size"]
+        w_src = p.memory(w_user, w.ctypes.data)
+        if eq(w_md, w_user):
+            return w_src
+        if not w.flags.writeable:
+            for prev_md, prev_mem, owner in shared.get(key or id(w), ()):
+                if eq(prev_md, w_md):
+                    self.keep.append(owner)
+                    return prev_mem
+        wb = _aligned(int(size(w_md)))
+        self.keep.append(wb)
+        w_mem = p.memory(w_md, wb.ctypes.data)
+        if w.flags.writeable:
+            reorder(w_user, w_md, w_src, w_mem)  # fed weights: packed every run, before the conv
+            return w_mem
+        # Pack now, with a reorder of its own (run once here, not one of the chain's steps).
+        entries, sp_before, sp_nb = self.entries, list(self.sp), self.sp_nb
+        self.entries = []
+        reorder(w_user, w_md, w_src, w_mem)
+        pack, self.entries = self.entries, entries
+        for mem in self.sp[len(sp_before):]:  # its scratchpad, if any: a buffer for this one run
+            pad = _aligned(self.sp_nb)
+            self.keep.append(pad)
+            p.check(fns["dnnl_memory_set_data_handle"](mem, ctypes.c_void_p(pad.ctypes.data)),
+                    "set_data_handle")
+        self.sp, self.sp_nb = sp_before, sp_nb
+        _execute(self.api, pack, 1)  # type: ignore[arg-type]  # reorders only
+        shared.setdefault(key or id(w), []).append((w_md, w_mem, (p, wb, w)))
+        return w_mem
+
+    def _pool_run(self, src_off: int | None, src_arr: np.ndarray | None, src_shape: tuple[int, ...],
+                  dst_off: int, dst_shape: tuple[int, ...], args: tuple[int, int, int, int, int, int]) -> Run:
+        from ._pool_nb import max_pool_blocked
+
+        kh, kw, sh, sw, pt, pl = args
+        views: dict[str, Any] = {}
+
+        def view(off: int, shape: tuple[int, ...]) -> np.ndarray:
+            import numpy as np
+
+            start = self.shift + off
+            arr: np.ndarray = self.buf[start:start + 4 * int(np.prod(shape))].view(np.float32)
+            return arr.reshape(shape)
+
+        def run() -> None:
+            if views.get("at") is not self.buf:  # the thread's scratch moved (or another thread runs)
+                if src_arr is not None:
+                    xs = src_arr.reshape(src_shape)
+                else:
+                    assert src_off is not None
+                    xs = view(src_off, src_shape)
+                views.update(at=self.buf, x=xs, o=view(dst_off, dst_shape))
+            from .parallel import pool
+
+            xs, os_ = views["x"], views["o"]
+            planes = dst_shape[0]
+            pl_ = pool()
+            parts = min(pl_.active, planes, max(1, os_.size * kh * kw // 262144))
+            if parts > 1:
+                pl_.run(max_pool_blocked, planes, (xs, os_, kh, kw, sh, sw, pt, pl), parts)
+            else:
+                max_pool_blocked(xs, os_, kh, kw, sh, sw, pt, pl, 0, planes)
+        # Compile (or load from Numba's cache) now, not on the first run.
+        import numpy as np
+
+        z = np.zeros((1, 1, 1, 1), np.float32)
+        max_pool_blocked(z, z.copy(), 1, 1, 1, 1, 0, 0, 0, 1)
+        return run
+
+    def run(self) -> None:
+        from .conv import scratch
+        from .onednn_conv import OneDNNError, _stream
+
+        p, api = self.p, self.api
+        fns = api["fns"]
+        self.buf = buf = scratch(p.scratch_nb + 64)
+        base = -(-buf.ctypes.data // 64) * 64
+        self.shift = base - buf.ctypes.data
+        if base != self.where:
+            for mem, off in p.in_scratch:
+                p.check(fns["dnnl_memory_set_data_handle"](mem, ctypes.c_void_p(base + off)),
+                        "memory_set_data_handle")
+            self.where = base
+        get_t, set_t = api["omp"]
+        prev = get_t()
+        if prev != self.threads:
+            set_t(self.threads)
+        try:
+            ex, stream = fns["dnnl_primitive_execute"], _stream(api)
+            for e in self.entries:
+                if callable(e):
+                    fns["dnnl_stream_wait"](stream)
+                    e()
+                    continue
+                prim, args = e
+                st = ex(prim, stream, len(args), args)
+                if st != 0:
+                    raise OneDNNError(f"oneDNN failed in a conv chain at run time (status {st})",
+                                      where="rlx_cpu.conv_chain",
+                                      fix="set RLX_CPU_CONV_CHAIN=0 (or RLX_CPU_ONEDNN=0), and report it")
+            fns["dnnl_stream_wait"](stream)
+        finally:
+            if prev != self.threads:
+                set_t(prev)
+
+
+class _Arena:
+    """Offsets in the chain's scratch: a value's block is free again after its last reader."""
+
+    def __init__(self) -> None:
+        self.top = 0
+        self.blocks: list[list[int]] = []  # [offset, size, free from step]
+
+    def alloc(self, nbytes: int, step: int) -> int:
+        nbytes = -(-max(nbytes, 1) // 64) * 64
+        fits = [b for b in self.blocks if b[2] <= step and b[1] >= nbytes]
+        if fits:
+            b = min(fits, key=lambda b: b[1])
+            b[2] = 1 << 62
+            return b[0]
+        off = self.top
+        self.top += nbytes
+        self.blocks.append([off, nbytes, 1 << 62])
+        return off
+
+    def free(self, off: int, step: int) -> None:
+        for b in self.blocks:
+            if b[0] == off:
+                b[2] = step + 1

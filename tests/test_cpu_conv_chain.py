@@ -1,0 +1,205 @@
+"""rlx-cpu conv chains (``rlx_cpu.conv_chain``): runs of convs, their fused tails and max pools
+become one node whose kernel keeps the activations in oneDNN's blocked layout between convs.
+Checked against the float64 reference (NaN/Inf included), the per-op path, and the fusion
+rule's boundaries (a value read outside ends a chain)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_core import GraphBuilder, Session
+from rlx_core.ir.reference import evaluate
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def _onednn() -> Iterator[None]:
+    from rlx_cpu import onednn_conv
+
+    if not onednn_conv.available():
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    yield
+
+
+def _w(g: GraphBuilder, name: str, o: int, i: int, k: int) -> tuple[Any, Any]:
+    w = (RNG.standard_normal((o, i, k, k)) / np.sqrt(i * k * k)).astype(np.float32)
+    return g.param(name, w), g.param(name + "_b", (0.1 * RNG.standard_normal(o)).astype(np.float32))
+
+
+def _conv(g: GraphBuilder, x: Any, name: str, o: int, i: int, k: int, s: int = 1, groups: int = 1) -> Any:
+    w, b = _w(g, name, o, i // groups, k)
+    p = k // 2
+    return g.op("conv2d_bias", x, w, b, strides=(s, s), pads=(p, p, p, p), dilations=(1, 1), groups=groups)
+
+
+def _net(batch: int, escape: bool = False) -> Any:
+    """A small ResNet/MobileNet mix: stem, max pool, basic blocks (identity and 1x1-downsample
+    residuals), channels that are not a multiple of 16, depthwise, SiLU and HardSwish tails."""
+    g = GraphBuilder("chain_net")
+    x = g.input("x", "f32", (batch, 3, 29, 31))
+    y = g.op("relu", _conv(g, x, "stem", 32, 3, 7, 2))
+    y = g.op("max_pool2d", y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    h = g.op("relu", _conv(g, y, "b1c1", 32, 32, 3))
+    y = g.op("relu", _conv(g, h, "b1c2", 32, 32, 3) + y)
+    down = _conv(g, y, "b2d", 24, 32, 1, 2)
+    h = g.op("relu", _conv(g, y, "b2c1", 24, 32, 3, 2))
+    y = g.op("relu", _conv(g, h, "b2c2", 24, 24, 3) + down)
+    y = g.op("silu", _conv(g, y, "dw", 24, 24, 3, groups=24))
+    z = _conv(g, y, "hs", 40, 24, 1)
+    t = g.op("minimum", g.op("maximum", z * g.const(1 / 6, "f32") + g.const(0.5, "f32"), g.const(0.0, "f32")),
+             g.const(1.0, "f32"))
+    y = z * t
+    if escape:
+        g.output(g.op("reduce_mean", h, axes=(2, 3), keepdims=False), "side")
+    y = g.op("relu", _conv(g, y, "last", 16, 40, 3))
+    g.output(y, "y")
+    return g.build()
+
+
+def _kernels(exe: Any, batch: int) -> list[tuple[str, Any]]:
+    prog = exe.buffers({}) if not exe.graph.symbols else exe.buffers({"batch": batch})
+    return list(zip(prog.kernel_names, prog.runs))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_chain_matches_reference(batch: int, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu import parallel
+
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(threads))
+    graph = _net(batch)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xv = RNG.standard_normal((batch, 3, 29, 31)).astype(np.float32)
+    if batch > 1:  # NaN and Inf through the convs, the pool (NaN wins) and the tails of image 0
+        xv[0, 1, 4, 5] = np.nan
+        xv[0, 0, 20, 7] = np.inf
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    assert not np.isnan(ref[-1]).any()
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+    chains = [r for n, r in _kernels(exe, batch) if n == "cpu.rlx_cpu.conv_chain"]
+    assert len(chains) == 1  # the whole body is one chain ...
+    assert getattr(chains[0], "onednn_impl", None)  # ... on the blocked path
+
+
+def test_per_op_switch_gives_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu import conv_chain
+
+    graph = _net(2)
+    xv = RNG.standard_normal((2, 3, 29, 31)).astype(np.float32)
+    fast = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+    monkeypatch.setattr(conv_chain, "USE", False)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    slow = exe.run(x=xv)["y"]
+    assert not any(getattr(r, "onednn_impl", None) for n, r in _kernels(exe, 2) if "conv_chain" in n)
+    np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-4 * float(np.abs(slow).max()))
+
+
+def test_a_value_read_outside_ends_the_chain() -> None:
+    graph = _net(1, escape=True)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xv = RNG.standard_normal((1, 3, 29, 31)).astype(np.float32)
+    out = exe.run(x=xv)
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})
+    for k in ("y", "side"):
+        np.testing.assert_allclose(out[k], ref[k], rtol=2e-4, atol=2e-4 * float(np.abs(ref[k]).max()))
+    names = [n for n, _ in _kernels(exe, 1)]
+    assert names.count("cpu.rlx_cpu.conv_chain") == 2  # cut after the conv whose output escapes
+
+
+def test_fed_weights_and_nan_weights() -> None:
+    """The op with fed weights (the conformance suite's form: one conv, no ``steps``) packs them
+    every run; NaN weights with padding take the per-op path (oneDNN would skip the padding)."""
+    g = GraphBuilder("fed")
+    x = g.input("x", "f32", (1, 16, 6, 6))
+    w = g.input("w", "f32", (32, 16, 3, 3))
+    b = g.input("b", "f32", (32,))
+    g.output(g.op("rlx_cpu.conv_chain", x, w, b, pads=(1, 1, 1, 1)), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    feeds = {"x": RNG.standard_normal((1, 16, 6, 6)).astype(np.float32),
+             "w": RNG.standard_normal((32, 16, 3, 3)).astype(np.float32),
+             "b": RNG.standard_normal(32).astype(np.float32)}
+    for poison in (False, True, False):
+        if poison:
+            feeds["w"] = feeds["w"].copy()
+            feeds["w"][3, 2, 0, 0] = np.nan
+        got = exe.run(**feeds)["y"]
+        ref = evaluate(graph, {k: v.astype(np.float64) for k, v in feeds.items()})["y"]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.nanmax(np.abs(ref))))
+        assert np.array_equal(np.isnan(got), np.isnan(ref))
+
+
+@pytest.mark.parametrize("channels", [16, 20, 3])
+def test_pool_in_blocked_layout_nan_wins(channels: int) -> None:
+    """conv 1x1 -> max_pool2d: the pool runs on the conv's blocked output (padded channel lanes
+    for 20; plain for 3 channels' layout if oneDNN picks it); a NaN pixel wins its windows,
+    padding never does, -inf stays."""
+    g = GraphBuilder("pool_chain")
+    x = g.input("x", "f32", (2, channels, 9, 8))
+    w = np.eye(channels, dtype=np.float32).reshape(channels, channels, 1, 1)
+    y = g.op("conv2d_bias", x, g.param("w", w), g.param("b", np.zeros(channels, np.float32)),
+             strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1)
+    g.output(g.op("max_pool2d", y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    assert [n for n, _ in _kernels(exe, 2)] == ["cpu.rlx_cpu.conv_chain"]
+    xv = RNG.standard_normal((2, channels, 9, 8)).astype(np.float32)
+    xv[0, 0, 3, 3] = np.nan
+    xv[1, -1, 0, 0] = -np.inf
+    xv[1, -1, 0, 1] = xv[1, -1, 1, 0] = xv[1, -1, 1, 1] = -np.inf
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert np.isnan(got[0, 0, 1:3, 1:3]).all() and np.isneginf(got[1, -1, 0, 0])
+    np.testing.assert_array_equal(got, ref.astype(np.float32))
+
+
+def test_bottleneck_ending_in_a_residual_on_plain_layout() -> None:
+    """A ResNet-50 bottleneck on 512 channels at 8x8: oneDNN picks its GEMM convs on plain NCHW, so
+    the last conv writes the program's output directly and its residual must be put there first
+    (RetinaNet's backbone gave wrong numbers before that)."""
+    g = GraphBuilder("bottleneck")
+    x = g.input("x", "f32", (1, 512, 8, 8))
+    h = g.op("relu", _conv(g, x, "c1", 256, 512, 1))
+    h = g.op("relu", _conv(g, h, "c2", 256, 256, 3, 2))
+    down = _conv(g, x, "down", 1024, 512, 1, 2)
+    g.output(g.op("relu", _conv(g, h, "c3", 1024, 256, 1) + down), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    assert [n for n, _ in _kernels(exe, 1)] == ["cpu.rlx_cpu.conv_chain"]
+    xv = RNG.standard_normal((1, 512, 8, 8)).astype(np.float32)
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_convs_cut_into_pieces_for_the_row_pool(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big convs run as one-thread primitives on pieces the pool's threads take in turn: output
+    channel blocks of the one image (every piece reads the whole blocked input; the residual is
+    added in place, piece by piece) or whole images."""
+    from rlx_cpu import parallel
+
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    g = GraphBuilder("pieces")
+    x = g.input("x", "f32", (batch, 64, 24, 24))
+    h = g.op("relu", _conv(g, x, "c1", 64, 64, 3))
+    h = g.op("relu", _conv(g, h, "c2", 64, 64, 3) + x)
+    g.output(g.op("relu", _conv(g, h, "c3", 128, 64, 1, 2)), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    (impls,) = [getattr(r, "onednn_impl", None) for n, r in _kernels(exe, batch) if "conv_chain" in n]
+    assert impls is not None and all(i.endswith((" x2", " x4")) for i in impls[:2]), impls
+    xv = RNG.standard_normal((batch, 64, 24, 24)).astype(np.float32)
+    for _ in range(2):
+        got = exe.run(x=xv)["y"]
+        ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+        xv = xv[::-1].copy()
