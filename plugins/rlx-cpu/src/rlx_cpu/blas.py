@@ -133,6 +133,12 @@ _DNNL: dict[str, Any] = {}
 _DNNL_LOCK = threading.Lock()
 
 
+def dnnl_loaded() -> bool:
+    """Whether oneDNN is loaded in this process already (asks nothing to load it)."""
+    fns = _DNNL.get("fns")
+    return fns is not None and fns[0] is not None
+
+
 def _open_dnnl() -> tuple[tuple[int, int, int] | None, str]:
     if not settings.ONEDNN.get():
         return None, "RLX_CPU_ONEDNN=0"
