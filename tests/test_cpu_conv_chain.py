@@ -203,3 +203,125 @@ def test_convs_cut_into_pieces_for_the_row_pool(batch: int, monkeypatch: pytest.
         ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
         np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
         xv = xv[::-1].copy()
+
+
+def _relu6(g: GraphBuilder, y: Any) -> Any:
+    """ONNX Clip(0, 6) as the importer writes it."""
+    return g.op("minimum", g.op("maximum", y, g.const(0.0, "f32")), g.const(6.0, "f32"))
+
+
+def _inverted_residual(g: GraphBuilder, x: Any, name: str, c: int, e: int) -> Any:
+    """MobileNetV2's block: 1x1 expand + ReLU6, depthwise 3x3 + ReLU6, 1x1 project, + x."""
+    h = _relu6(g, _conv(g, x, name + "e", c * e, c, 1))
+    h = _relu6(g, _conv(g, h, name + "d", c * e, c * e, 3, groups=c * e))
+    return _conv(g, h, name + "p", c, c * e, 1) + x
+
+
+def _mobilenet(batch: int, c: int = 24) -> Any:
+    g = GraphBuilder("inverted_residual")
+    x = g.input("x", "f32", (batch, 3, 21, 19))
+    y = _relu6(g, _conv(g, x, "stem", c, 3, 3, 2))
+    y = _inverted_residual(g, y, "b1", c, 6)
+    y = _inverted_residual(g, y, "b2", c, 6)
+    g.output(y, "y")
+    return g.build()
+
+
+@pytest.mark.parametrize("c", [24, 16])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ReLU6 (maximum 0, minimum 6) and the residual add without activation are chain steps: the
+    stem and two whole inverted residual blocks are one chain on the blocked path, equal to the
+    float64 reference (NaN and Inf propagate through the clips, as the IR's do) and to the
+    per-op path."""
+    from rlx_cpu import conv_chain
+
+    graph = _mobilenet(batch, c)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    kernels = _kernels(exe, batch)
+    assert [n for n, _ in kernels] == ["cpu.rlx_cpu.conv_chain"]
+    impls = getattr(kernels[0][1], "onednn_impl", None)
+    assert impls and impls.count("clip:numpy") == 5, impls  # each ReLU6: one pass
+    xv = 3 * RNG.standard_normal((batch, 3, 21, 19)).astype(np.float32)
+    xv[0, 1, 4, 5] = np.nan
+    xv[-1, 0, 12, 7] = np.inf
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert np.isnan(ref).any() and np.array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+    monkeypatch.setattr(conv_chain, "USE", False)
+    slow = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(slow))
+    np.testing.assert_allclose(got[ok], slow[ok], rtol=1e-4, atol=1e-4 * float(np.abs(slow[ok]).max()))
+
+
+def test_clip_nan_and_bounds_that_end_the_chain() -> None:
+    """A clip step keeps NaN (oneDNN's clip post-op would give the lower bound); a bound that
+    would turn the blocked layout's zero padding channels non-zero (maximum with 0.5) is no step:
+    the chain ends before it."""
+    g = GraphBuilder("clips")
+    x = g.input("x", "f32", (1, 20, 7, 6))
+    y = _relu6(g, _conv(g, x, "a", 20, 20, 1))
+    y = g.op("maximum", _conv(g, y, "b", 20, 20, 3), g.const(-1.5, "f32"))
+    y = g.op("maximum", _conv(g, y, "c", 20, 20, 1), g.const(0.5, "f32"))
+    g.output(y, "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    names = [n for n, _ in _kernels(exe, 1)]
+    assert names.count("cpu.rlx_cpu.conv_chain") == 1 and len(names) >= 2, names
+    xv = RNG.standard_normal((1, 20, 7, 6)).astype(np.float32)
+    xv[0, :, 2, 3] = np.nan
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert np.isnan(ref).any() and np.array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+
+
+def test_residual_add_without_activation_is_a_step() -> None:
+    """conv -> conv + x (no ReLU) -> conv: one chain (the add is the middle conv's sum post-op),
+    also where the residual comes first in the add and the chain ends with the add."""
+    for last in (True, False):
+        g = GraphBuilder("res_add")
+        x = g.input("x", "f32", (2, 32, 9, 10))
+        h = g.op("relu", _conv(g, x, "a", 32, 32, 3))
+        y = g.op("add", h, _conv(g, h, "b", 32, 32, 3))
+        if not last:
+            y = _conv(g, y, "c", 16, 32, 1)
+        g.output(y, "y")
+        graph = g.build()
+        exe = Session("cpu", use_cache=False).compile(graph)
+        assert [n for n, _ in _kernels(exe, 2)] == ["cpu.rlx_cpu.conv_chain"]
+        xv = RNG.standard_normal((2, 32, 9, 10)).astype(np.float32)
+        got = exe.run(x=xv)["y"]
+        ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+
+
+def test_chain_with_clip_and_add_steps_decomposes() -> None:
+    """Other backends decompose the chain: its reference and decomposition cover the new steps."""
+    from rlx_cpu.conv_chain import find_conv_chains
+
+    from rlx_core.plugin import REGISTRY
+
+    Session("cpu", use_cache=False)  # loads the plugin's ops
+    graph = _mobilenet(1)
+    (region,) = find_conv_chains(graph)  # no conv tails here: the rule sees the graph as built
+    (node,) = region.nodes
+    schema = REGISTRY.get("rlx_cpu.conv_chain")
+    xv = RNG.standard_normal((1, 3, 21, 19))
+    ins = [xv] + [np.asarray(graph.weights[v], np.float64) for v in node.inputs[1:]]
+    (got,) = schema.reference(ins, node.attrs)
+    ref = evaluate(graph, {"x": xv})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    g = GraphBuilder("decomposed")
+    ts = [g.input("x", "f32", xv.shape)] + [g.param(f"p{k}", np.asarray(graph.weights[v]))
+                                            for k, v in enumerate(node.inputs[1:])]
+    assert schema.decompose is not None
+    (y,) = schema.decompose(g, ts, node.attrs)
+    g.output(y, "y")
+    ops = [n.op for n in g.build().nodes]
+    assert ops.count("maximum") == 5 and ops.count("minimum") == 5 and ops.count("add") == 2, ops
+    dec = evaluate(g.build(), {"x": xv})["y"]
+    np.testing.assert_allclose(dec, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))

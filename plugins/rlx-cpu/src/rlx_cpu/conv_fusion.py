@@ -7,8 +7,9 @@ reading and writing the whole output again (17 of ResNet-18's 20 convs). ``conv2
 or ``y * sigmoid(y)`` as ONNX exporters write it, becomes ``rlx_cpu.conv2d_bias_silu`` (oneDNN's
 swish post-op: 49 of EfficientNet-B0's 81 convs), and HardSwish as exporters write it
 (``y * min(max(y * alpha + beta, 0), 1)``) ``rlx_cpu.conv2d_bias_hardswish`` (18 of
-MobileNetV3-Small's 52). Clip (ReLU6) is left out: oneDNN's clip turns NaN into the lower bound,
-where the core's maximum/minimum keep it. The ops decompose back into the core ops, and
+MobileNetV3-Small's 52). Clip (ReLU6) is left out here (oneDNN's clip turns NaN into the lower
+bound, where the core's maximum/minimum keep it); rlx_cpu.conv_chain applies it as a NumPy step on
+the blocked buffer instead. The ops decompose back into the core ops, and
 the rule's regions are applied only where rlx-cpu claims the new op (f32, f64), so other backends
 and dtypes see the original graph.
 """
