@@ -25,15 +25,20 @@ def probe(package: str, needs: str, install: str) -> Any:
     return dev
 
 
-def small_mlp(name: str) -> tuple[Any, dict[str, np.ndarray]]:
-    """matmul + bias + ReLU, linear, GELU and softmax over a symbolic batch (3 rows fed)."""
+def small_mlp(name: str, batch: int | str = "batch", rows: int = 3,
+              normed: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
+    """matmul + bias + ReLU, linear, GELU and softmax over ``batch`` (``rows`` rows fed); ``normed``
+    adds a layer_norm output "normed" (unit gamma, zero beta)."""
     rng = np.random.default_rng(0)
     g = GraphBuilder(name)
-    x = g.input("x", "f32", ("batch", 20))
+    x = g.input("x", "f32", (batch, 20))
     w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
     b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
     w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
     b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
     h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
     g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    if normed:
+        g.output(g.layer_norm(h, g.param("gamma", np.ones(7, np.float32)),
+                              g.param("beta", np.zeros(7, np.float32))), "normed")
+    return g.build(), {"x": rng.standard_normal((rows, 20)).astype(np.float32)}

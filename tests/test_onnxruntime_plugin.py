@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _devicetests import small_mlp
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.errors import DispatchError, SettingError
@@ -25,18 +26,7 @@ def _cpu_provider(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _mlp() -> tuple[Any, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("ort_mlp")
-    x = g.input("x", "f32", ("batch", 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    g.output(g.layer_norm(h, g.param("gamma", np.ones(7, np.float32)),
-                          g.param("beta", np.zeros(7, np.float32))), "normed")
-    return g.build(), {"x": rng.standard_normal((5, 20)).astype(np.float32)}
+    return small_mlp("ort_mlp", rows=5, normed=True)
 
 
 def test_default_provider_is_cpu_and_shown() -> None:

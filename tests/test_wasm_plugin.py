@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("wasmtime")
 pytest.importorskip("rlx_wasm")
 
+from _devicetests import small_mlp
+
 from rlx_core import GraphBuilder, Session
 from rlx_core.errors import DispatchError, InputError
 
@@ -22,16 +24,7 @@ NODE = shutil.which("node")
 
 
 def _mlp(batch: int | str = "batch") -> tuple[object, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    g = GraphBuilder("wasm_mlp")
-    x = g.input("x", "f32", (batch, 20))
-    w1 = g.param("w1", (rng.standard_normal((20, 33)) * 0.3).astype(np.float32))
-    b1 = g.param("b1", rng.standard_normal(33).astype(np.float32))
-    w2 = g.param("w2", (rng.standard_normal((7, 33)) * 0.3).astype(np.float32))
-    b2 = g.param("b2", rng.standard_normal(7).astype(np.float32))
-    h = g.gelu(g.linear(g.relu(x @ w1 + b1), w2, b2))
-    g.output(g.softmax(h), "probs")
-    return g.build(), {"x": rng.standard_normal((3, 20)).astype(np.float32)}
+    return small_mlp("wasm_mlp", batch)
 
 
 def _skipped_by_variant(cert: object) -> dict[str, int]:

@@ -805,16 +805,12 @@ class _Blocked:
             _post_ops,
             _strides_elems,
             impl_info,
+            weight_dims,
         )
 
         p, fns = self.p, self.p.fns
         oc, ci, kh, kw = w.shape
-        if g > 1:
-            wshape: tuple[int, ...] = (g, oc // g, ci, kh, kw)
-            ws = _strides_elems(w)
-            wstr: tuple[int, ...] = ((oc // g) * ws[0], *ws)
-        else:
-            wshape, wstr = w.shape, _strides_elems(w)
+        wshape, wstr = weight_dims(w, g)
         w_user = p.md_plain(wshape, wstr)
         b_md = p.md_plain(b.shape, _strides_elems(b))
         (sh, sw), (pt, pl, pb, pr), (dh, dw) = strides, pads, dil

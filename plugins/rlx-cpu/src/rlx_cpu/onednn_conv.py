@@ -437,6 +437,16 @@ def _build(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray, str
         set_t(prev)
 
 
+def weight_dims(w: np.ndarray, g: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides in elements) of OIHW weights ``w`` as oneDNN reads them: grouped convs take
+    (G, O/G, I, KH, KW) with the group stride of O/G output channels."""
+    ws = _strides_elems(w)
+    if g > 1:
+        oc = w.shape[0]
+        return (g, oc // g, *w.shape[1:]), ((oc // g) * ws[0], *ws)
+    return tuple(w.shape), ws
+
+
 def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
                pads: tuple[int, int, int, int], dil: tuple[int, int], g: int, bias: np.ndarray | None,
                residual: np.ndarray | None, act: Act, threads: int,
@@ -444,14 +454,9 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
     fns = api["fns"]
     p = _Prim(api)
     oc, ci, kh, kw = w.shape
-    if g > 1:
-        wshape: tuple[int, ...] = (g, oc // g, ci, kh, kw)
-        ws = _strides_elems(w)
-        wstr: tuple[int, ...] = ((oc // g) * ws[0], *ws)
-    else:
-        wshape, wstr = w.shape, _strides_elems(w)
     x_user = p.md_plain(x.shape, _strides_elems(x))
     o_user = p.md_plain(o.shape, _strides_elems(o))
+    wshape, wstr = weight_dims(w, g)
     w_user = p.md_plain(wshape, wstr)
     b_user = None if bias is None else p.md_plain(bias.shape, _strides_elems(bias))
     pd = _VP()
