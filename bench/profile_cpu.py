@@ -5,6 +5,7 @@
     python bench/profile_cpu.py --libs                      # one-core GEMM: oneDNN vs OpenBLAS
     python bench/profile_cpu.py minilm --batch 1 --chains   # row chains, barriers, arena by reuse distance
     python bench/profile_cpu.py --pool                      # cost of handing work to the other threads
+    python bench/profile_cpu.py --zoo efficientnet_b0 --batch 1 --top 15   # an ONNX zoo export, step by step
 
 Per-kernel times are the minimum over ``--reps`` runs of each step, summed by claim name: robust to
 other processes on a small shared machine (a benchmark, not a test; docs/BENCHMARKS.md cites it).
@@ -17,19 +18,39 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from typing import Any
 
 import numpy as np
 
 
-def profile(model: str, batch: int, seq: int, reps: int, chain: bool = False) -> None:
+def _zoo_graph(name: str, batch: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """A zoo model's ONNX export (cached as bench/onnx_zoo.py caches it) and its feeds."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tests"))
+    import _zoo
+
+    from rlx_core.frontends.onnx import load_onnx
+
+    path = _zoo.export(name, "legacy", False, root / ".pytest_cache" / "rlx-onnx-zoo", batch=batch)
+    return load_onnx(path), _zoo.feeds(name, batch)
+
+
+def profile(model: str, batch: int, seq: int, reps: int, chain: bool = False, zoo: str | None = None,
+            top: int = 0) -> None:
     import os
 
     os.environ["RLX_CPU_CHAIN"] = "1" if chain else "0"
     from rlx_core.bench import inputs, rlx_graph
     from rlx_core.runtime import Session, bind_inputs
 
-    graph = rlx_graph(model)
-    feed = inputs(model, batch, seq)
+    if zoo:
+        graph, feed = _zoo_graph(zoo, batch)
+        model = zoo
+    else:
+        graph, feed = rlx_graph(model), inputs(model, batch, seq)
     exe = Session("cpu").compile(graph)
     compiled, _, _ = exe._specialise(bind_inputs(graph, feed, "profile")[1])
     for _ in range(3):
@@ -49,7 +70,23 @@ def profile(model: str, batch: int, seq: int, reps: int, chain: bool = False) ->
         calls[kname] += 1
     print(f"{model} batch {batch}: sum of per-step minima {sum(best) * 1e3:.1f} ms over {reps} runs")
     for kname, t in sorted(total.items(), key=lambda kv: -kv[1]):
-        print(f"  {t * 1e3:9.2f} ms  {calls[kname]:4d} calls  {kname}")
+        print(f"  {t * 1e3:9.3f} ms  {calls[kname]:4d} calls  {kname}")
+    if top:
+        # The slowest single steps, with the step's output shapes (where the program records them).
+        names = compiled.kernel_names
+        print(f"slowest {top} steps:")
+        for i in sorted(range(len(best)), key=lambda i: -best[i])[:top]:
+            print(f"  {best[i] * 1e6:9.1f} us  step {i:4d}  {names[i]}  {_step_shape(compiled, i)}")
+
+
+def _step_shape(compiled: Any, i: int) -> str:
+    """The step's op and output shapes, where runs still map one-to-one onto the program's steps."""
+    prog = compiled.program
+    if len(compiled.runs) != len(prog.kernels):
+        return ""
+    step = prog.kernels[i]
+    shapes = [tuple(prog.graph.types[v].shape) for v in step.outputs if v in prog.graph.types]
+    return f"{step.op} -> {' '.join(map(str, shapes))}"
 
 
 def gemm_layouts(reps: int) -> None:
@@ -180,6 +217,8 @@ def main() -> None:
     ap.add_argument("--libs", action="store_true", help="compare the GEMM libraries instead")
     ap.add_argument("--chains", action="store_true", help="show the row chains and arena sizes instead")
     ap.add_argument("--pool", action="store_true", help="measure a pool hand-off instead")
+    ap.add_argument("--zoo", help="profile this tests/_zoo.py model's ONNX export instead of a workload")
+    ap.add_argument("--top", type=int, default=0, help="also list the N slowest single steps")
     a = ap.parse_args()
     if a.chains:
         chains(a.model, a.batch, a.seq)
@@ -190,7 +229,7 @@ def main() -> None:
     elif a.gemm:
         gemm_layouts(max(a.reps, 30))
     else:
-        profile(a.model, a.batch, a.seq, a.reps, a.chain)
+        profile(a.model, a.batch, a.seq, a.reps, a.chain, a.zoo, a.top)
 
 
 if __name__ == "__main__":
