@@ -122,11 +122,12 @@ class Session:
 
     # -- planning --------------------------------------------------------------------------------
     def legalize(self, graph: Graph) -> tuple[Legalized, bool]:
-        """Fold constants, fuse, then legalize for the session's (first) device, through the on-disk
-        cache (keyed by the folded graph)."""
+        """Fold constants, cancel reshape pairs, fuse, then legalize for the session's (first)
+        device, through the on-disk cache (keyed by the folded graph)."""
         from .fold import fold_constants
+        from .reshapes import cancel_reshapes
 
-        graph = fold_constants(graph)
+        graph = cancel_reshapes(fold_constants(graph))
         backend, device = self.devices[0]
         variant = "fusion" if self.fusion else "nofusion"
         if self.cache is not None:
@@ -196,8 +197,9 @@ class Session:
         b = {**self._hints(graph), **(bindings or {})}
         g = graph.specialize(b) if graph.symbols else graph
         from .fold import fold_constants
+        from .reshapes import cancel_reshapes
 
-        g = fold_constants(g)  # as legalize sees it: a folded node needs no kernel
+        g = cancel_reshapes(fold_constants(g))  # as legalize sees it: a folded node needs no kernel
         backend, device = self.devices[0]
         disp = self.dispatcher(backend, device)
         entries, illegal = [], []
