@@ -54,6 +54,35 @@ def test_chain_becomes_one_attention_node(scale: str, bias: bool, kt_from_transp
     np.testing.assert_allclose(evaluate(fused, feed)["y"], evaluate(graph, feed)["y"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kt_op", ["mul", "div", "mul-first"])
+def test_sqrt_scales_on_q_and_keys_fold_into_the_scale(kt_op: str) -> None:
+    """PyTorch's SDPA export scales q and k^T each by scale**0.5 before the matmul: both muls join
+    the attention node, and the keys' two transposes (the export's and the kernel's) become one."""
+    g = GraphBuilder("sdpa")
+    x = g.input("x", "f32", (B, S, H * D))
+    q = x.reshape(B, S, H, D).transpose(0, 2, 1, 3) * 0.5
+    kt = (x * 0.5).reshape(B, S, H, D).transpose(0, 2, 3, 1)
+    if kt_op == "mul":
+        kt = kt * 0.5
+    elif kt_op == "div":
+        kt = kt / g.param("c", np.float32(2.0))
+    else:
+        kt = g.mul(g.param("c", np.float32(0.5)), kt)
+    v = (x * 2.0).reshape(B, S, H, D).transpose(0, 2, 1, 3)
+    p = g.op("softmax", g.op("matmul", q, kt), axis=-1)
+    g.output(g.op("matmul", p, v).transpose(0, 2, 1, 3).reshape(B, S, H * D), "y")
+    graph = g.build()
+    fused, groups = fuse_attention(graph)
+    ops = fused.op_counts()
+    assert ops.get("attention") == 1 and ops.get("matmul", 0) == 0, ops
+    att = next(n for n in fused.nodes if n.op == "attention")
+    assert att.attrs["scale"] == pytest.approx(0.25)
+    # Left: x * 0.5 and x * 2.0 (k's and v's own scalings), the q/k/v/output transposes.
+    assert ops.get("mul", 0) == 2 and ops.get("transpose") == 4, ops
+    feed = _feed(graph)
+    np.testing.assert_allclose(evaluate(fused, feed)["y"], evaluate(graph, feed)["y"], rtol=1e-5, atol=1e-6)
+
+
 def test_used_intermediates_block_the_rewrite() -> None:
     graph = _chain(scale="div", bias=True, kt_from_transpose=True, leak=True)
     fused, groups = fuse_attention(graph)

@@ -23,6 +23,7 @@ inside the chain only; the affine weights must have the normalised trailing shap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -39,6 +40,20 @@ def _scalar_param(g: Graph, name: str) -> float | None:
         return None
     a = np.asarray(g.weights[name])
     return float(a.reshape(())) if a.size == 1 else None
+
+
+def _scaled(g: Graph, n: Node | None, only: bool) -> tuple[Node, str, float] | None:
+    """``(node, x, c)`` where ``n`` is ``x * c`` / ``c * x`` / ``x / c`` with a nonzero scalar constant
+    ``c`` (as a factor), read only where ``only`` says, of ``x``'s type."""
+    if n is None or not only or n.op not in ("mul", "div") or len(n.inputs) != 2:
+        return None
+    pairs = [(n.inputs[0], n.inputs[1])] + ([(n.inputs[1], n.inputs[0])] if n.op == "mul" else [])
+    for x, cn in pairs:
+        c = _scalar_param(g, cn)
+        if c is not None and c != 0.0 and math.isfinite(c) and x not in g.weights \
+                and g.types[x] == g.types[n.outputs[0]]:
+            return n, x, (1.0 / c if n.op == "div" else c)
+    return None
 
 
 def find_attention(g: Graph) -> list[Region]:
@@ -95,6 +110,20 @@ def find_attention(g: Graph) -> list[Region]:
         qk = n
         chain.append(qk)
         q, kt = qk.inputs
+        # Exporters that scale q and k^T each by sqrt(scale) (PyTorch's SDPA export) fold into the scale.
+        kt_reader = qk
+        for side in ("q", "k"):
+            val = q if side == "q" else kt
+            sc = _scaled(g, prod.get(val), only_into(val, qk))
+            if sc is None:
+                continue
+            node, src, c = sc
+            scale *= c
+            chain.append(node)
+            if side == "q":
+                q = src
+            else:
+                kt, kt_reader = src, node
         v = pv.inputs[1]
         tq, tk, tv = g.types[q], g.types[kt], g.types[v]
         if tq.rank not in (3, 4) or tk.rank != tq.rank or tv.rank != tq.rank:
@@ -116,7 +145,7 @@ def find_attention(g: Graph) -> list[Region]:
                 k = f"{base}/keys"
                 new.append(Node(f"{base}/keys_transpose", "transpose", (k_src,), (k,),
                                 Attrs({"perm": k_perm})))
-            if only_into(kt, qk):
+            if only_into(kt, kt_reader):
                 chain.append(kt_node)
         else:
             k = f"{base}/keys"
