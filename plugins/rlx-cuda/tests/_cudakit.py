@@ -1,5 +1,6 @@
-"""What rlx-cuda's test modules share: the GPU marker (with the probe's reason) and NVRTC compile checks
-that need no GPU (CuPy's libnvrtc, the ``nvidia-cuda-nvrtc`` wheel's, or the system's)."""
+"""What rlx-cuda's test modules share: the GPU marker (with the probe's reason), the record of the
+generated kernels a test binds, and NVRTC compile checks that need no GPU (CuPy's libnvrtc, the
+``nvidia-cuda-nvrtc`` wheel's, or the system's)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ def cuda_reason() -> str | None:
 
 WHY = cuda_reason()
 gpu = pytest.mark.skipif(WHY is not None, reason=f"needs a CUDA GPU: {WHY}")
+
+#: Names of the generated kernels bound (by ``kernels.raw_kernel``) since :func:`record_kernels` or
+#: the last ``BOUND.clear()``, in order: a test's proof that the kernel it means really ran.
+BOUND: list[str] = []
+
+
+def record_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty :data:`BOUND` and, with a GPU, record in it every kernel ``kernels.raw_kernel`` binds
+    until ``monkeypatch`` is undone (for an autouse fixture). The wrapper records names only and
+    calls through: the process's kernel cache stays warm."""
+    BOUND.clear()
+    if WHY is not None:
+        return
+    from rlx_cuda import kernels
+
+    real = kernels.raw_kernel
+
+    def recording(name: str, source: str) -> Any:
+        BOUND.append(name)
+        return real(name, source)
+    monkeypatch.setattr(kernels, "raw_kernel", recording)
 
 
 def nvrtc_lib() -> Any:

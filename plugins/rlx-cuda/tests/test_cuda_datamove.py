@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _cudakit import WHY, gpu, nvrtc_compile, nvrtc_lib
+from _cudakit import BOUND, gpu, nvrtc_compile, nvrtc_lib, record_kernels
 from rlx_cuda import codegen
 
 from rlx_core import GraphBuilder, Session
@@ -38,16 +38,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("RLX_CUDA_FAST_GATHER", raising=False)
     monkeypatch.delenv("RLX_CUDA_FAST_REDUCE", raising=False)
     reset_hub(Hub())
-    _forget_kernels()
-    if WHY is None:  # record the generated kernels each test binds (the process cache stays warm)
-        from rlx_cuda import kernels
-
-        real = kernels.raw_kernel
-
-        def recording(name: str, source: str) -> Any:
-            _BOUND.add(name)
-            return real(name, source)
-        monkeypatch.setattr(kernels, "raw_kernel", recording)
+    record_kernels(monkeypatch)
     yield
     reset_hub(Hub())
 
@@ -83,20 +74,12 @@ def test_every_data_kernel_compiles(arch: str) -> None:
 
 # -- GPU ------------------------------------------------------------------------------------------
 
-#: Names of the generated kernels bound since :func:`_forget_kernels` (by ``kernels.raw_kernel``).
-_BOUND: set[str] = set()
-
-
-def _forget_kernels() -> None:
-    _BOUND.clear()
-
-
 def _ran(prefix: str) -> bool:
     return bool(_loaded(prefix))
 
 
 def _loaded(prefix: str) -> set[str]:
-    return {name for name in _BOUND if name.startswith(prefix)}
+    return {name for name in BOUND if name.startswith(prefix)}
 
 
 def _table(dt: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -232,12 +215,12 @@ def test_reduce_kernel_kinds_and_old_path(monkeypatch: pytest.MonkeyPatch) -> No
         g.output(x.sum(axes=axes), "y")
         graph = g.build()
         xv = RNG.standard_normal(shape).astype(np.float32)
-        _forget_kernels()
+        BOUND.clear()
         monkeypatch.delenv("RLX_CUDA_FAST_REDUCE", raising=False)
         got[kind] = Session("cuda", use_cache=False).compile(graph).run(x=xv)["y"]
         assert _loaded("rlx_reduce_sum_") == _loaded(f"rlx_reduce_sum_{kind}_") != set(), \
             f"expected the {kind} kernel, loaded {_loaded('rlx_reduce_')}"
-        _forget_kernels()
+        BOUND.clear()
         monkeypatch.setenv("RLX_CUDA_FAST_REDUCE", "0")
         old = Session("cuda", use_cache=False).compile(graph).run(x=xv)["y"]
         np.testing.assert_allclose(got[kind], old, rtol=1e-5, atol=1e-4)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _cudakit import WHY, gpu, nvrtc_compile, nvrtc_lib
+from _cudakit import BOUND, gpu, nvrtc_compile, nvrtc_lib, record_kernels
 from rlx_cuda import codegen
 
 from rlx_core import GraphBuilder, Session
@@ -34,25 +34,12 @@ RNG = np.random.default_rng(1818)
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
 
 
-#: Names of the generated kernels bound since the test started (by ``kernels.raw_kernel``).
-_BOUND: list[str] = []
-
-
 @pytest.fixture(autouse=True)
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "rlx-cache"))
     monkeypatch.delenv("RLX_CUDA_VECTORIZE", raising=False)
     reset_hub(Hub())
-    _BOUND.clear()
-    if WHY is None:
-        from rlx_cuda import kernels
-
-        real = kernels.raw_kernel
-
-        def recording(name: str, source: str) -> Any:
-            _BOUND.append(name)
-            return real(name, source)
-        monkeypatch.setattr(kernels, "raw_kernel", recording)
+    record_kernels(monkeypatch)
     yield
     reset_hub(Hub())
 
@@ -175,7 +162,7 @@ def test_every_vector_kernel_compiles(arch: str) -> None:
 # -- GPU: graphs ----------------------------------------------------------------------------------
 
 def _vec_ran() -> bool:
-    return any(n.startswith("rlx_ewv_") for n in _BOUND)
+    return any(n.startswith("rlx_ewv_") for n in BOUND)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -231,7 +218,7 @@ def test_chain_vector_matches_scalar_and_reference(dt: str, chain: str, shape: t
     vec = [exe.run(f)["z"] for f in feeds]  # eager, captured, replayed: fresh inputs each time
     ran = _vec_ran()
     monkeypatch.setenv("RLX_CUDA_VECTORIZE", "0")
-    _BOUND.clear()
+    BOUND.clear()
     old = Session("cuda", use_cache=False).compile(graph)
     scalar = [old.run(f)["z"] for f in feeds]
     assert not _vec_ran(), "RLX_CUDA_VECTORIZE=0 still bound a vectorised kernel"
@@ -283,7 +270,7 @@ def test_gelu_views_at_every_offset(x_off: int, o_off: int, monkeypatch: pytest.
         monkeypatch.setenv("RLX_CUDA_VECTORIZE", flag)
         obuf = cp.full(n + 16, np.float16(-7.0), np.float16)
         o = obuf[o_off:o_off + n].reshape(rows, cols)
-        _BOUND.clear()
+        BOUND.clear()
         run = _bind(GELU_F16, [x, *consts], [F16, F32, F32, F32], [(rows, cols), (), (), ()], o, F16)
         run()
         cp.cuda.runtime.deviceSynchronize()
@@ -321,7 +308,7 @@ def test_bias_add_views(dt: str, b_off: int, monkeypatch: pytest.MonkeyPatch) ->
     for flag in ("1", "0"):
         monkeypatch.setenv("RLX_CUDA_VECTORIZE", flag)
         o = cp.zeros((rows, cols), st)
-        _BOUND.clear()
+        BOUND.clear()
         _bind(_half_add(d), [x, bias], [d, d], [(rows, cols), (cols,)], o, d)()
         outs.append((cp.asnumpy(o), _vec_ran()))
     (a, ran), (b, _) = outs
@@ -351,7 +338,7 @@ def test_bf16_rounding_of_special_values(monkeypatch: pytest.MonkeyPatch) -> Non
     for flag in ("1", "0"):
         monkeypatch.setenv("RLX_CUDA_VECTORIZE", flag)
         o = cp.zeros(x_host.shape, np.uint16)
-        _BOUND.clear()
+        BOUND.clear()
         _bind(prog, [x], [F32], [x_host.shape], o, BF16)()
         outs.append((cp.asnumpy(o).view(ml_dtypes.bfloat16), _vec_ran()))
     (a, ran), (b, _) = outs
@@ -384,14 +371,14 @@ def test_layer_norm_vector(dt: str, n: int, add: bool, monkeypatch: pytest.Monke
     feed = {"x": (RNG.standard_normal((rows, n)) * 3 + 1).astype(npdt),
             "y": RNG.standard_normal((rows, n)).astype(npdt)}
     got = Session("cuda", use_cache=False).compile(graph).run(feed)["z"].astype(np.float64)
-    vec = [k for k in _BOUND if "layer_norm_w" in k and "v" in k.split("_w", 1)[1]]
-    assert bool(vec) == (n % 2 == 0), _BOUND
+    vec = [k for k in BOUND if "layer_norm_w" in k and "v" in k.split("_w", 1)[1]]
+    assert bool(vec) == (n % 2 == 0), BOUND
     if add:
-        assert any("add_layer_norm" in k for k in _BOUND), _BOUND
+        assert any("add_layer_norm" in k for k in BOUND), BOUND
     monkeypatch.setenv("RLX_CUDA_VECTORIZE", "0")
-    _BOUND.clear()
+    BOUND.clear()
     old = Session("cuda", use_cache=False).compile(graph).run(feed)["z"].astype(np.float64)
-    assert not any("v" in k.split("_w", 1)[1] for k in _BOUND if "layer_norm_w" in k)
+    assert not any("v" in k.split("_w", 1)[1] for k in BOUND if "layer_norm_w" in k)
     want = evaluate(graph, feed)["z"]
     scale = np.abs(want).max()
     tol = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}[dt]
@@ -423,9 +410,9 @@ def test_minilm_layer_takes_vector_kernels(dt: str, monkeypatch: pytest.MonkeyPa
     mask[1, 17:] = 0
     feed = {"input_ids": ids, "attention_mask": mask}
     got = Session("cuda", use_cache=False).compile(graph).run(feed)["embeddings"].astype(np.float64)
-    gelu = [k for k in _BOUND if k.startswith("rlx_ewv_")]
-    ln = [k for k in _BOUND if "layer_norm_w" in k and "v" in k.split("_w", 1)[1]]
-    assert gelu and any("add_layer_norm" in k for k in ln), _BOUND
+    gelu = [k for k in BOUND if k.startswith("rlx_ewv_")]
+    ln = [k for k in BOUND if "layer_norm_w" in k and "v" in k.split("_w", 1)[1]]
+    assert gelu and any("add_layer_norm" in k for k in ln), BOUND
     monkeypatch.setenv("RLX_CUDA_VECTORIZE", "0")
     old = Session("cuda", use_cache=False).compile(graph).run(feed)["embeddings"].astype(np.float64)
     want = evaluate(graph, feed)["embeddings"]

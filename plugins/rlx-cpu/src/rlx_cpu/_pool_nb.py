@@ -5,13 +5,23 @@ from __future__ import annotations
 from numba import njit
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _max_into(dst, src, lo, hi, step, off):
+    """``dst[c] = max(dst[c], src[c * step + off])`` for ``lo <= c < hi``. NaN wins (as NumPy's max):
+    ``v > m or v != v`` keeps a NaN once taken. A compare-and-select a ``c`` and no branch, so that
+    the loop can vectorise (it does over the lanes of :func:`max_pool_blocked`)."""
+    for c in range(lo, hi):
+        v = src[c * step + off]
+        m = dst[c]
+        dst[c] = v if (v > m or v != v) else m
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def max_pool_planes(x, o, kh, kw, sh, sw, pt, pl, lo, hi):
     """Planes ``lo:hi`` of ``o[p] = max over each window of x[p]`` (x: (P, H, W), o: (P, HO, WO)).
 
-    Padding never wins: a window's taps outside the input are skipped. NaN wins (as NumPy's max):
-    ``v > m or v != v`` keeps a NaN once taken. Per kernel tap the loop runs along a whole output
-    row, so the compare-and-select vectorises."""
+    Padding never wins: a window's taps outside the input are skipped. NaN wins (:func:`_max_into`).
+    Per kernel tap the loop runs along a whole output row, so the compare-and-select vectorises."""
     h, w = x.shape[1], x.shape[2]
     ho, wo = o.shape[1], o.shape[2]
     for p in range(lo, hi):
@@ -28,10 +38,7 @@ def max_pool_planes(x, o, kh, kw, sh, sw, pt, pl, lo, hi):
                     # the output columns whose tap j lands inside the row: 0 <= c*sw - pl + j < w
                     c0 = max(0, (pl - j + sw - 1) // sw)
                     c1 = min(wo, (w - 1 + pl - j) // sw + 1)
-                    for c in range(c0, c1):
-                        v = xrow[c * sw - pl + j]
-                        m = orow[c]
-                        orow[c] = v if (v > m or v != v) else m
+                    _max_into(orow, xrow, c0, c1, sw, j - pl)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -55,8 +62,4 @@ def max_pool_blocked(x, o, kh, kw, sh, sw, pt, pl, lo, hi):
                         iw = c * sw - pl + j
                         if iw < 0 or iw >= w:
                             continue
-                        src = x[p, ih, iw]
-                        for lane in range(nb):
-                            v = src[lane]
-                            m = out[lane]
-                            out[lane] = v if (v > m or v != v) else m
+                        _max_into(out, x[p, ih, iw], 0, nb, 1, 0)

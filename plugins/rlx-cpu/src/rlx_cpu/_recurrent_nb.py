@@ -41,20 +41,26 @@ _HALF = np.float32(0.5)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _exp_split(x):
+    """``exp(x)`` as ``(p, e)``: ``p`` the polynomial part, ``e`` the int32 bits of the float32
+    ``2**n`` (read back through a float32 view); ``exp(x) = p * 2**n``, NaN for NaN."""
+    # min/max written as comparisons that are False for NaN: NaN stays NaN
+    x = _HI if x > _HI else x
+    x = _LO if x < _LO else x
+    n = np.floor(x * _LOG2E + _HALF)
+    r = x - n * _C1 - n * _C2
+    z = r * r
+    y = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    e = (np.int32(n) + np.int32(127)) << np.int32(23) if n == n else np.int32(0x7FC00000)
+    return y * z + r + _ONE, e
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _sigmoid(src, scale, dst, pw, bits, fbits):
     """``dst[j] = sigmoid(scale * src[j])`` for every ``j`` of ``src`` (``pw``, ``bits``/``fbits``:
     scratch at least as long)."""
     for j in range(src.shape[0]):
-        x = -(scale * src[j])
-        # min/max written as comparisons that are False for NaN: NaN stays NaN
-        x = _HI if x > _HI else x
-        x = _LO if x < _LO else x
-        n = np.floor(x * _LOG2E + _HALF)
-        r = x - n * _C1 - n * _C2
-        z = r * r
-        y = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-        pw[j] = y * z + r + _ONE
-        bits[j] = (np.int32(n) + np.int32(127)) << np.int32(23) if n == n else np.int32(0x7FC00000)
+        pw[j], bits[j] = _exp_split(-(scale * src[j]))
     for j in range(src.shape[0]):
         dst[j] = _ONE / (_ONE + pw[j] * fbits[j])
 
@@ -64,15 +70,7 @@ def _gates(src, n, sc, dst, pw, bits, fbits):
     """``dst[i] = sc[i] * sigmoid(sc[i] * src[i]) + 1 - sc[i]`` for ``i < n``: ``sigmoid`` where
     ``sc`` is 1, ``tanh`` where it is 2 (one pass over every gate of every batch row)."""
     for i in range(n):
-        x = -(sc[i] * src[i])
-        x = _HI if x > _HI else x
-        x = _LO if x < _LO else x
-        k = np.floor(x * _LOG2E + _HALF)
-        r = x - k * _C1 - k * _C2
-        z = r * r
-        q = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-        pw[i] = q * z + r + _ONE
-        bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23) if k == k else np.int32(0x7FC00000)
+        pw[i], bits[i] = _exp_split(-(sc[i] * src[i]))
     for i in range(n):
         dst[i] = sc[i] / (_ONE + pw[i] * fbits[i]) + (_ONE - sc[i])
 
