@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.plugin import Attrs, normalize_axis
+from rlx_core.plugin import Attrs, normalize_axis, release_file_pages
 
 ROWS_NUMBA_MIN = 32768
 _NB: Any = None
@@ -144,6 +144,7 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     wt = np.ascontiguousarray(w.T) if not w.flags.writeable and w.ndim == 2 else w.T
     if not w.flags.writeable and wt.flags.writeable:
         wt.flags.writeable = False  # still a constant: row chains need no barrier to read it
+        release_file_pages(w)  # the copy is what runs: a memory-mapped original's pages leave the RSS
     if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
         # One GEMM over all rows: NumPy runs a stacked matmul as one small GEMM per leading index.
         x = x.reshape(-1, x.shape[-1])
