@@ -195,3 +195,100 @@ def test_legit_external_initializers_written_by_onnx_still_load(tmp_path: Path,
     x = np.ones((1, 16), np.float32)
     got = Session("cpu").run(load_onnx(path), {"x": x})["y"]
     np.testing.assert_allclose(got, x @ w)
+
+
+def _conv_model(tmp_path: Path, w: np.ndarray, b: np.ndarray) -> Path:
+    """A 3x3 conv (+ bias) whose weights (large enough to be memory-mapped) are external data."""
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, w.shape[1], 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[0], 6, 6])],
+                          initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "model" / "m.onnx"
+    onnx.save(m, os.fspath(path), save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    return path
+
+
+def _maps_its_file(a: np.ndarray) -> bool:
+    base = a
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    return base is not None and base.mode == "r"
+
+
+@pytest.mark.parametrize("mmap_on", [True, False])
+def test_large_external_initializers_are_read_only_maps_of_the_file(tmp_path: Path, mmap_on: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLX_ONNX_MMAP (default on): a large initializer is a view of a read-only memory map of its
+    external data file (no copy kept); a small one (the bias) is copied; 0 copies both. Same
+    results either way, against a float64 reference."""
+    from rlx_core.ir.reference import evaluate
+
+    monkeypatch.setenv("RLX_ONNX_MMAP", "1" if mmap_on else "0")
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)  # 73 KB: above the map threshold
+    b = rng.standard_normal(64).astype(np.float32)
+    graph = load_onnx(_conv_model(tmp_path, w, b))
+    assert _maps_its_file(graph.weights["w"]) is mmap_on
+    assert not graph.weights["w"].flags.writeable  # a constant either way
+    assert not _maps_its_file(graph.weights["b"])
+    np.testing.assert_array_equal(graph.weights["w"], w)
+    x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
+    got = Session("cpu").run(graph, {"x": x})["y"]
+    want = evaluate(graph, {"x": x.astype(np.float64)})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chain", ["1", "0"])
+def test_packed_conv_weights_give_their_pages_back(tmp_path: Path, chain: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once rlx-cpu has packed a memory-mapped conv weight (per-conv path: RLX_CPU_CONV_CHAIN=0),
+    it gives the weight's pages back: counted through release_file_pages, the data still reads the same."""
+    pytest.importorskip("rlx_cpu")
+    from rlx_cpu import onednn_conv
+
+    if not onednn_conv.available():
+        pytest.skip("no oneDNN: convs run im2col and keep reading the weights")
+    from rlx_core import pages
+
+    released: list[int] = []
+    real = pages.release_file_pages
+
+    def counting(a: np.ndarray) -> int:
+        n = real(a)
+        released.append(n)
+        return n
+    monkeypatch.setattr(onednn_conv, "release_file_pages", counting)
+    monkeypatch.setenv("RLX_CPU_CONV_CHAIN", chain)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    graph = load_onnx(_conv_model(tmp_path, w, b))
+    x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    y1 = exe.run({"x": x})["y"]
+    if chain == "0":
+        assert sum(released) > 0, released
+    np.testing.assert_array_equal(graph.weights["w"], w)  # the pages map again on the next read
+    np.testing.assert_array_equal(exe.run({"x": x})["y"], y1)
+
+
+def test_release_file_pages_only_touches_read_only_file_maps(tmp_path: Path) -> None:
+    from rlx_core.pages import release_file_pages
+
+    data = np.arange(1 << 16, dtype=np.float32)
+    f = tmp_path / "d.bin"
+    f.write_bytes(data.tobytes())
+    ro = np.memmap(f, dtype=np.float32, mode="r")
+    assert float(ro.sum()) == float(data.sum())  # make the pages resident
+    assert release_file_pages(ro[100:]) > 0
+    np.testing.assert_array_equal(ro, data)  # read again from the file
+    anon = data.copy()
+    anon.flags.writeable = False
+    assert release_file_pages(anon) == 0  # anonymous memory: MADV_DONTNEED would zero it
+    rw = np.memmap(f, dtype=np.float32, mode="r+")
+    assert release_file_pages(rw) == 0  # writable maps may hold changes not written back
+    assert release_file_pages(ro[::2]) == 0  # not contiguous
+    np.testing.assert_array_equal(anon, data)
+    np.testing.assert_array_equal(rw, data)

@@ -256,6 +256,10 @@ ONNX_FOLD_MAX_BYTES = declare(
     "RLX_ONNX_FOLD_MAX_BYTES", "int", 64 << 20,
     "Total bytes constant folding may create, per model (ONNX import) and per compiled graph, on "
     "top of twice the model's own tensor bytes.", min=0)
+ONNX_MMAP = declare(
+    "RLX_ONNX_MMAP", "bool", True,
+    "An ONNX model's large initializers in external data are read-only memory maps of that file, not "
+    "copies: a backend that packs them gives their pages back (0: copies, as before).")
 ONNX_STAGED_CACHE = declare(
     "RLX_ONNX_STAGED_CACHE", "int", 16,
     "Compiled stages a staged ONNX model (run-time shape values, data-dependent shapes) keeps per "

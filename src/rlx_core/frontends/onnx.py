@@ -33,6 +33,7 @@ import math
 import os
 import re
 import stat
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -322,10 +323,12 @@ def _require_onnx() -> Any:
     return onnx
 
 
-def read_model(model: Any) -> tuple[Any, str]:
+def read_model(model: Any, *, mapped: dict[str, tuple[str, int, int]] | None = None) -> tuple[Any, str]:
     """Parse ``model`` (a path, bytes or an ``onnx.ModelProto``) and load its external data.
 
     Returns ``(ModelProto, source)``. Every problem with the file is a SerializationError.
+    ``mapped``: filled with ``name -> (file, offset, length)`` of the main graph's initializers read
+    from external data (checked as :func:`resolve_external_data` checks them), for memory maps.
     """
     onnx = _require_onnx()
     if isinstance(model, onnx.ModelProto):
@@ -363,7 +366,7 @@ def read_model(model: Any) -> tuple[Any, str]:
                                  fix="export or download the model again; a .onnx file must be "
                                      "copied completely (check its size)") from None
     _check_model(proto, source)
-    resolve_external_data(proto, base, source)
+    resolve_external_data(proto, base, source, mapped)
     return proto, source
 
 
@@ -419,7 +422,8 @@ def _walk_tensors(proto: Any) -> Iterable[tuple[Any, str]]:
         yield from graph(ti.algorithm, f"training_info[{k}].algorithm")
 
 
-def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, source: str) -> None:
+def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, source: str,
+                          mapped: dict[str, tuple[str, int, int]] | None = None) -> None:
     """Replace every tensor's external data by the bytes it names, read from the model's folder.
 
     The rules (the same for initializers, Constant/ConstantOfShape attributes, sparse tensors and
@@ -427,7 +431,7 @@ def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, sourc
     followed) to a regular file inside ``base``, and offset/length lie inside that file. Anything
     else is a SerializationError naming the tensor and where it is; nothing is ever read relative to
     the current directory. ``base=None`` (a model given as bytes or a ModelProto) refuses external
-    data, since there is no folder it could be relative to.
+    data, since there is no folder it could be relative to. ``mapped``: see :func:`read_model`.
     """
     from onnx import TensorProto
 
@@ -442,7 +446,10 @@ def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, sourc
                 fix="pass the path of the .onnx file (its external data is read from the same folder), "
                     "or embed the data: onnx.load(path) then onnx.save(model, path, "
                     "save_as_external_data=False)")
-        t.raw_data = _read_external(t, os.fspath(base), where)
+        spot: list[tuple[str, int, int]] = []
+        t.raw_data = _read_external(t, os.fspath(base), where, spot)
+        if mapped is not None and what == "initializer of the main graph" and spot:
+            mapped[t.name] = spot[0]
         t.data_location = TensorProto.DEFAULT
         del t.external_data[:]
 
@@ -452,7 +459,8 @@ _EXTERNAL_FIX = ("keep the external data file (e.g. model.onnx.data) in the .onn
                  "save_as_external_data=True, location='model.onnx.data')")
 
 
-def _read_external(t: Any, base: str, where: str) -> bytes:
+def _read_external(t: Any, base: str, where: str, spot: list[tuple[str, int, int]] | None = None) -> bytes:
+    """The bytes ``t``'s external data names (checked); ``spot`` gets (file, offset, length) read."""
     info: dict[str, str] = {}
     for e in t.external_data:
         info[e.key] = e.value
@@ -497,6 +505,8 @@ def _read_external(t: Any, base: str, where: str) -> bytes:
             f.seek(offset)
             # Read what the tensor needs, not a whole (possibly huge) file named without a length.
             n = length if length is not None else (want if want is not None else st.st_size - offset)
+            if spot is not None:
+                spot.append((full, offset, n))
             return f.read(n)
     except FileNotFoundError:
         raise bad(f"the external data file {location!r} does not exist in the model's folder "
@@ -505,6 +515,26 @@ def _read_external(t: Any, base: str, where: str) -> bytes:
         raise bad(f"the external data location {location!r} is a folder, not a file") from None
     except OSError as e:
         raise bad(f"cannot read the external data file {location!r}: {e.strerror or e}") from None
+
+
+#: Initializers from external data of at least this many bytes are memory-mapped (smaller ones, shape
+#: vectors and biases, are copied: a map's page granularity would gain nothing there).
+_MAP_MIN_BYTES = 64 << 10
+
+
+def _mappable_dtype(onnx_type: int) -> np.dtype[Any] | None:
+    """The NumPy dtype whose little-endian bytes are ONNX's external data of ``onnx_type`` as they
+    are (plain fixed-width numbers; None for packed, bool, string and float8/bfloat16 types)."""
+    from onnx import TensorProto as T
+
+    names = {T.FLOAT: "float32", T.DOUBLE: "float64", T.FLOAT16: "float16", T.INT8: "int8", T.UINT8: "uint8",
+             T.INT16: "int16", T.UINT16: "uint16", T.INT32: "int32", T.UINT32: "uint32", T.INT64: "int64",
+             T.UINT64: "uint64"}
+    name = names.get(onnx_type)
+    dt = _ONNX_TO_DTYPE.get(onnx_type)
+    if name is None or dt is None or np.dtype(dt.np) != np.dtype(name):
+        return None
+    return np.dtype(name)
 
 
 def _external_nbytes(t: Any) -> int | None:
@@ -751,7 +781,8 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
     Raises :class:`~rlx_core.errors.SerializationError` for malformed or truncated files and
     :class:`UnsupportedOnnxError` for operators, attributes or shapes it cannot translate.
     """
-    proto, source = read_model(model)
+    mapped: dict[str, tuple[str, int, int]] | None = {} if _settings.ONNX_MMAP.get() else None
+    proto, source = read_model(model, mapped=mapped)
     opset = _default_opset(proto, source)
     if proto.functions:
         try:
@@ -769,7 +800,8 @@ def load_onnx(model: str | os.PathLike[str] | bytes | Any, *, name: str | None =
             name = proto.graph.name or "onnx_model"
     imp = _Importer(proto, opset, source, name=name, input_shapes=input_shapes or {},
                     symbols=symbols or {}, batch_symbol=batch_symbol, fuse=fuse,
-                    budget=FoldBudget.for_model(proto, fold_max_elements, fold_max_bytes), live=_live)
+                    budget=FoldBudget.for_model(proto, fold_max_elements, fold_max_bytes), live=_live,
+                    mapped=mapped or {})
     return imp.run()
 
 
@@ -906,8 +938,11 @@ class _Importer:
     def __init__(self, proto: Any, opset: int, source: str, *, name: str,
                  input_shapes: Mapping[str, Sequence[int | str | None]], symbols: Mapping[str, int | str],
                  batch_symbol: str | None, fuse: bool, budget: FoldBudget | None = None,
-                 live: Iterable[str] = ()) -> None:
+                 live: Iterable[str] = (), mapped: Mapping[str, tuple[str, int, int]] | None = None) -> None:
         self.proto = proto
+        #: Main-graph initializers read from external data: name -> (file, offset, length).
+        self.mapped = dict(mapped or {})
+        self._maps: dict[str, np.ndarray] = {}
         #: Initializers that are also graph inputs fed at run time (staged execution's value keys).
         self.live = frozenset(live)
         self.opset = opset
@@ -965,7 +1000,8 @@ class _Importer:
         graph = self.proto.graph
         inits = {t.name for t in graph.initializer}
         for t in graph.initializer:
-            self.env[t.name] = _Const(self._tensor_array(t), t.name)
+            arr = self._mapped_array(t)
+            self.env[t.name] = _Const(self._tensor_array(t) if arr is None else arr, t.name)
         for vi in graph.input:
             if vi.name in inits:
                 if vi.name in self.live:  # value-keyed by staged execution, and fed
@@ -1169,6 +1205,31 @@ class _Importer:
                 f"{self.opset} (it has {', '.join(sorted(known))})",
                 fix="the model is malformed or was written for another opset (e.g. axes moved from an "
                     "attribute to an input); check it with onnx.checker.check_model")
+
+    def _mapped_array(self, t: Any) -> np.ndarray | None:
+        """A large initializer from external data as a read-only view of a memory map of its file
+        (the bytes just read into the proto, which is dropped after the import), or None to copy
+        it. Why: a copy is one more resident copy of the weights for as long as the graph lives;
+        mapped pages cost RSS only while read, and a backend that packs the weights into its own
+        layout gives them back (:func:`rlx_core.pages.release_file_pages`)."""
+        spot = self.mapped.get(t.name)
+        npdt = _mappable_dtype(t.data_type)
+        if spot is None or npdt is None or sys.byteorder != "little":
+            return None
+        full, offset, n = spot
+        shape = tuple(int(d) for d in t.dims)
+        if n < _MAP_MIN_BYTES or n != math.prod(shape) * npdt.itemsize or offset % npdt.itemsize:
+            return None
+        mm = self._maps.get(full)
+        if mm is None:
+            try:
+                mm = self._maps[full] = np.memmap(full, dtype=np.uint8, mode="r")
+            except (OSError, ValueError):
+                return None
+        raw = mm[offset:offset + n]
+        if raw.size != n:  # the file shrank since it was read: keep the bytes read
+            return None
+        return raw.view(npdt).reshape(shape)
 
     def _tensor_array(self, t: Any) -> np.ndarray:
         from onnx import TensorProto, numpy_helper

@@ -46,6 +46,9 @@ def weight_digest(w: Any) -> bytes:
     if entry is not None and entry[0]() is w:
         return entry[1]
     d = hashlib.sha256(np.ascontiguousarray(w).reshape(-1).view(np.uint8).data).digest()
+    from ..pages import release_file_pages
+
+    release_file_pages(w)  # read once for the key: a memory-mapped weight's pages leave the RSS
     if _frozen(w):
         try:
             key = id(w)

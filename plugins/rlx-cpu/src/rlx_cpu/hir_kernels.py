@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.plugin import Attrs, normalize_axis
+from rlx_core.plugin import Attrs, normalize_axis, release_file_pages
 
 ROWS_NUMBA_MIN = 32768
 _NB: Any = None
@@ -144,6 +144,7 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     wt = np.ascontiguousarray(w.T) if not w.flags.writeable and w.ndim == 2 else w.T
     if not w.flags.writeable and wt.flags.writeable:
         wt.flags.writeable = False  # still a constant: row chains need no barrier to read it
+        release_file_pages(w)  # the copy is what runs: a memory-mapped original's pages leave the RSS
     if x.ndim > 2 and x.flags.c_contiguous and o.flags.c_contiguous:
         # One GEMM over all rows: NumPy runs a stacked matmul as one small GEMM per leading index.
         x = x.reshape(-1, x.shape[-1])
@@ -200,6 +201,11 @@ SPLIT_MIN_MACS = 4_000_000
 GEMV_ROWS = 2
 
 
+#: Rows up to which a linear split over the pool calls oneDNN through ctypes rather than the Numba
+#: kernel (:mod:`rlx_cpu._gemm_rows`); 0 restores the Numba kernel for all.
+CTYPES_ROWS = 16
+
+
 def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
     """``o = x @ wt + b`` as a :class:`~rlx_cpu.parallel.RowRun`: each row piece one
     single-threaded GEMM plus its rows of the bias add while they are still in cache; None where
@@ -219,11 +225,16 @@ def _pool_linear(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) ->
         parts = threads if m >= ROW_SPLIT_MIN * threads and m * n * k >= 64 * 262144 * threads else 1
         if parts < 2:
             return None
-    native = blas.linear_rows(x, wt, b, o)
+    # A big linear of few rows (a CNN's classifier at batch 8) calls oneDNN through ctypes: the
+    # ~1 us a call costs more is noise next to its >= 4M multiply-adds, and a program with no other
+    # Numba kernel then loads no Numba/LLVM (~117 MB of RSS). Same results: the same sgemm calls on
+    # the same row pieces, then the same float32 bias add.
+    few = m <= CTYPES_ROWS and m * n * k >= SPLIT_MIN_MACS
+    native = None if few else blas.linear_rows(x, wt, b, o)
     if native is not None:
         rows, args = native
     else:
-        gemm = blas.gemm_fn(x, wt, o)
+        gemm = (blas.dnnl_gemm_fn(x, wt, o) if few else None) or blas.gemm_fn(x, wt, o)
         if gemm is None:
             return None
 

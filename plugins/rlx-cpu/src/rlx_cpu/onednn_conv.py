@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.plugin import RLXError
+from rlx_core.plugin import RLXError, release_file_pages
 
 Run = Callable[[], None]
 #: The activation after the conv: "", "relu", "silu", or ("hardswish", alpha, beta) for
@@ -533,6 +533,9 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
     if pack is not None and not w.flags.writeable:
         bind_scratch()
         _execute(api, [pack], 1)
+        # The packed copy is what runs: a memory-mapped original's pages leave the RSS (a fallback
+        # that reads it again maps them again).
+        release_file_pages(w)
 
     def run() -> None:
         bind_scratch()
