@@ -61,6 +61,7 @@ from rlx_core.plugin import (
     Region,
     Tensor,
     TensorType,
+    release_file_pages,
 )
 
 from . import settings
@@ -298,8 +299,11 @@ def find_conv_chains(g: Any) -> list[Region]:
         if n.op not in _CONV_OPS:
             return False
         w, b = n.inputs[1], n.inputs[2]
-        return (w in g.weights and b in g.weights and bool(np.isfinite(np.asarray(g.weights[w])).all())
-                and g.types[n.inputs[0]].dtype == DType.F32)
+        if not (w in g.weights and b in g.weights and g.types[n.inputs[0]].dtype == DType.F32):
+            return False
+        finite = bool(np.isfinite(np.asarray(g.weights[w])).all())
+        release_file_pages(g.weights[w])  # read once to check: a memory-mapped weight's pages leave the RSS
+        return finite
 
     regions: list[Region] = []
     nodes = list(g.nodes)
@@ -725,7 +729,8 @@ class _Blocked:
                 src_shape = (planes, shapes[st["src"]][2], shapes[st["src"]][3], blk)
                 self.entries.append(self._pool_run(src_off, x if src_off is None else None, src_shape,
                                                    off, (planes, ho, wo, blk), _pool_args(at)))
-                self.impls.append(f"max_pool2d:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
+                kind = "numpy" if settings.POOL_NUMPY.get() else "numba"
+                self.impls.append(f"max_pool2d:{kind}:{'nhwc' if nhwc else f'blocked{blk}'}")
                 free_after(k, st["src"])
                 vals[k + 1] = (dst_md, dst_mem, off)
                 where[k + 1] = ("s", off)
@@ -1007,6 +1012,7 @@ class _Blocked:
                     "set_data_handle")
         self.sp, self.sp_nb = sp_before, sp_nb
         _execute(self.api, pack, 1)  # type: ignore[arg-type]  # reorders only
+        release_file_pages(w)  # the packed copy runs: a memory-mapped original's pages leave the RSS
         shared.setdefault(key or id(w), []).append((w_md, w_mem, (p, wb, w)))
         return w_mem
 
@@ -1037,8 +1043,9 @@ class _Blocked:
 
     def _pool_run(self, src_off: int | None, src_arr: np.ndarray | None, src_shape: tuple[int, ...],
                   dst_off: int, dst_shape: tuple[int, ...], args: tuple[int, int, int, int, int, int]) -> Run:
-        from ._pool_nb import max_pool_blocked
+        from ._pool_np import blocked_kernel
 
+        max_pool_blocked = blocked_kernel()
         kh, kw, sh, sw, pt, pl = args
         views: dict[str, Any] = {}
 
