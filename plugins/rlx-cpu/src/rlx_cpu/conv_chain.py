@@ -1080,8 +1080,7 @@ class _Blocked:
 
         def run() -> None:
             rp.run(some, len(runs), (), parts, len(runs))
-        run.impl = f"{impl} x{len(runs)}{' oc' if kind == 'channels' else ''}"  # type: ignore[attr-defined]
-        run.cut = kind  # type: ignore[attr-defined]
+        run.impl = f"{impl} {kind} x{len(runs)}"  # type: ignore[attr-defined]
         return run
 
     def _copy(self, src_md: Any, dst_md: Any, src: Any, dst: Any) -> tuple[Any, Any] | None:
