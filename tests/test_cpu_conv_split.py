@@ -179,6 +179,11 @@ def test_choose_cut_by_bytes() -> None:
     ways = conv_chain._choose_cut((1, 40, 16, 16), (1, 3, 32, 32), 40 * 3 * 9, 1, False, 2, 9, BLOCKED,
                                   blk40, geo)
     assert ways == [("channels", [(0, 1, 0, 16, 0, 16), (0, 1, 16, 40, 0, 16)])]
+    # nChw16c with several images: a channel slice of it is not one dense block, so images only
+    blk512 = (16, (512 * 4, 4 * 16, 2 * 16, 16), False)
+    ways = conv_chain._choose_cut((3, 512, 2, 2), (3, 512, 2, 2), 512 * 512 * 9, 1, False, 2, 9, blk512,
+                                  blk512, geo)
+    assert [k for k, _ in ways] == ["images"]
     assert conv_chain._choose_cut((1, 64, 16, 16), (1, 64, 16, 16), 64 * 64 * 9, 1, False, 2, 1, NHWC,
                                   NHWC, geo) == []  # too little work for two pieces
 

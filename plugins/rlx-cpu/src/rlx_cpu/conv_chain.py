@@ -630,7 +630,7 @@ def _choose_cut(oshape: tuple[int, ...], idims: tuple[int, ...], wsize: int, g: 
             in_rows = min(h_in, (rows - 1) * sh + dh * (kh - 1) + 1)
             ways.append((wsize + i_floats * in_rows / h_in + o_floats * rows / ho, 1, "rows",
                          [(0, 1, 0, oc, ho * i // kr, ho * (i + 1) // kr) for i in range(kr)]))
-    if g == 1 and not dst_lay[2]:  # nChw16c: whole channel blocks, contiguous in the layout
+    if g == 1 and not dst_lay[2] and n == 1:  # nChw16c: whole channel blocks, contiguous in one image
         blk = dst_lay[0]
         if not CUT_CHANNELS:  # the earlier cut: equal pieces of whole blocks, at batch 1 only
             kc = k
