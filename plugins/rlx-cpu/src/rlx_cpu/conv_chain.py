@@ -26,9 +26,11 @@ Layouts: each conv reads its input in the layout oneDNN prefers for it (nChw16c 
 edges and where the preferred layout changes (ResNet: once, after the stem's pool).
 
 Threads: every conv is a one-thread primitive; a conv with enough work is cut into pieces that the
-row pool's threads take in turn (:mod:`rlx_cpu.parallel`): whole images, or at batch 1 output rows
-(NHWC: each piece reads its input rows and the kernel's halo in place) or whole channel blocks
-(nChw16c); nothing is reordered per piece as :mod:`rlx_cpu.onednn_conv`'s row pieces do. No
+row pool's threads take in turn (:mod:`rlx_cpu.parallel`): whole images, output rows (NHWC, one
+image: each piece reads its input rows and the kernel's halo in place) or output channels (whole
+blocks in nChw16c), whichever makes a piece read the fewest bytes (:func:`_choose_cut`: convs with
+big weights and small outputs, ResNet's layer3/4, by channels); nothing is reordered per piece as
+:mod:`rlx_cpu.onednn_conv`'s row pieces do (an NHWC channel piece copies its own output in). No
 OpenMP team is opened, so no libgomp worker spins, and a core taken by another process takes fewer
 pieces. ``OPENMP = True`` runs each conv as one primitive on an OpenMP team instead: as fast on a
 quiet machine (ResNet-18 b1, fastest run 20.0 vs 20.9 ms, 2026-12-02) but 4-8x slower in the
