@@ -669,7 +669,7 @@ class _Blocked:
         from .onednn_conv import _Prim
 
         self.api, self.threads, self.split = api, threads, split
-        #: scratchpads of conv pieces: piece j of every split conv uses area j (pieces run at once)
+        #: scratch areas of conv pieces (see _piece_area): (memory, area), each area's bytes
         self.piece_sp: list[tuple[Any, int]] = []
         self.piece_sp_nb: list[int] = []
         self.p = _Prim(api)
@@ -976,7 +976,6 @@ class _Blocked:
             _ARG_SRC,
             _ARG_WEIGHTS,
             _QUERY_EXEC_ARG_MD,
-            _aligned,
             _ExecArg,
             _execute,
             _strides_elems,
@@ -1039,9 +1038,7 @@ class _Blocked:
             d_mem = mem(d_md, dst_at, d_shift)
             steps: list[tuple[Any, Any]] = []
             if own:
-                tbuf = _aligned(int(size(t_md)))
-                keep.append(tbuf)
-                t_mem = p.memory(t_md, tbuf.ctypes.data)
+                t_mem = self._piece_area(2 * j + 1, t_md)
                 if add:  # the sum post-op adds what the piece's buffer holds: the residual's channels
                     copy = self._copy(d_md, t_md, d_mem, t_mem)
                     if copy is None:
@@ -1053,12 +1050,7 @@ class _Blocked:
                     (_ARG_BIAS, p.memory(p.md_plain(bp.shape, _strides_elems(bp)), bp.ctypes.data))]
             sp = q(pd, _QUERY_EXEC_ARG_MD, _ARG_SCRATCHPAD)
             if sp and size(sp):
-                spm = p.memory(sp, 0)
-                while len(self.piece_sp_nb) <= j:
-                    self.piece_sp_nb.append(0)
-                self.piece_sp_nb[j] = max(self.piece_sp_nb[j], -(-int(size(sp)) // 64) * 64)
-                self.piece_sp.append((spm, j))
-                args.append((_ARG_SCRATCHPAD, spm))
+                args.append((_ARG_SCRATCHPAD, self._piece_area(2 * j, sp)))
             arr = (_ExecArg * len(args))(*(_ExecArg(a, m) for a, m in args))
             keep.append(arr)
             steps.append((p.primitive(pd), arr))
@@ -1084,6 +1076,19 @@ class _Blocked:
             rp.run(some, len(runs), (), parts, len(runs))
         run.impl = f"{impl} {kind} x{len(runs)}"  # type: ignore[attr-defined]
         return run
+
+    def _piece_area(self, area: int, md: Any) -> Any:
+        """A memory in the conv scratch's piece area ``area`` (after the chain's values: area 2j
+        holds piece j's conv scratchpad, 2j + 1 piece j's own output buffer), which piece j of
+        every cut conv shares: a conv's pieces run at once, convs one after another. In the
+        thread's scratch, not in buffers of their own, so that they add no memory per conv."""
+        mem = self.p.memory(md, 0)
+        while len(self.piece_sp_nb) <= area:
+            self.piece_sp_nb.append(0)
+        nb = int(self.p.fns["dnnl_memory_desc_get_size"](md))
+        self.piece_sp_nb[area] = max(self.piece_sp_nb[area], -(-nb // 64) * 64)
+        self.piece_sp.append((mem, area))
+        return mem
 
     def _copy(self, src_md: Any, dst_md: Any, src: Any, dst: Any) -> tuple[Any, Any] | None:
         """A reorder (a plain copy between strides here) as a piece's step, or None where it would
