@@ -91,6 +91,10 @@ BRG_FIRST = True
 #: True: a conv's pieces are cut where each reads the fewest bytes (:func:`_choose_cut`), output
 #: channels included (NHWC: each piece writes a dense buffer of its own, copied into its channels).
 #: False: the earlier cuts (images, else at batch 1 output rows in NHWC, channel blocks in nChw16c).
+#: Measured in one process, 2026-12-02 (old/new alternating, RLX_CPU_THREADS=2, 2-core EPYC at load
+#: 5-6): ResNet-18 64x64 b1, layer3's 3x3 convs 172-183 -> 156-164 us (entry minima), layer4's
+#: ~340 us either way (its 9.4 MB of weights come from DRAM while other processes load it); run
+#: one after another, layer3's two channel pieces take 73 us, its row pieces 86 (whole: 78).
 CUT_CHANNELS = True
 
 #: Conv ops a chain takes, with the activation their tail applies (conv_fusion's ops).
