@@ -26,9 +26,11 @@ Layouts: each conv reads its input in the layout oneDNN prefers for it (nChw16c 
 edges and where the preferred layout changes (ResNet: once, after the stem's pool).
 
 Threads: every conv is a one-thread primitive; a conv with enough work is cut into pieces that the
-row pool's threads take in turn (:mod:`rlx_cpu.parallel`): whole images, or at batch 1 output rows
-(NHWC: each piece reads its input rows and the kernel's halo in place) or whole channel blocks
-(nChw16c); nothing is reordered per piece as :mod:`rlx_cpu.onednn_conv`'s row pieces do. No
+row pool's threads take in turn (:mod:`rlx_cpu.parallel`): whole images, output rows (NHWC, one
+image: each piece reads its input rows and the kernel's halo in place) or output channels (whole
+blocks in nChw16c), whichever makes a piece read the fewest bytes (:func:`_choose_cut`: convs with
+big weights and small outputs, ResNet's layer3/4, by channels); nothing is reordered per piece as
+:mod:`rlx_cpu.onednn_conv`'s row pieces do (an NHWC channel piece copies its own output in). No
 OpenMP team is opened, so no libgomp worker spins, and a core taken by another process takes fewer
 pieces. ``OPENMP = True`` runs each conv as one primitive on an OpenMP team instead: as fast on a
 quiet machine (ResNet-18 b1, fastest run 20.0 vs 20.9 ms, 2026-12-02) but 4-8x slower in the
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -86,6 +89,14 @@ OPENMP = False
 #: alternating, 2-core EPYC, load ~2): ResNet-18 64x64 b1 4.56 vs 6.24 ms, FCN-ResNet-18 5.37 vs
 #: 6.84 ms, ResNet-18 224x224 b1 34.3 vs 36.1 ms, b8 fastest 141 vs 154 ms.
 BRG_FIRST = True
+#: True: a conv's pieces are cut where each reads the fewest bytes (:func:`_choose_cut`), output
+#: channels included (NHWC: each piece writes a dense buffer of its own, copied into its channels).
+#: False: the earlier cuts (images, else at batch 1 output rows in NHWC, channel blocks in nChw16c).
+#: Measured in one process, 2026-12-02 (old/new alternating, RLX_CPU_THREADS=2, 2-core EPYC at load
+#: 5-6): ResNet-18 64x64 b1, layer3's 3x3 convs 172-183 -> 156-164 us (entry minima), layer4's
+#: ~340 us either way (its 9.4 MB of weights come from DRAM while other processes load it); run
+#: one after another, layer3's two channel pieces take 73 us, its row pieces 86 (whole: 78).
+CUT_CHANNELS = True
 
 #: Conv ops a chain takes, with the activation their tail applies (conv_fusion's ops).
 _CONV_OPS = ("conv2d_bias", "rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_add_relu",
@@ -592,6 +603,71 @@ def _layout(fns: Mapping[str, Any], md: Any) -> tuple[int, tuple[int, ...], bool
     return blk, strides, False
 
 
+Cut = tuple[int, int, int, int, int, int]  # image from, to, output channel from, to, output row from, to
+
+
+Lay = tuple[int, tuple[int, ...], bool]  # what _layout gives
+
+
+def _choose_cut(oshape: tuple[int, ...], idims: tuple[int, ...], wsize: int, g: int, add: bool, split: int,
+                most: int, src_lay: Lay, dst_lay: Lay, geo: tuple[int, int, int, int]
+                ) -> list[tuple[str, list[Cut]]]:
+    """The ways to cut a conv into pieces (``"images"``, ``"rows"``, ``"channels"``), the one whose
+    pieces read the fewest bytes first (the next ones: what to try where oneDNN has no fast conv
+    for it). Why bytes: a piece of a conv with big weights and a small output (ResNet's layer4 at
+    batch 1: 9.4 MB of weights, 2x2 outputs) is bound by reading its weights, which every image
+    or row piece reads whole and a channel piece reads only its share of; a piece of a conv with
+    small weights and big activations is bound by those, which every channel piece reads whole.
+    The cuts depend only on the shapes and ``split`` (the pool's threads), never on the load."""
+    n, oc, ho, _ = oshape
+    kh, sh, _, dh = geo
+    k = min(split, most)
+    h_in = idims[2]
+    i_floats = float(n * idims[1] * idims[2] * idims[3])
+    o_floats = float(n * oc * ho * oshape[3])
+    nhwc = bool(src_lay[2] and dst_lay[2])
+    ways: list[tuple[float, int, str, list[Cut]]] = []  # (floats a piece reads and writes, rank, ...)
+    if n >= split:
+        ki = min(n, 2 * split, most)
+        if ki >= 2:
+            share = -(-n // ki) / n
+            ways.append((wsize + (i_floats + o_floats) * share, 0, "images",
+                         [(n * i // ki, n * (i + 1) // ki, 0, oc, 0, ho) for i in range(ki)]))
+    elif n == 1 and nhwc:
+        kr = min(k, ho)
+        if kr >= 2:
+            rows = -(-ho // kr)
+            in_rows = min(h_in, (rows - 1) * sh + dh * (kh - 1) + 1)
+            ways.append((wsize + i_floats * in_rows / h_in + o_floats * rows / ho, 1, "rows",
+                         [(0, 1, 0, oc, ho * i // kr, ho * (i + 1) // kr) for i in range(kr)]))
+    if g == 1 and not dst_lay[2] and n == 1:  # nChw16c: whole channel blocks, contiguous in one image
+        blk = dst_lay[0]
+        if not CUT_CHANNELS:  # the earlier cut: equal pieces of whole blocks, at batch 1 only
+            kc = k
+            while kc > 1 and (oc % kc or (oc // kc) % blk):
+                kc -= 1
+            if n == 1 and kc >= 2 and not ways:
+                return [("channels", [(0, 1, oc * i // kc, oc * (i + 1) // kc, 0, ho) for i in range(kc)])]
+            return [(kind, cuts) for *_, kind, cuts in ways]
+        extra = 1.0
+    elif g == 1 and nhwc and CUT_CHANNELS:  # NHWC: dense buffers of 16-channel multiples, copied
+        blk = 16
+        extra = 3.0 + add  # the piece's buffer written and read, its channels written (and filled)
+    else:
+        return [(kind, cuts) for *_, kind, cuts in ways]
+    if not CUT_CHANNELS:
+        return [(kind, cuts) for *_, kind, cuts in ways]
+    blocks = -(-oc // blk)
+    kc = min(k, blocks)
+    if kc >= 2:
+        bounds = [min(oc, blk * (blocks * i // kc)) for i in range(kc + 1)]
+        widest = max(c1 - c0 for c0, c1 in itertools.pairwise(bounds))
+        ways.append((wsize * widest / oc + i_floats + extra * o_floats * widest / oc, 2, "channels",
+                     [(0, n, c0, c1, 0, ho) for c0, c1 in itertools.pairwise(bounds)]))
+    ways.sort(key=lambda t: (t[0], t[1]))
+    return [(kind, cuts) for *_, kind, cuts in ways]
+
+
 class _Blocked:
     """The chain's primitives for ``threads`` OpenMP threads over planned scratch bytes."""
 
@@ -601,7 +677,7 @@ class _Blocked:
         from .onednn_conv import _Prim
 
         self.api, self.threads, self.split = api, threads, split
-        #: scratchpads of conv pieces: piece j of every split conv uses area j (pieces run at once)
+        #: scratch areas of conv pieces (see _piece_area): (memory, area), each area's bytes
         self.piece_sp: list[tuple[Any, int]] = []
         self.piece_sp_nb: list[int] = []
         self.p = _Prim(api)
@@ -866,10 +942,42 @@ class _Blocked:
                 add: bool, act: Any, shared: dict[Any, Any],
                 reorder: Callable[[Any, Any, Any, Any], None]) -> Run | None:
         """The conv as one-thread primitives on independent pieces that the row pool's threads take
-        in turn, or None where it is not worth it or the layouts do not allow it: whole images
-        where there are enough, else (one image) whole channel blocks of the output (contiguous in
-        nChw16c; every piece reads the whole input, which no piece reorders: it is blocked
-        already). A thread on a core another process takes runs fewer pieces."""
+        in turn, or None where it is not worth it or the layouts do not allow it: whole images,
+        output rows (NHWC, one image: each piece reads its input rows and the kernel's halo in
+        place) or output channels (every piece reads the whole input and only its channels'
+        weights), whichever makes each piece read the fewest bytes (:func:`_choose_cut`). Nothing
+        is reordered per piece but an NHWC channel piece's output: oneDNN has only its reference
+        conv for a destination whose channels are a strided slice, so the piece writes a dense
+        buffer of its own (holding the residual first, for the sum post-op) and copies it into
+        its channels. A thread on a core another process takes runs fewer pieces."""
+        from .onednn_conv import MIN_MACS_PER_PIECE
+
+        fns = self.p.fns
+        n, oc, ho, wo = oshape
+        src_lay, dst_lay = _layout(fns, src_md), _layout(fns, dst_md)
+        if src_lay is None or dst_lay is None:
+            return None
+        most = n * oc * ho * wo * int(w[0].size) // MIN_MACS_PER_PIECE
+        if min(self.split, most) < 2 or w.flags.writeable:  # fed weights: packed every run by the whole conv
+            return None
+        dims = self._dims_of(src_md)
+        geo = (int(w.shape[2]), strides[0], pads[0], dil[0])
+        kinds = _choose_cut(oshape, dims, int(w.size), g, add, self.split, most, src_lay, dst_lay, geo)
+        for kind, cuts in kinds:
+            run = self._cut_runs(kind, cuts, scratch_mem, src_md, src_at, dst_md, dst_at, w, b, oshape,
+                                 strides, pads, dil, g, add, act, shared, reorder, src_lay, dst_lay)
+            if run is not None:
+                return run
+        return None
+
+    def _cut_runs(self, kind: str, cuts: Sequence[tuple[int, int, int, int, int, int]],
+                  scratch_mem: Callable[[Any, int], Any], src_md: Any, src_at: tuple[str, int],
+                  dst_md: Any, dst_at: tuple[str, int], w: np.ndarray, b: np.ndarray, oshape: tuple[int, ...],
+                  strides: tuple[int, int], pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                  add: bool, act: Any, shared: dict[Any, Any], reorder: Callable[[Any, Any, Any, Any], None],
+                  src_lay: Lay, dst_lay: Lay) -> Run | None:
+        """The pieces ``cuts`` (image from, to, output channel from, to, output row from, to) as
+        one run for the row pool, or None where oneDNN gives no fast conv for a piece."""
         from .onednn_conv import (
             _ARG_BIAS,
             _ARG_DST,
@@ -877,7 +985,6 @@ class _Blocked:
             _ARG_SRC,
             _ARG_WEIGHTS,
             _QUERY_EXEC_ARG_MD,
-            MIN_MACS_PER_PIECE,
             _ExecArg,
             _execute,
             _strides_elems,
@@ -886,42 +993,19 @@ class _Blocked:
 
         p, fns = self.p, self.p.fns
         n, oc, ho, wo = oshape
-        src_lay, dst_lay = _layout(fns, src_md), _layout(fns, dst_md)
-        if src_lay is None or dst_lay is None:
-            return None
-        most = n * oc * ho * wo * int(w[0].size) // MIN_MACS_PER_PIECE
-        k = min(self.split, most)
-        if k < 2 or w.flags.writeable:  # fed weights: packed every run by the whole conv
-            return None
-        c_in, h_in, w_in = self._dims_of(src_md)[1:]
-        # (image from, to, output channel from, to, output row from, to)
-        cuts: list[tuple[int, int, int, int, int, int]] = []
-        if n >= self.split:
-            k = min(n, 2 * self.split, most)
-            cuts = [(n * i // k, n * (i + 1) // k, 0, oc, 0, ho) for i in range(k)]
-        elif n == 1 and dst_lay[2] and src_lay[2]:  # NHWC: output rows (and their input rows)
-            k = min(k, ho)
-            if k < 2:
-                return None
-            cuts = [(0, 1, 0, oc, ho * i // k, ho * (i + 1) // k) for i in range(k)]
-        elif n == 1 and g == 1 and not dst_lay[2]:  # nChw16c: whole channel blocks
-            blk = dst_lay[0]
-            while k > 1 and (oc % k or (oc // k) % blk):
-                k -= 1
-            if k < 2:
-                return None
-            cuts = [(0, 1, oc * i // k, oc * (i + 1) // k, 0, ho) for i in range(k)]
-        else:
-            return None
         q = fns["dnnl_primitive_desc_query_md"]
         size = fns["dnnl_memory_desc_get_size"]
+        c_in, h_in, w_in = self._dims_of(src_md)[1:]
         (sh, _), (pt, pl, _, pr), dh = strides, pads, dil[0]
         kh = int(w.shape[2])
+        # NHWC channel pieces write a dense buffer of their own (see _pieces)
+        own = kind == "channels" and bool(dst_lay[2])
 
         def mem(md: Any, at: tuple[str, int], shift: int) -> Any:
             return scratch_mem(md, at[1] + shift) if at[0] == "s" else p.memory(md, at[1] + shift)
 
-        runs: list[tuple[Any, Any]] = []
+        runs: list[list[tuple[Any, Any]]] = []
+        keep: list[Any] = []
         impl = ""
         for j, (n0, n1, c0, c1, r0, r1) in enumerate(cuts):
             # Input rows lo:hi that output rows r0:r1 read (outside the input: padding).
@@ -933,35 +1017,64 @@ class _Blocked:
             ppads = (max(-lo, 0), pl, max(hi - h_in, 0), pr) if rows else pads
             s_whole = (n0, n1, a, z) == (0, n, 0, h_in)
             s_md = src_md if s_whole else p.md_like(src_md, (n1 - n0, c_in, z - a, w_in))
+            pshape = (n1 - n0, c1 - c0, r1 - r0, wo)
             whole = (n0, n1, c0, c1, r0, r1) == (0, n, 0, oc, 0, ho)
-            d_md = dst_md if whole else p.md_like(dst_md, (n1 - n0, c1 - c0, r1 - r0, wo))
+            if own:  # the piece's channels of the NHWC destination: a strided slice
+                d_md = p.md_plain(pshape, dst_lay[1])
+                cc = c1 - c0
+                t_md = p.md_plain(pshape, (ho * wo * cc, 1, wo * cc, cc))
+            else:
+                d_md = dst_md if whole else p.md_like(dst_md, pshape)
+                t_md = d_md
             s_shift = 4 * (n0 * src_lay[1][0] + a * src_lay[1][2])
             d_shift = 4 * (n0 * dst_lay[1][0] + (c0 // dst_lay[0]) * dst_lay[1][1] + r0 * dst_lay[1][2])
+            if own:
+                d_shift = 4 * (n0 * dst_lay[1][0] + c0)
             wp, bp = w[c0:c1], b[c0:c1]
-            pd, w_md, w_user = self._conv_pd(s_md, wp, bp, (n1 - n0, c1 - c0, r1 - r0, wo), strides, ppads,
-                                             dil, g, add, act, dst=d_md)
+            try:
+                pd, w_md, w_user = self._conv_pd(s_md, wp, bp, pshape, strides, ppads, dil, g, add, act,
+                                                 dst=t_md)
+            except _Unsupported:
+                if kind == "channels":
+                    return None  # the next cut kind is tried
+                raise
+            piece_impl = impl_info(self.api, pd)
+            if kind == "channels" and not piece_impl.startswith(("brg", "jit")):
+                return None
             if not fns["dnnl_memory_desc_equal"](q(pd, _QUERY_EXEC_ARG_MD, _ARG_SRC), s_md):
                 return None
             w_mem = self._weights(wp, w_md, w_user, shared, reorder, (id(w), c0, c1))
-            args = [(_ARG_SRC, mem(s_md, src_at, s_shift)), (_ARG_WEIGHTS, w_mem),
-                    (_ARG_DST, mem(d_md, dst_at, d_shift)),
+            d_mem = mem(d_md, dst_at, d_shift)
+            steps: list[tuple[Any, Any]] = []
+            if own:
+                t_mem = self._piece_area(2 * j + 1, t_md)
+                if add:  # the sum post-op adds what the piece's buffer holds: the residual's channels
+                    copy = self._copy(d_md, t_md, d_mem, t_mem)
+                    if copy is None:
+                        return None
+                    steps.append(copy)
+            else:
+                t_mem = d_mem
+            args = [(_ARG_SRC, mem(s_md, src_at, s_shift)), (_ARG_WEIGHTS, w_mem), (_ARG_DST, t_mem),
                     (_ARG_BIAS, p.memory(p.md_plain(bp.shape, _strides_elems(bp)), bp.ctypes.data))]
             sp = q(pd, _QUERY_EXEC_ARG_MD, _ARG_SCRATCHPAD)
             if sp and size(sp):
-                spm = p.memory(sp, 0)
-                while len(self.piece_sp_nb) <= j:
-                    self.piece_sp_nb.append(0)
-                self.piece_sp_nb[j] = max(self.piece_sp_nb[j], -(-int(size(sp)) // 64) * 64)
-                self.piece_sp.append((spm, j))
-                args.append((_ARG_SCRATCHPAD, spm))
+                args.append((_ARG_SCRATCHPAD, self._piece_area(2 * j, sp)))
             arr = (_ExecArg * len(args))(*(_ExecArg(a, m) for a, m in args))
-            self.keep.append(arr)
-            runs.append((p.primitive(pd), arr))
-            impl = impl_info(self.api, pd)
-        api, keep = self.api, self.keep
+            keep.append(arr)
+            steps.append((p.primitive(pd), arr))
+            if own:
+                copy = self._copy(t_md, d_md, t_mem, d_mem)
+                if copy is None:
+                    return None
+                steps.append(copy)
+            runs.append(steps)
+            impl = piece_impl
+        self.keep.extend(keep)
+        api, held = self.api, self.keep
 
         def some(lo: int, hi: int) -> None:
-            _execute(api, runs[lo:hi], 1, keep)
+            _execute(api, [s for r in runs[lo:hi] for s in r], 1, held)
 
         from .parallel import pool
 
@@ -970,8 +1083,40 @@ class _Blocked:
 
         def run() -> None:
             rp.run(some, len(runs), (), parts, len(runs))
-        run.impl = f"{impl} x{len(runs)}"  # type: ignore[attr-defined]
+        run.impl = f"{impl} {kind} x{len(runs)}"  # type: ignore[attr-defined]
         return run
+
+    def _piece_area(self, area: int, md: Any) -> Any:
+        """A memory in the conv scratch's piece area ``area`` (after the chain's values: area 2j
+        holds piece j's conv scratchpad, 2j + 1 piece j's own output buffer), which piece j of
+        every cut conv shares: a conv's pieces run at once, convs one after another. In the
+        thread's scratch, not in buffers of their own, so that they add no memory per conv."""
+        mem = self.p.memory(md, 0)
+        while len(self.piece_sp_nb) <= area:
+            self.piece_sp_nb.append(0)
+        nb = int(self.p.fns["dnnl_memory_desc_get_size"](md))
+        self.piece_sp_nb[area] = max(self.piece_sp_nb[area], -(-nb // 64) * 64)
+        self.piece_sp.append((mem, area))
+        return mem
+
+    def _copy(self, src_md: Any, dst_md: Any, src: Any, dst: Any) -> tuple[Any, Any] | None:
+        """A reorder (a plain copy between strides here) as a piece's step, or None where it would
+        need a scratchpad (pieces run at once; they have only their conv's)."""
+        from .onednn_conv import _ARG_FROM, _ARG_SCRATCHPAD, _ARG_TO, _QUERY_EXEC_ARG_MD, _ExecArg
+
+        p, fns = self.p, self.p.fns
+        pd = ctypes.c_void_p()
+        eng = self.api["engine"]
+        made = fns["dnnl_reorder_primitive_desc_create"](ctypes.byref(pd), src_md, eng, dst_md, eng, p.attr())
+        if made != 0:
+            return None
+        p.owned.append(("dnnl_primitive_desc_destroy", pd))
+        sp = fns["dnnl_primitive_desc_query_md"](pd, _QUERY_EXEC_ARG_MD, _ARG_SCRATCHPAD)
+        if sp and fns["dnnl_memory_desc_get_size"](sp):
+            return None
+        arr = (_ExecArg * 2)(_ExecArg(_ARG_FROM, src), _ExecArg(_ARG_TO, dst))
+        self.keep.append(arr)
+        return p.primitive(pd), arr
 
     def _dims_of(self, md: Any) -> tuple[int, ...]:
         ptr = ctypes.POINTER(ctypes.c_int64)()
