@@ -1,0 +1,84 @@
+"""Numba kernel for the squeeze-excitation steps of :mod:`rlx_cpu.conv_chain` (imported when a
+chain with an SE step is bound)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+#: FC1's activation codes (``act``)
+NONE, RELU, SILU = 0, 1, 2
+#: Gate codes (``gate``): ``sigmoid(z)``, or ``min(max(a*z + b, lo), hi)`` (ONNX HardSigmoid as imported)
+SIGMOID, HARD = 0, 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
+    """Images ``lo:hi`` of ``o = x * gate(fc2(act(fc1(mean_hw(x)))))`` per channel.
+
+    x, o: (N, CB, H, W, B) float32 (o may be x): nChw16c viewed so, NHWC as CB = 1 and B = its
+    channels, NCHW as B = 1; channel ``k`` is lane ``k % B`` of block ``k // B``, ``c`` of them
+    real, the others zero padding, which is copied (times 1, never times a NaN gate). w1t: (c, R)
+    and w2t: (R, c), the 1x1 convs' weights transposed so that the inner loops run along
+    independent outputs (they vectorise without reordering any sum). The means are float64 sums;
+    NaN propagates as in the IR's ops (``h < 0`` is false for NaN, so ReLU and the clips keep it)."""
+    nb, cb, h, w, b = x.shape
+    r = w1t.shape[1]
+    acc = np.empty(cb * b, np.float64)
+    m = np.empty(c, np.float32)
+    hid = np.empty(r, np.float32)
+    z = np.empty(c, np.float32)
+    g = np.empty(cb * b, np.float32)
+    inv = 1.0 / (h * w)
+    for n in range(lo, hi):
+        acc[:] = 0.0
+        for k in range(cb):
+            for i in range(h):
+                for j in range(w):
+                    row = x[n, k, i, j]
+                    for lane in range(b):
+                        acc[k * b + lane] += row[lane]
+        for i in range(c):
+            m[i] = acc[i] * inv
+        hid[:] = b1
+        for i in range(c):
+            mi = m[i]
+            wr = w1t[i]
+            for t in range(r):
+                hid[t] += wr[t] * mi
+        if act == RELU:
+            for t in range(r):
+                if hid[t] < 0:
+                    hid[t] = 0.0
+        elif act == SILU:
+            for t in range(r):
+                hid[t] = hid[t] / (1.0 + math.exp(-hid[t]))
+        z[:] = b2
+        for t in range(r):
+            ht = hid[t]
+            wr = w2t[t]
+            for i in range(c):
+                z[i] += wr[i] * ht
+        for i in range(c):
+            v = z[i]
+            if gate == SIGMOID:
+                v = 1.0 / (1.0 + math.exp(-v))
+            else:
+                v = ga * v + gb
+                if v < glo:
+                    v = glo
+                if v > ghi:
+                    v = ghi
+            g[i] = v
+        for i in range(c, cb * b):
+            g[i] = 1.0
+        for k in range(cb):
+            gk = g[k * b:(k + 1) * b]
+            for i in range(h):
+                for j in range(w):
+                    src = x[n, k, i, j]
+                    dst = o[n, k, i, j]
+                    for lane in range(b):
+                        dst[lane] = src[lane] * gk[lane]
