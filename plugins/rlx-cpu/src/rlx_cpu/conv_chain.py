@@ -437,7 +437,8 @@ def _se_blocks(g: Any, outs: set[str], scalar: Callable[[str], float | None]) ->
             continue
         if f2.inputs[0] != f1.outputs[0]:
             continue
-        nodes, gate = [n, f1, f2], None
+        nodes: list[Node] = [n, f1, f2]
+        gate: list[Any] | None = None
         z, m = f2.outputs[0], only(f2.outputs[0])
         if m is not None and m.op == "sigmoid":
             nodes.append(m)
