@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 #: FC1's activation codes (``act``)
 NONE, RELU, SILU = 0, 1, 2
@@ -26,28 +26,34 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
     NaN propagates as in the IR's ops (``h < 0`` is false for NaN, so ReLU and the clips keep it)."""
     nb, cb, h, w, b = x.shape
     r = w1t.shape[1]
-    acc = np.empty(cb * b, np.float64)
-    m = np.empty(c, np.float32)
+    hw = h * w
+    # Flat unsigned indexes: no negative-index wraparound check, so the lane loops vectorise.
+    xf = x.reshape(-1)
+    of = o.reshape(-1)
+    ub = uint64(b)
+    same = x.ctypes.data == o.ctypes.data
+    acc = np.empty(b, np.float64)
+    m = np.empty(cb * b, np.float32)
     hid = np.empty(r, np.float32)
     z = np.empty(c, np.float32)
     g = np.empty(cb * b, np.float32)
-    inv = 1.0 / (h * w)
+    inv = 1.0 / hw
     for n in range(lo, hi):
-        acc[:] = 0.0
         for k in range(cb):
-            for i in range(h):
-                for j in range(w):
-                    row = x[n, k, i, j]
-                    for lane in range(b):
-                        acc[k * b + lane] += row[lane]
-        for i in range(c):
-            m[i] = acc[i] * inv
+            acc[:] = 0.0
+            base = uint64((n * cb + k) * hw * b)
+            for p in range(hw):
+                at = base + uint64(p) * ub
+                for lane in range(ub):
+                    acc[lane] += xf[at + lane]
+            for lane in range(b):
+                m[k * b + lane] = acc[lane] * inv
         hid[:] = b1
-        for i in range(c):
+        ur, uc = uint64(r), uint64(c)
+        for i in range(uc):
             mi = m[i]
-            wr = w1t[i]
-            for t in range(r):
-                hid[t] += wr[t] * mi
+            for t in range(ur):
+                hid[t] += w1t[i, t] * mi
         if act == RELU:
             for t in range(r):
                 if hid[t] < 0:
@@ -56,11 +62,10 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
             for t in range(r):
                 hid[t] = hid[t] / (1.0 + math.exp(-hid[t]))
         z[:] = b2
-        for t in range(r):
+        for t in range(ur):
             ht = hid[t]
-            wr = w2t[t]
-            for i in range(c):
-                z[i] += wr[i] * ht
+            for i in range(uc):
+                z[i] += w2t[t, i] * ht
         for i in range(c):
             v = z[i]
             if gate == SIGMOID:
@@ -75,10 +80,13 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
         for i in range(c, cb * b):
             g[i] = 1.0
         for k in range(cb):
-            gk = g[k * b:(k + 1) * b]
-            for i in range(h):
-                for j in range(w):
-                    src = x[n, k, i, j]
-                    dst = o[n, k, i, j]
-                    for lane in range(b):
-                        dst[lane] = src[lane] * gk[lane]
+            base = uint64((n * cb + k) * hw * b)
+            gk = uint64(k * b)
+            for p in range(hw):
+                at = base + uint64(p) * ub
+                if same:  # in place: one array, or the overlap check sends LLVM to its scalar loop
+                    for lane in range(ub):
+                        xf[at + lane] *= g[gk + lane]
+                else:
+                    for lane in range(ub):
+                        of[at + lane] = xf[at + lane] * g[gk + lane]
