@@ -14,6 +14,29 @@ NONE, RELU, SILU = 0, 1, 2
 SIGMOID, HARD = 0, 1
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _exp_neg(z, e, ki, n):
+    """``exp(-z[i]) = e[i] * 2**(ki[i])`` for ``i < n`` (bits ``ki + 127 << 23``: 2**k as float32):
+    Cephes' float32 polynomial, in loops LLVM vectorises (``math.exp`` is one libm call an
+    element, half of a 1152-channel SE's time). Arguments are clamped to [-87, 88], so the gate
+    of an infinite ``z`` is 5e-39 or 1 - 1e-38 instead of 0 or 1; NaN's exponent is 0 (unused)."""
+    for i in range(n):
+        v = -np.float64(z[i])
+        if v != v:
+            v = 0.0
+        v = min(max(v, -87.0), 88.0)
+        k = math.floor(v * 1.4426950408889634 + 0.5)
+        r = v - k * 0.693359375 + k * 2.12194440e-4
+        p = 1.9875691500e-4
+        p = p * r + 1.3981999507e-3
+        p = p * r + 8.3334519073e-3
+        p = p * r + 4.1665795894e-2
+        p = p * r + 1.6666665459e-1
+        p = p * r + 5.0000001201e-1
+        e[i] = p * r * r + r + 1.0
+        ki[i] = (k + 127) << 23
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
     """Images ``lo:hi`` of ``o = x * gate(fc2(act(fc1(mean_hw(x)))))`` per channel.
@@ -37,6 +60,8 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
     hid = np.empty(r, np.float32)
     z = np.empty(c, np.float32)
     g = np.empty(cb * b, np.float32)
+    e = np.empty(c, np.float32)
+    ki = np.empty(c, np.int32)
     inv = 1.0 / hw
     for n in range(lo, hi):
         for k in range(cb):
@@ -66,17 +91,20 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
             ht = hid[t]
             for i in range(uc):
                 z[i] += w2t[t, i] * ht
-        for i in range(c):
-            v = z[i]
-            if gate == SIGMOID:
-                v = 1.0 / (1.0 + math.exp(-v))
-            else:
-                v = ga * v + gb
+        if gate == SIGMOID:
+            _exp_neg(z, e, ki, uc)
+            sc = ki.view(np.float32)
+            for i in range(uc):  # NaN stays NaN (its exponent was not used)
+                v = z[i]
+                g[i] = np.float32(1.0) / (np.float32(1.0) + e[i] * sc[i]) if v == v else v
+        else:
+            for i in range(uc):
+                v = ga * z[i] + gb
                 if v < glo:
                     v = glo
                 if v > ghi:
                     v = ghi
-            g[i] = v
+                g[i] = v
         for i in range(c, cb * b):
             g[i] = 1.0
         for k in range(cb):
