@@ -341,12 +341,13 @@ def _se(g: GraphBuilder, y: Any, name: str, c: int, act: str, hard: bool, mul_fi
     return g.op("mul", y, z) if mul_first else g.op("mul", z, y)
 
 
-def _se_net(batch: int, c: int, act: str, hard: bool, nhwc: bool, blocks: int = 1) -> Any:
+def _se_net(batch: int, c: int, act: str, hard: bool, nhwc: bool, blocks: int = 1,
+            hw: tuple[int, int] = (11, 9)) -> Any:
     """nhwc: MBConv blocks (1x1 expand, depthwise, SE, 1x1 projection + residual), whose brgconv
     convs run on NHWC; else an SE right after the stem (its jit conv writes nChw16c), then a 1x1
     projection + residual."""
     g = GraphBuilder("se_net")
-    x = g.input("x", "f32", (batch, 3, 11, 9))
+    x = g.input("x", "f32", (batch, 3, *hw))
     y = g.op(act, _conv(g, x, "stem", 16 if nhwc else c, 3, 3))
     for k in range(blocks if nhwc else 0):
         h = g.op(act, _conv(g, y, f"e{k}", c, 16, 1))
@@ -484,3 +485,20 @@ def test_chain_with_se_steps_decomposes(hard: bool) -> None:
     assert ops.count("sigmoid") == (not hard) and ops.count("maximum") == hard, ops
     dec = evaluate(d.build(), {"x": xv})["y"]
     np.testing.assert_allclose(dec, ref, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(ref))))
+
+
+def test_se_images_cut_for_the_row_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big SE step's images are cut for the pool's threads: the same bits as on one thread."""
+    from rlx_cpu import parallel
+
+    graph = _se_net(4, 32, "silu", False, False, hw=(32, 32))
+    xv = RNG.standard_normal((4, 3, 32, 32)).astype(np.float32)
+    got = []
+    for threads in (1, 2):
+        monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(threads))
+        exe = Session("cpu", use_cache=False).compile(graph)
+        assert [n for n, _ in _kernels(exe, 4)] == ["cpu.rlx_cpu.conv_chain"]
+        got.append(exe.run(x=xv)["y"])
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    np.testing.assert_allclose(got[1], ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+    np.testing.assert_array_equal(got[0], got[1])

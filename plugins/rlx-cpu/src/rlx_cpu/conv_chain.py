@@ -13,7 +13,13 @@ keep 0 at 0, so the zero padding channels stay zero. And a residual ``add`` with
 folded into the plain conv2d_bias it adds to as oneDNN's sum post-op (a ``conv2d_bias`` step with
 ``res``: conv, then ``+ residual``). MobileNetV2 (zoo, 64x64, b1): 48 convs, 35 clips and 10 adds
 in one chain (each ReLU6 one ``np.clip`` pass): fastest of 50 runs 0.87-0.91 ms vs 1.62-1.72 ms
-before (2026-12-02, old/new alternating, 2-core machine, load ~3). Its kernel
+before (2026-12-02, old/new alternating, 2-core machine, load ~3). And a squeeze-excitation block
+(EfficientNet, MobileNetV3, RegNetY: global mean, two 1x1 convs as FCs, sigmoid or hard-sigmoid
+gate, channel scale) is one ``se`` step, a Numba pass on the blocked buffer
+(:mod:`rlx_cpu._se_nb`), where each SE ended a chain: EfficientNet-B0's 33 chains, 14 lone
+projection convs and 16 x (mean, sigmoid, mul) became one chain (zoo, 64x64, b1: fastest of 120
+runs 1.10 vs 1.97 ms; MobileNetV3-small 0.25 vs 0.51 ms; 2026-12-02, ``SE`` on/off alternating
+in one process, load ~5). Its kernel
 reorders the chain's input once, runs every conv on blocked source and destination (constant
 weights packed once when the kernel is bound; a residual is added by the sum post-op, in place
 where the residual dies there), max pools with a Numba kernel on the blocked layout (NaN wins, as
@@ -1238,6 +1244,8 @@ class _Blocked:
 
         from . import _se_nb as nb
 
+        if any(ins[st[k]].flags.writeable for k in ("w", "b", "w2", "b2")):
+            raise _Unsupported("fed SE weights")  # transposed once here: constants only
         w1t = np.ascontiguousarray(ins[st["w"]][:, :, 0, 0].T, np.float32)
         w2t = np.ascontiguousarray(ins[st["w2"]][:, :, 0, 0].T, np.float32)
         b1 = np.ascontiguousarray(ins[st["b"]], np.float32)
