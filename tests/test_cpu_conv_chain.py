@@ -460,7 +460,8 @@ def test_chain_with_se_steps_decomposes(hard: bool) -> None:
         z = g.op("minimum", z, g.const(1.0, "f32"))
     else:
         z = g.op("sigmoid", z)
-    g.output(_conv(g, g.op("mul", z, y), "p", 8, 20, 3), "y")
+    y = _conv(g, g.op("mul", z, y), "p", 8, 20, 3)
+    g.output(g.op("reduce_mean", y, axes=(2, 3), keepdims=False), "y")  # a global mean ends it
     graph = g.build()
     (region,) = find_conv_chains(graph)
     (node,) = region.nodes
@@ -480,7 +481,7 @@ def test_chain_with_se_steps_decomposes(hard: bool) -> None:
     (out,) = schema.decompose(d, ts, node.attrs)
     d.output(out, "y")
     ops = [n.op for n in d.build().nodes]
-    assert ops.count("reduce_mean") == 1 and "rlx_cpu.conv2d_bias_silu" in ops
+    assert ops.count("reduce_mean") == 2 and "rlx_cpu.conv2d_bias_silu" in ops
     assert ops.count("mul") == 1 + hard
     assert ops.count("sigmoid") == (not hard) and ops.count("maximum") == hard, ops
     dec = evaluate(d.build(), {"x": xv})["y"]
@@ -502,3 +503,38 @@ def test_se_images_cut_for_the_row_pool(monkeypatch: pytest.MonkeyPatch) -> None
     ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
     np.testing.assert_allclose(got[1], ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
     np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+@pytest.mark.parametrize("nhwc", [True, False])
+def test_global_mean_ends_the_chain(nhwc: bool, keepdims: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global average pool after the last conv is the chain's last step, read from the blocked
+    buffer (37 channels: padding lanes are not channels); NaN stays in its image's channel."""
+    from rlx_cpu import conv_chain
+
+    g = GraphBuilder("gap")
+    x = g.input("x", "f32", (3, 3, 11, 9))
+    y = g.op("relu", _conv(g, x, "stem", 16 if nhwc else 37, 3, 3))
+    if nhwc:  # brgconv 1x1 and depthwise: NHWC
+        y = g.op("relu", _conv(g, g.op("relu", _conv(g, y, "e", 37, 16, 1)), "d", 37, 37, 3, groups=37))
+    g.output(g.op("reduce_mean", y, axes=(2, 3), keepdims=keepdims), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    kernels = _kernels(exe, 3)
+    assert [n for n, _ in kernels] == ["cpu.rlx_cpu.conv_chain"]
+    assert kernels[0][1].onednn_impl[-1] == ("mean:numba:nhwc" if nhwc else "mean:numba:blocked16")
+    xv = RNG.standard_normal((3, 3, 11, 9)).astype(np.float32)
+    xv[0, 1, 4, 5] = np.nan
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert got.shape == ref.shape and np.isnan(ref[0]).any() and not np.isnan(ref[1:]).any()
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+    for flag in ("USE", "MEAN"):
+        with monkeypatch.context() as m:
+            m.setattr(conv_chain, flag, False)
+            other = Session("cpu", use_cache=False).compile(graph)
+            assert (flag == "USE") != ("cpu.reduce_mean" in [n for n, _ in _kernels(other, 3)])
+            slow = other.run(x=xv)["y"]
+        np.testing.assert_allclose(got[ok], slow[ok], rtol=1e-4, atol=1e-4 * float(np.abs(slow[ok]).max()))

@@ -118,3 +118,26 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
                 else:
                     for lane in range(ub):
                         of[at + lane] = xf[at + lane] * g[gk + lane]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def mean_blocked(x, o, c, lo, hi):
+    """Images ``lo:hi`` of ``o[n, k] = mean over H, W of channel k`` (x as in :func:`se_blocked`,
+    o: (N, c) float32): a global average pool ending a chain, float64 sums."""
+    nb, cb, h, w, b = x.shape
+    hw = h * w
+    ub = uint64(b)
+    xf = x.reshape(-1)
+    acc = np.empty(b, np.float64)
+    inv = 1.0 / hw
+    for n in range(lo, hi):
+        for k in range(cb):
+            acc[:] = 0.0
+            base = uint64((n * cb + k) * hw * b)
+            for p in range(hw):
+                at = base + uint64(p) * ub
+                for lane in range(ub):
+                    acc[lane] += xf[at + lane]
+            for lane in range(b):
+                if k * b + lane < c:
+                    o[n, k * b + lane] = acc[lane] * inv

@@ -110,6 +110,10 @@ SE = True
 #: FC1 ops an SE step takes (its activation: none, ReLU, SiLU), the 1x1 convs' attributes.
 _SE_FC1 = ("conv2d_bias", "rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_silu")
 _FC = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1}
+#: A global average pool (``reduce_mean`` over H, W) as a chain's last step: read from the blocked
+#: buffer, so the chain's output reorder and the separate reduce_mean kernel go. False: not taken.
+MEAN = True
+_MEAN = "reduce_mean"
 
 
 def _steps(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -131,7 +135,7 @@ def _step_attrs(st: Mapping[str, Any]) -> Attrs:
 
 
 def _is_conv(st: Mapping[str, Any]) -> bool:
-    return bool(st["op"] != _POOL and st["op"] not in _CLIPS and st["op"] != _SE)
+    return bool(st["op"] not in (_POOL, _SE, _MEAN) and st["op"] not in _CLIPS)
 
 
 def _step_inputs(st: Mapping[str, Any], vals: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
@@ -375,6 +379,9 @@ def find_conv_chains(g: Any) -> list[Region]:
                 made.update(m.outputs[0] for m in se["nodes"])
                 taken.update(m.name for m in se["nodes"])
                 continue
+            if MEAN and n.op == _MEAN and _global_mean(g, n) and n.inputs[0] in made:
+                members.append(n)  # its (N, C[, 1, 1]) output ends the chain
+                break
             if not chainable(n):
                 if any(v in made for v in n.inputs):  # a value escapes: the chain ends here
                     break
@@ -470,6 +477,15 @@ def _se_blocks(g: Any, outs: set[str], scalar: Callable[[str], float | None]) ->
     return found
 
 
+def _global_mean(g: Any, n: Node) -> bool:
+    """``reduce_mean`` of an f32 NCHW value over H and W."""
+    if len(n.inputs) != 1 or len(n.outputs) != 1:
+        return False
+    t, axes = g.types[n.inputs[0]], n.attrs.get("axes")
+    return bool(t.dtype == DType.F32 and t.rank == 4 and isinstance(axes, tuple)
+                and sorted(int(a) % 4 for a in axes) == [2, 3] and g.types[n.outputs[0]].dtype == DType.F32)
+
+
 def _trim(members: list[Node], cons: Mapping[str, Any], outs: set[str]) -> list[Node]:
     """The longest prefix whose values, all but the last, only members read."""
     while members:
@@ -523,6 +539,11 @@ def _region(g: Any, members: list[Node], ses: Mapping[str, dict[str, Any]] | Non
                     break
             else:
                 return None  # find_conv_chains checked it; never a wrong chain
+            continue
+        if n.op == _MEAN:
+            steps.append({"op": _MEAN, "src": val[n.inputs[0]], "res": None,
+                          "attrs": {"axes": [2, 3], "keepdims": bool(n.attrs.get("keepdims"))}})
+            val[n.outputs[0]] = len(steps)
             continue
         if n.op in _CLIPS:
             c, src = (n.inputs[1], n.inputs[0]) if n.inputs[0] in val else (n.inputs[0], n.inputs[1])
@@ -584,6 +605,10 @@ def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[
     for st in steps:
         if st["op"] in _CLIPS or st["op"] == _SE:
             shapes.append(shapes[st["src"]])
+            continue
+        if st["op"] == _MEAN:
+            n, c = shapes[st["src"]][:2]
+            shapes.append((n, c, 1, 1) if st["attrs"]["keepdims"] else (n, c))
             continue
         n, _, h, w = shapes[st["src"]]
         at = _step_attrs(st)
@@ -673,6 +698,10 @@ def _per_op(ins: Sequence[np.ndarray], o: np.ndarray, steps: Sequence[Mapping[st
             runs.append(_se_numpy(st, vals[st["src"]], ins, out))
             vals.append(out)
             continue
+        if st["op"] == _MEAN:
+            runs.append(_mean_numpy(vals[st["src"]], out))
+            vals.append(out)
+            continue
         at = _step_attrs(st)
         if st["op"] in _CLIPS:
             runs.append(_clip_run(getattr(np, st["op"]), vals[st["src"]], np.float32(st["c"]), out))
@@ -714,6 +743,14 @@ def _se_numpy(st: Mapping[str, Any], x: np.ndarray, ins: Sequence[np.ndarray], o
                 a, b, lo, hi = (np.float32(v) for v in gate[1:])
                 z = np.minimum(np.maximum(z * a + b, lo), hi)
         np.multiply(x, z[:, :, None, None], out=out)
+    return run
+
+
+def _mean_numpy(x: np.ndarray, out: np.ndarray) -> Run:
+    import numpy as np
+
+    def run() -> None:
+        out[...] = x.mean(axis=(2, 3), dtype=np.float64).reshape(out.shape)
     return run
 
 
@@ -880,6 +917,16 @@ class _Blocked:
                 where[k + 1] = ("s", off)
                 if final:
                     reorder(src_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+                continue
+            if st["op"] == _MEAN:
+                lay, src_off = _layout(fns, src_md), vals[st["src"]][2]
+                if not final or src_off is None or lay is None:
+                    raise _Unsupported("a mean that is not the chain's last step, or on an odd layout")
+                blk, _, nhwc = lay
+                n, c, h, w_ = shapes[st["src"]]
+                view = (n, 1, h, w_, c) if nhwc else (n, -(-c // blk), h, w_, blk)
+                self.entries.append(self._mean_run(src_off, view, o.reshape(n, c)))
+                self.impls.append(f"mean:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
                 continue
             at = _step_attrs(st)
             if st["op"] in _CLIPS:
@@ -1278,6 +1325,24 @@ class _Blocked:
         z = np.zeros((1, 1, 1, 1, 1), np.float32)
         nb.se_blocked(z, z.copy(), 1, np.zeros((1, 1), np.float32), np.zeros(1, np.float32), act,
                       np.zeros((1, 1), np.float32), np.zeros(1, np.float32), args[6], ga, gb, glo, ghi, 0, 1)
+        return run
+
+    def _mean_run(self, src_off: int, view: tuple[int, int, int, int, int], o: np.ndarray) -> Run:
+        import numpy as np
+
+        from ._se_nb import mean_blocked
+
+        size = 4 * int(np.prod(view))
+        views: dict[str, Any] = {}
+        c = int(o.shape[1])
+
+        def run() -> None:
+            if views.get("at") is not self.buf:  # the thread's scratch moved (or another thread runs)
+                a = self.shift + src_off
+                views.update(at=self.buf, x=self.buf[a:a + size].view(np.float32).reshape(view))
+            mean_blocked(views["x"], o, c, 0, view[0])
+        z = np.zeros((1, 1, 1, 1, 1), np.float32)
+        mean_blocked(z, np.zeros((1, 1), np.float32), 1, 0, 1)  # compile (or load) now
         return run
 
     def _pool_run(self, src_off: int | None, src_arr: np.ndarray | None, src_shape: tuple[int, ...],
