@@ -19,7 +19,9 @@ gate, channel scale) is one ``se`` step, a Numba pass on the blocked buffer
 (:mod:`rlx_cpu._se_nb`), where each SE ended a chain: EfficientNet-B0's 33 chains, 14 lone
 projection convs and 16 x (mean, sigmoid, mul) became one chain (zoo, 64x64, b1: fastest of 120
 runs 1.10 vs 1.97 ms; MobileNetV3-small 0.25 vs 0.51 ms; 2026-12-02, ``SE`` on/off alternating
-in one process, load ~5). Its kernel
+in one process, load ~5). A global average pool after the last conv (the classifiers' head) is
+the chain's last step (:data:`MEAN`): the mean read from the blocked buffer, written as the
+chain's output, so neither the output reorder nor a reduce_mean kernel runs. Its kernel
 reorders the chain's input once, runs every conv on blocked source and destination (constant
 weights packed once when the kernel is bound; a residual is added by the sum post-op, in place
 where the residual dies there), max pools with a Numba kernel on the blocked layout (NaN wins, as
@@ -288,7 +290,8 @@ def _schemas() -> tuple[OpSchema, ...]:
         dtypes=(DType.F32,), attrs=(AttrSpec("steps", "str", default=""), *conv.attrs),
         decompose=_decompose, flops=_flops, provider="rlx-cpu", differentiable=False, amp="low",
         accumulates=True, cases=cases, extra={"condition": _condition},
-        doc="A chain of conv2d_bias / conv-tail / max_pool2d ops (``steps``, JSON) run with the "
+        doc="A chain of conv2d_bias / conv-tail / max_pool2d / clip / squeeze-excitation ops, maybe "
+            "ending in a global mean (``steps``, JSON) run with the "
             "activations in oneDNN's blocked layout between them; without ``steps``, one conv2d_bias"),)
 
 
@@ -920,7 +923,7 @@ class _Blocked:
                 continue
             if st["op"] == _MEAN:
                 lay, src_off = _layout(fns, src_md), vals[st["src"]][2]
-                if not final or src_off is None or lay is None:
+                if not final or src_off is None or lay is None or not o.flags.c_contiguous:
                     raise _Unsupported("a mean that is not the chain's last step, or on an odd layout")
                 blk, _, nhwc = lay
                 n, c, h, w_ = shapes[st["src"]]
