@@ -325,3 +325,216 @@ def test_chain_with_clip_and_add_steps_decomposes() -> None:
     assert ops.count("maximum") == 5 and ops.count("minimum") == 5 and ops.count("add") == 2, ops
     dec = evaluate(g.build(), {"x": xv})["y"]
     np.testing.assert_allclose(dec, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+
+def _se(g: GraphBuilder, y: Any, name: str, c: int, act: str, hard: bool, mul_first: bool = True) -> Any:
+    """Squeeze-excitation as torchvision exports it: global mean, 1x1 conv + act, 1x1 conv, gate
+    (sigmoid, or HardSigmoid as the ONNX importer writes it), times the input."""
+    m = g.op("reduce_mean", y, axes=(2, 3), keepdims=True)
+    h = g.op(act, _conv(g, m, name + "f1", max(1, c // 4), c, 1))
+    z = _conv(g, h, name + "f2", c, max(1, c // 4), 1)
+    if hard:
+        z = g.op("maximum", z * g.const(1 / 6, "f32") + g.const(0.5, "f32"), g.const(0.0, "f32"))
+        z = g.op("minimum", z, g.const(1.0, "f32"))
+    else:
+        z = g.op("sigmoid", z)
+    return g.op("mul", y, z) if mul_first else g.op("mul", z, y)
+
+
+def _se_net(batch: int, c: int, act: str, hard: bool, nhwc: bool, blocks: int = 1,
+            hw: tuple[int, int] = (11, 9)) -> Any:
+    """nhwc: MBConv blocks (1x1 expand, depthwise, SE, 1x1 projection + residual), whose brgconv
+    convs run on NHWC; else an SE right after the stem (its jit conv writes nChw16c), then a 1x1
+    projection + residual."""
+    g = GraphBuilder("se_net")
+    x = g.input("x", "f32", (batch, 3, *hw))
+    y = g.op(act, _conv(g, x, "stem", 16 if nhwc else c, 3, 3))
+    for k in range(blocks if nhwc else 0):
+        h = g.op(act, _conv(g, y, f"e{k}", c, 16, 1))
+        h = g.op(act, _conv(g, h, f"d{k}", c, c, 3, groups=c))
+        y = _conv(g, _se(g, h, f"se{k}", c, act, hard, k % 2 == 0), f"p{k}", 16, c, 1) + y
+    if not nhwc:
+        y = _conv(g, _se(g, y, "se", c, act, hard), "p", c, c, 1) + y
+    g.output(g.op(act, _conv(g, y, "last", 24, y.type.shape[1], 3)), "y")
+    return g.build()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("nhwc", [True, False])
+@pytest.mark.parametrize("act,hard", [("relu", True), ("silu", False), ("relu", False), ("silu", True)])
+def test_squeeze_excitation_is_a_chain_step(act: str, hard: bool, nhwc: bool, batch: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SE block (mean, two 1x1 FCs, sigmoid or hard-sigmoid gate, channel scale) is one step of
+    the chain on its blocked buffer (37 channels: padding lanes in nChw16c), so the projection conv
+    and its residual join the chain; equal to the float64 reference (a NaN makes its image's gates,
+    so that whole image, NaN, as the IR's ops do), the per-op path and the chain without SE steps."""
+    from rlx_cpu import conv_chain
+
+    graph = _se_net(batch, 37, act, hard, nhwc)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    kernels = _kernels(exe, batch)
+    assert [n for n, _ in kernels] == ["cpu.rlx_cpu.conv_chain"]
+    impls = getattr(kernels[0][1], "onednn_impl", None)
+    assert impls and impls.count("se:numba:nhwc" if nhwc else "se:numba:blocked16") == 1, impls
+    xv = 2 * RNG.standard_normal((batch, 3, 11, 9)).astype(np.float32)
+    if batch > 1:
+        xv[0, 1, 4, 5] = np.nan
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and not np.isnan(ref[-1]).any()
+    assert batch == 1 or np.isnan(ref[0]).all()
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+    for flag in ("USE", "SE"):
+        with monkeypatch.context() as m:
+            m.setattr(conv_chain, flag, False)
+            other = Session("cpu", use_cache=False).compile(graph)
+            assert flag == "USE" or len(_kernels(other, batch)) > 1  # the SE ends a chain, as before
+            slow = other.run(x=xv)["y"]
+        assert np.array_equal(np.isnan(got), np.isnan(slow))
+        np.testing.assert_allclose(got[ok], slow[ok], rtol=1e-4, atol=1e-4 * float(np.abs(slow[ok]).max()))
+
+
+def test_efficientnet_blocks_are_one_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three MBConv blocks with SE (odd channel count, multiply operands in both orders): one chain
+    node with three SE steps; without SE steps every SE ends a chain and its ops run alone."""
+    from rlx_cpu import conv_chain
+
+    graph = _se_net(2, 24, "silu", False, True, blocks=3)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    kernels = _kernels(exe, 2)
+    assert [n for n, _ in kernels] == ["cpu.rlx_cpu.conv_chain"]
+    assert [i for i in kernels[0][1].onednn_impl if i.startswith("se:")] == ["se:numba:nhwc"] * 3
+    xv = RNG.standard_normal((2, 3, 11, 9)).astype(np.float32)
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+    monkeypatch.setattr(conv_chain, "SE", False)
+    names = [n for n, _ in _kernels(Session("cpu", use_cache=False).compile(graph), 2)]
+    assert names.count("cpu.rlx_cpu.conv_chain") >= 4 and len(names) > 10, names
+
+
+@pytest.mark.parametrize("where", ["mean", "fc1", "gate"])
+def test_se_whose_intermediate_is_read_outside_is_no_step(where: str) -> None:
+    """An SE value that a graph output also reads (the mean, FC1's output, the gate) is no chain
+    step: the SE ends the chain as before, and both outputs are right."""
+    g = GraphBuilder("se_escape")
+    x = g.input("x", "f32", (1, 3, 11, 9))
+    y = g.op("relu", _conv(g, x, "stem", 20, 3, 3))
+    m = g.op("reduce_mean", y, axes=(2, 3), keepdims=True)
+    h = g.op("relu", _conv(g, m, "f1", 5, 20, 1))
+    z = g.op("sigmoid", _conv(g, h, "f2", 20, 5, 1))
+    y = _conv(g, g.op("mul", y, z), "p", 20, 20, 1) + y
+    g.output(g.op("relu", _conv(g, y, "last", 8, 20, 3)), "y")
+    g.output({"mean": m, "fc1": h, "gate": z}[where], "side")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    kernels = _kernels(exe, 1)
+    assert not any(i.startswith("se:") for _, r in kernels for i in getattr(r, "onednn_impl", None) or ())
+    assert len(kernels) > 1
+    xv = RNG.standard_normal((1, 3, 11, 9)).astype(np.float32)
+    out = exe.run(x=xv)
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})
+    for k in ("y", "side"):
+        np.testing.assert_allclose(out[k], ref[k], rtol=2e-4, atol=2e-4 * float(np.abs(ref[k]).max()))
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_chain_with_se_steps_decomposes(hard: bool) -> None:
+    """The chain's reference and decomposition give the SE's original ops (FC1 with its fused
+    activation, the gate's ops, the multiply), NaN included."""
+    from rlx_cpu.conv_chain import find_conv_chains
+
+    from rlx_core.plugin import REGISTRY
+
+    Session("cpu", use_cache=False)  # loads the plugin's ops
+    g = GraphBuilder("se_fused")
+    x = g.input("x", "f32", (2, 3, 9, 8))
+    one = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1}
+    y = g.op("rlx_cpu.conv2d_bias_relu", x, *_w(g, "stem", 20, 3, 1), **one)  # the rule sees fused tails
+    m = g.op("reduce_mean", y, axes=(2, 3), keepdims=True)
+    h = g.op("rlx_cpu.conv2d_bias_silu", m, *_w(g, "f1", 5, 20, 1), **one)
+    z = g.op("conv2d_bias", h, *_w(g, "f2", 20, 5, 1), **one)
+    if hard:
+        z = g.op("maximum", z * g.const(0.2, "f32") + g.const(0.5, "f32"), g.const(0.0, "f32"))
+        z = g.op("minimum", z, g.const(1.0, "f32"))
+    else:
+        z = g.op("sigmoid", z)
+    y = _conv(g, g.op("mul", z, y), "p", 8, 20, 3)
+    g.output(g.op("reduce_mean", y, axes=(2, 3), keepdims=False), "y")  # a global mean ends it
+    graph = g.build()
+    (region,) = find_conv_chains(graph)
+    (node,) = region.nodes
+    assert '"op":"se"' in str(node.attrs["steps"])
+    schema = REGISTRY.get("rlx_cpu.conv_chain")
+    xv = RNG.standard_normal((2, 3, 9, 8))
+    xv[1, 0, 2, 2] = np.nan
+    ref = evaluate(graph, {"x": xv})["y"]
+    ins = [xv] + [np.asarray(graph.weights[v], np.float64) for v in node.inputs[1:]]
+    (got,) = schema.reference(ins, node.attrs)
+    assert np.isnan(ref[1]).all() and not np.isnan(ref[0]).any()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(ref))))
+    d = GraphBuilder("decomposed")
+    ts = [d.input("x", "f32", xv.shape)] + [d.param(f"p{k}", np.asarray(graph.weights[v]))
+                                            for k, v in enumerate(node.inputs[1:])]
+    assert schema.decompose is not None
+    (out,) = schema.decompose(d, ts, node.attrs)
+    d.output(out, "y")
+    ops = [n.op for n in d.build().nodes]
+    assert ops.count("reduce_mean") == 2 and "rlx_cpu.conv2d_bias_silu" in ops
+    assert ops.count("mul") == 1 + hard
+    assert ops.count("sigmoid") == (not hard) and ops.count("maximum") == hard, ops
+    dec = evaluate(d.build(), {"x": xv})["y"]
+    np.testing.assert_allclose(dec, ref, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(ref))))
+
+
+def test_se_images_cut_for_the_row_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big SE step's images are cut for the pool's threads: the same bits as on one thread."""
+    from rlx_cpu import parallel
+
+    graph = _se_net(4, 32, "silu", False, False, hw=(32, 32))
+    xv = RNG.standard_normal((4, 3, 32, 32)).astype(np.float32)
+    got = []
+    for threads in (1, 2):
+        monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(threads))
+        exe = Session("cpu", use_cache=False).compile(graph)
+        assert [n for n, _ in _kernels(exe, 4)] == ["cpu.rlx_cpu.conv_chain"]
+        got.append(exe.run(x=xv)["y"])
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    np.testing.assert_allclose(got[1], ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+@pytest.mark.parametrize("nhwc", [True, False])
+def test_global_mean_ends_the_chain(nhwc: bool, keepdims: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global average pool after the last conv is the chain's last step, read from the blocked
+    buffer (37 channels: padding lanes are not channels); NaN stays in its image's channel."""
+    from rlx_cpu import conv_chain
+
+    g = GraphBuilder("gap")
+    x = g.input("x", "f32", (3, 3, 11, 9))
+    y = g.op("relu", _conv(g, x, "stem", 16 if nhwc else 37, 3, 3))
+    if nhwc:  # brgconv 1x1 and depthwise: NHWC
+        y = g.op("relu", _conv(g, g.op("relu", _conv(g, y, "e", 37, 16, 1)), "d", 37, 37, 3, groups=37))
+    g.output(g.op("reduce_mean", y, axes=(2, 3), keepdims=keepdims), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    kernels = _kernels(exe, 3)
+    assert [n for n, _ in kernels] == ["cpu.rlx_cpu.conv_chain"]
+    assert kernels[0][1].onednn_impl[-1] == ("mean:numba:nhwc" if nhwc else "mean:numba:blocked16")
+    xv = RNG.standard_normal((3, 3, 11, 9)).astype(np.float32)
+    xv[0, 1, 4, 5] = np.nan
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert got.shape == ref.shape and np.isnan(ref[0]).any() and not np.isnan(ref[1:]).any()
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+    for flag in ("USE", "MEAN"):
+        with monkeypatch.context() as m:
+            m.setattr(conv_chain, flag, False)
+            other = Session("cpu", use_cache=False).compile(graph)
+            assert (flag == "USE") != ("cpu.reduce_mean" in [n for n, _ in _kernels(other, 3)])
+            slow = other.run(x=xv)["y"]
+        np.testing.assert_allclose(got[ok], slow[ok], rtol=1e-4, atol=1e-4 * float(np.abs(slow[ok]).max()))

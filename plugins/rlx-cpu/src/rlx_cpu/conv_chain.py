@@ -13,7 +13,15 @@ keep 0 at 0, so the zero padding channels stay zero. And a residual ``add`` with
 folded into the plain conv2d_bias it adds to as oneDNN's sum post-op (a ``conv2d_bias`` step with
 ``res``: conv, then ``+ residual``). MobileNetV2 (zoo, 64x64, b1): 48 convs, 35 clips and 10 adds
 in one chain (each ReLU6 one ``np.clip`` pass): fastest of 50 runs 0.87-0.91 ms vs 1.62-1.72 ms
-before (2026-12-02, old/new alternating, 2-core machine, load ~3). Its kernel
+before (2026-12-02, old/new alternating, 2-core machine, load ~3). And a squeeze-excitation block
+(EfficientNet, MobileNetV3, RegNetY: global mean, two 1x1 convs as FCs, sigmoid or hard-sigmoid
+gate, channel scale) is one ``se`` step, a Numba pass on the blocked buffer
+(:mod:`rlx_cpu._se_nb`), where each SE ended a chain: EfficientNet-B0's 33 chains, 14 lone
+projection convs and 16 x (mean, sigmoid, mul) became one chain (zoo, 64x64, b1: fastest of 120
+runs 1.10 vs 1.97 ms; MobileNetV3-small 0.25 vs 0.51 ms; 2026-12-02, ``SE`` on/off alternating
+in one process, load ~5). A global average pool after the last conv (the classifiers' head) is
+the chain's last step (:data:`MEAN`): the mean read from the blocked buffer, written as the
+chain's output, so neither the output reorder nor a reduce_mean kernel runs. Its kernel
 reorders the chain's input once, runs every conv on blocked source and destination (constant
 weights packed once when the kernel is bound; a residual is added by the sum post-op, in place
 where the residual dies there), max pools with a Numba kernel on the blocked layout (NaN wins, as
@@ -108,6 +116,18 @@ _POOL = "max_pool2d"
 _CLIPS = ("maximum", "minimum")
 #: Members a region needs: a single conv gains nothing (its own reorders are all it has).
 MIN_MEMBERS = 2
+#: Squeeze-excitation step: ``x * gate(fc2(act(fc1(reduce_mean_hw(x)))))`` with 1x1-conv FCs, as one
+#: Numba pass over the blocked buffer (:mod:`rlx_cpu._se_nb`), so that an SE no longer ends a chain.
+_SE = "se"
+#: False: SE blocks are not chain steps (each SE ends a chain, as before; A/B runs).
+SE = True
+#: FC1 ops an SE step takes (its activation: none, ReLU, SiLU), the 1x1 convs' attributes.
+_SE_FC1 = ("conv2d_bias", "rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_silu")
+_FC = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1}
+#: A global average pool (``reduce_mean`` over H, W) as a chain's last step: read from the blocked
+#: buffer, so the chain's output reorder and the separate reduce_mean kernel go. False: not taken.
+MEAN = True
+_MEAN = "reduce_mean"
 
 
 def _steps(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -129,16 +149,33 @@ def _step_attrs(st: Mapping[str, Any]) -> Attrs:
 
 
 def _is_conv(st: Mapping[str, Any]) -> bool:
-    return bool(st["op"] != _POOL and st["op"] not in _CLIPS)
+    return bool(st["op"] not in (_POOL, _SE, _MEAN) and st["op"] not in _CLIPS)
 
 
 def _step_inputs(st: Mapping[str, Any], vals: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
+    if st["op"] == _SE:
+        return [vals[st["src"]], xs[st["w"]], xs[st["b"]], xs[st["w2"]], xs[st["b2"]]]
     ins = [vals[st["src"]]]
     if _is_conv(st):
         ins += [xs[st["w"]], xs[st["b"]]]
     if st.get("res") is not None:
         ins.append(vals[st["res"]])
     return ins
+
+
+def _se_ops(st: Mapping[str, Any], ins: Sequence[Any], op: Callable[[str, list[Any], dict[str, Any]], Any],
+            const: Callable[[float], Any]) -> Any:
+    """An SE step as its original ops (``op(name, inputs, attrs)``; ``ins``: the step's inputs)."""
+    x, w1, b1, w2, b2 = ins
+    z = op(st["fc1"], [op("reduce_mean", [x], {"axes": (2, 3), "keepdims": True}), w1, b1], _FC)
+    z = op("conv2d_bias", [z, w2, b2], _FC)
+    gate = st["gate"]
+    if gate[0] == "sigmoid":
+        z = op("sigmoid", [z], {})
+    else:  # ONNX HardSigmoid as the importer writes it: min(max(a*z + b, lo), hi)
+        for name, c in zip(("mul", "add", "maximum", "minimum"), gate[1:]):
+            z = op(name, [z, const(c)], {})
+    return op("mul", [z, x], {})
 
 
 def _plain(st: Mapping[str, Any]) -> bool:
@@ -149,7 +186,7 @@ def _plain(st: Mapping[str, Any]) -> bool:
 def _infer(ts: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     vals: list[TensorType] = [ts[0]]
     for st in _steps(attrs):
-        if st["op"] in _CLIPS:  # elementwise with a scalar: the source's type
+        if st["op"] in _CLIPS or st["op"] == _SE:  # the source's type
             vals.append(vals[st["src"]])
             continue
         if _plain(st):
@@ -171,6 +208,13 @@ def _reference(xs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
             c = np.asarray(st["c"], src.dtype)
             vals.append(REGISTRY.get(st["op"]).reference([src, c], Attrs({}))[0])
             continue
+        if st["op"] == _SE:
+            def ref(name: str, a: list[Any], at: dict[str, Any]) -> Any:
+                schema = REGISTRY.get(name)
+                return schema.reference(a, schema.check_attrs(dict(at), CHAIN))[0]
+            vals.append(_se_ops(st, _step_inputs(st, vals, xs), ref,
+                                lambda c, t=src.dtype: np.asarray(c, t)))  # type: ignore[misc]
+            continue
         sins = _step_inputs(st, vals, xs)
         if _plain(st):
             (y,) = REGISTRY.get(st["op"]).reference(sins[:3], _step_attrs(st))
@@ -186,6 +230,11 @@ def _decompose(g: GraphBuilder, ins: Sequence[Tensor], attrs: Mapping[str, Any])
     for st in _steps(attrs):
         if st["op"] in _CLIPS:
             vals.append(g.op(st["op"], vals[st["src"]], g.const(float(st["c"]), "f32"), name=None))
+            continue
+        if st["op"] == _SE:
+            vals.append(_se_ops(st, _step_inputs(st, vals, ins),
+                                lambda name, a, at: g.op(name, *a, name=None, **at),
+                                lambda c: g.const(float(c), "f32")))
             continue
         sins = _step_inputs(st, vals, ins)
         if _plain(st):
@@ -203,6 +252,12 @@ def _flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) 
         if st["op"] in _CLIPS:
             t = vals[st["src"]]
             total += float(t.numel())
+            vals.append(t)
+            continue
+        if st["op"] == _SE:  # the mean and the scale pass, the two FCs (2 flops a weight an image)
+            t = vals[st["src"]]
+            images = t.shape[0] if isinstance(t.shape[0], int) else 1
+            total += 2.0 * float(t.numel()) + 4.0 * float(ins[st["w"]].numel()) * images
             vals.append(t)
             continue
         schema = REGISTRY.get(st["op"])
@@ -228,6 +283,9 @@ def _condition(xs: Sequence[np.ndarray], attrs: Attrs) -> tuple[int, float]:
         if _is_conv(st):
             _, cg, kh, kw = a[st["w"]].shape
             terms += cg * kh * kw + 1 + (st.get("res") is not None)
+        elif st["op"] == _SE:  # the two FCs' sums and the scale (the mean sums in float64)
+            r, c = a[st["w"]].shape[:2]
+            terms += r + c + 3
     (mag,) = _reference(a, attrs)
     return terms, float(mag.max()) if mag.size else 0.0
 
@@ -244,7 +302,8 @@ def _schemas() -> tuple[OpSchema, ...]:
         dtypes=(DType.F32,), attrs=(AttrSpec("steps", "str", default=""), *conv.attrs),
         decompose=_decompose, flops=_flops, provider="rlx-cpu", differentiable=False, amp="low",
         accumulates=True, cases=cases, extra={"condition": _condition},
-        doc="A chain of conv2d_bias / conv-tail / max_pool2d ops (``steps``, JSON) run with the "
+        doc="A chain of conv2d_bias / conv-tail / max_pool2d / clip / squeeze-excitation ops, maybe "
+            "ending in a global mean (``steps``, JSON) run with the "
             "activations in oneDNN's blocked layout between them; without ``steps``, one conv2d_bias"),)
 
 
@@ -298,6 +357,7 @@ def find_conv_chains(g: Any) -> list[Region]:
 
     prod = {n.outputs[0]: n for n in g.nodes if n.outputs}
     pos = {n.name: k for k, n in enumerate(g.nodes)}
+    ses = _se_blocks(g, outs, scalar) if SE else {}
 
     def chainable(n: Node) -> bool:
         t = g.types[n.outputs[0]]
@@ -327,7 +387,19 @@ def find_conv_chains(g: Any) -> list[Region]:
             continue
         members = [first]
         made = {first.outputs[0]}
+        taken: set[str] = set()  # SE nodes taken with their reduce_mean
         for n in nodes[i + 1:]:
+            if n.name in taken:
+                continue
+            se = ses.get(n.name)
+            if se is not None and se["src"] in made:  # the whole SE block: one step
+                members += se["nodes"]
+                made.update(m.outputs[0] for m in se["nodes"])
+                taken.update(m.name for m in se["nodes"])
+                continue
+            if MEAN and n.op == _MEAN and _global_mean(g, n) and n.inputs[0] in made:
+                members.append(n)  # its (N, C[, 1, 1]) output ends the chain
+                break
             if not chainable(n):
                 if any(v in made for v in n.inputs):  # a value escapes: the chain ends here
                     break
@@ -346,11 +418,90 @@ def find_conv_chains(g: Any) -> list[Region]:
             members.append(n)
             made.add(n.outputs[0])
         members = _trim(members, cons, outs)
-        region = _region(g, members) if len(members) >= MIN_MEMBERS else None
+        region = _region(g, members, ses) if len(members) >= MIN_MEMBERS else None
         if region is not None:
             regions.append(region)
         i = nodes.index(members[-1]) + 1 if members else i + 1
     return regions
+
+
+def _se_blocks(g: Any, outs: set[str], scalar: Callable[[str], float | None]) -> dict[str, dict[str, Any]]:
+    """Squeeze-excitation blocks by their reduce_mean's name: ``reduce_mean(x, (2, 3), keepdims)``
+    -> 1x1 conv + bias (+ ReLU or SiLU) -> 1x1 conv + bias -> sigmoid, or the importer's
+    HardSigmoid (``mul``/``add`` by finite scalars, then ``maximum``/``minimum``) -> ``mul`` with x,
+    the FCs' weights finite constants, every value but the last read only by the next of these."""
+    import numpy as np
+
+    cons = g.consumers
+
+    def only(v: str) -> Node | None:
+        c = cons.get(v, ())
+        return c[0] if len(c) == 1 and v not in outs and len(c[0].outputs) == 1 else None
+
+    def fc(n: Node | None, ops: tuple[str, ...], shape: tuple[int, int]) -> bool:
+        if n is None or n.op not in ops or len(n.inputs) != 3:
+            return False
+        w, b = (g.weights.get(v) for v in n.inputs[1:])
+        at = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in n.attrs.items()}
+        return (w is not None and b is not None and w.shape == (*shape, 1, 1) and b.shape == shape[:1]
+                and w.dtype == np.float32 and b.dtype == np.float32
+                and all(at.get(k, d) == d for k, d in _FC.items())
+                and bool(np.isfinite(w).all() and np.isfinite(b).all()))
+
+    found: dict[str, dict[str, Any]] = {}
+    for n in g.nodes:
+        if n.op != "reduce_mean" or len(n.inputs) != 1 or len(n.outputs) != 1:
+            continue
+        x = n.inputs[0]
+        t = g.types[x]
+        axes = n.attrs.get("axes")
+        if (t.dtype != DType.F32 or t.rank != 4 or not n.attrs.get("keepdims") or axes is None
+                or sorted(int(a) % 4 for a in axes) != [2, 3] or not isinstance(t.shape[1], int)):
+            continue
+        c = int(t.shape[1])
+        f1 = only(n.outputs[0])
+        if f1 is None or len(f1.inputs) != 3 or f1.inputs[0] != n.outputs[0] or f1.inputs[1] not in g.weights:
+            continue
+        r = int(np.shape(g.weights[f1.inputs[1]])[0])
+        f2 = only(f1.outputs[0])
+        if not (fc(f1, _SE_FC1, (r, c)) and fc(f2, ("conv2d_bias",), (c, r))) or f2 is None:
+            continue
+        if f2.inputs[0] != f1.outputs[0]:
+            continue
+        nodes: list[Node] = [n, f1, f2]
+        gate: list[Any] | None = None
+        z, m = f2.outputs[0], only(f2.outputs[0])
+        if m is not None and m.op == "sigmoid":
+            nodes.append(m)
+            gate, z, m = ["sigmoid"], m.outputs[0], only(m.outputs[0])
+        else:
+            consts: list[float] = []
+            for op in ("mul", "add", "maximum", "minimum"):
+                if m is None or m.op != op or len(m.inputs) != 2 or z not in m.inputs:
+                    break
+                k = scalar(m.inputs[1] if m.inputs[0] == z else m.inputs[0])
+                if k is None or m.inputs[0] == m.inputs[1]:
+                    break
+                consts.append(k)
+                nodes.append(m)
+                z, m = m.outputs[0], only(m.outputs[0])
+            else:
+                gate = ["hard", *consts]
+        if (gate is None or m is None or m.op != "mul" or sorted(m.inputs) != sorted((z, x)) or z == x
+                or g.types[m.outputs[0]] != t or any(g.types[v].dtype != DType.F32 for v in (z,))):
+            continue
+        nodes.append(m)
+        found[n.name] = {"src": x, "nodes": nodes, "gate": gate}
+    return found
+
+
+def _global_mean(g: Any, n: Node) -> bool:
+    """``reduce_mean`` of an f32 NCHW value over H and W."""
+    if len(n.inputs) != 1 or len(n.outputs) != 1:
+        return False
+    t, axes = g.types[n.inputs[0]], n.attrs.get("axes")
+    return bool(t.dtype == DType.F32 and t.rank == 4 and isinstance(axes, tuple)
+                and sorted(int(a) % 4 for a in axes) == [2, 3] and g.types[n.outputs[0]].dtype == DType.F32)
 
 
 def _trim(members: list[Node], cons: Mapping[str, Any], outs: set[str]) -> list[Node]:
@@ -366,7 +517,7 @@ def _trim(members: list[Node], cons: Mapping[str, Any], outs: set[str]) -> list[
     return members
 
 
-def _region(g: Any, members: list[Node]) -> Region | None:
+def _region(g: Any, members: list[Node], ses: Mapping[str, dict[str, Any]] | None = None) -> Region | None:
     import numpy as np
 
     x = members[0].inputs[0]
@@ -380,7 +531,22 @@ def _region(g: Any, members: list[Node]) -> Region | None:
         return params.index(name) + 1
 
     prod = {m.outputs[0]: m for m in members}
+    inside: set[str] = set()  # the nodes of SE steps after their reduce_mean
+    names = {m.name for m in members}
     for n in members:
+        if n.name in inside:
+            continue
+        se = (ses or {}).get(n.name)
+        if se is not None:
+            if not all(m.name in names for m in se["nodes"]):
+                return None  # find_conv_chains takes an SE whole; never a wrong chain
+            f1, f2 = se["nodes"][1], se["nodes"][2]
+            steps.append({"op": _SE, "src": val[se["src"]], "res": None, "attrs": {}, "fc1": f1.op,
+                          "w": param(f1.inputs[1]), "b": param(f1.inputs[2]), "w2": param(f2.inputs[1]),
+                          "b2": param(f2.inputs[2]), "gate": se["gate"]})
+            inside.update(m.name for m in se["nodes"])
+            val[se["nodes"][-1].outputs[0]] = len(steps)
+            continue
         if n.op == "add":  # folded into its conv step: conv2d_bias with a residual (sum post-op)
             for y, r in (n.inputs, n.inputs[::-1]):
                 k = val.get(y)
@@ -391,6 +557,11 @@ def _region(g: Any, members: list[Node]) -> Region | None:
                     break
             else:
                 return None  # find_conv_chains checked it; never a wrong chain
+            continue
+        if n.op == _MEAN:
+            steps.append({"op": _MEAN, "src": val[n.inputs[0]], "res": None,
+                          "attrs": {"axes": [2, 3], "keepdims": bool(n.attrs.get("keepdims"))}})
+            val[n.outputs[0]] = len(steps)
             continue
         if n.op in _CLIPS:
             c, src = (n.inputs[1], n.inputs[0]) if n.inputs[0] in val else (n.inputs[0], n.inputs[1])
@@ -450,8 +621,12 @@ def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[
     """Every value's shape (value 0: the chain's input)."""
     shapes = [x_shape]
     for st in steps:
-        if st["op"] in _CLIPS:
+        if st["op"] in _CLIPS or st["op"] == _SE:
             shapes.append(shapes[st["src"]])
+            continue
+        if st["op"] == _MEAN:
+            n, c = shapes[st["src"]][:2]
+            shapes.append((n, c, 1, 1) if st["attrs"]["keepdims"] else (n, c))
             continue
         n, _, h, w = shapes[st["src"]]
         at = _step_attrs(st)
@@ -537,6 +712,14 @@ def _per_op(ins: Sequence[np.ndarray], o: np.ndarray, steps: Sequence[Mapping[st
     runs: list[Run] = []
     for k, st in enumerate(steps):
         out = o if k == len(steps) - 1 else np.empty(shapes[k + 1], o.dtype)
+        if st["op"] == _SE:
+            runs.append(_se_numpy(st, vals[st["src"]], ins, out))
+            vals.append(out)
+            continue
+        if st["op"] == _MEAN:
+            runs.append(_mean_numpy(vals[st["src"]], out))
+            vals.append(out)
+            continue
         at = _step_attrs(st)
         if st["op"] in _CLIPS:
             runs.append(_clip_run(getattr(np, st["op"]), vals[st["src"]], np.float32(st["c"]), out))
@@ -552,6 +735,40 @@ def _per_op(ins: Sequence[np.ndarray], o: np.ndarray, steps: Sequence[Mapping[st
     def run() -> None:
         for r in runs:
             r()
+    return run
+
+
+def _se_numpy(st: Mapping[str, Any], x: np.ndarray, ins: Sequence[np.ndarray], out: np.ndarray) -> Run:
+    """An SE step with NumPy on NCHW (the per-op path): float32 FCs, NaN propagating as the IR's ops."""
+    import numpy as np
+
+    w1, b1 = ins[st["w"]][:, :, 0, 0], ins[st["b"]]
+    w2, b2 = ins[st["w2"]][:, :, 0, 0], ins[st["b2"]]
+    gate = st["gate"]
+
+    def run() -> None:
+        m = x.mean(axis=(2, 3), dtype=np.float64).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            h = m @ w1.T + b1
+            if st["fc1"] == "rlx_cpu.conv2d_bias_relu":
+                h = np.maximum(h, np.float32(0))
+            elif st["fc1"] == "rlx_cpu.conv2d_bias_silu":
+                h = h / (np.float32(1) + np.exp(-h))
+            z = h @ w2.T + b2
+            if gate[0] == "sigmoid":
+                z = np.float32(1) / (np.float32(1) + np.exp(-z))
+            else:
+                a, b, lo, hi = (np.float32(v) for v in gate[1:])
+                z = np.minimum(np.maximum(z * a + b, lo), hi)
+        np.multiply(x, z[:, :, None, None], out=out)
+    return run
+
+
+def _mean_numpy(x: np.ndarray, out: np.ndarray) -> Run:
+    import numpy as np
+
+    def run() -> None:
+        out[...] = x.mean(axis=(2, 3), dtype=np.float64).reshape(out.shape)
     return run
 
 
@@ -759,9 +976,42 @@ class _Blocked:
                     arena.free(off, k)
 
         for k, st in enumerate(steps):
-            at = _step_attrs(st)
             src_md, src_mem, _ = vals[st["src"]]
             final = k == len(steps) - 1
+            if st["op"] == _SE:
+                src_off = vals[st["src"]][2]
+                lay = _layout(fns, src_md)
+                if src_off is None or lay is None:
+                    raise _Unsupported("an SE of a value outside the chain's scratch or on an odd layout")
+                blk, _, nhwc = lay
+                n, c, h, w_ = shapes[st["src"]]
+                view = (n, 1, h, w_, c) if nhwc else (n, -(-c // blk), h, w_, blk)
+                nb = int(size(src_md))
+                if last.get(st["src"]) == k:  # in place: the source dies here
+                    off, dst_mem = src_off, src_mem
+                    last[st["src"]] = -1
+                else:
+                    off = arena.alloc(nb, k)
+                    dst_mem = scratch_mem(src_md, off)
+                self.entries.append(self._se_run(st, ins, src_off, off, view, c))
+                self.impls.append(f"se:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
+                free_after(k, st["src"])
+                vals[k + 1] = (src_md, dst_mem, off)
+                where[k + 1] = ("s", off)
+                if final:
+                    reorder(src_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+                continue
+            if st["op"] == _MEAN:
+                lay, src_off = _layout(fns, src_md), vals[st["src"]][2]
+                if not final or src_off is None or lay is None or not o.flags.c_contiguous:
+                    raise _Unsupported("a mean that is not the chain's last step, or on an odd layout")
+                blk, _, nhwc = lay
+                n, c, h, w_ = shapes[st["src"]]
+                view = (n, 1, h, w_, c) if nhwc else (n, -(-c // blk), h, w_, blk)
+                self.entries.append(self._mean_run(src_off, view, o.reshape(n, c)))
+                self.impls.append(f"mean:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
+                continue
+            at = _step_attrs(st)
             if st["op"] in _CLIPS:
                 src_off = vals[st["src"]][2]
                 if src_off is None:
@@ -1184,6 +1434,69 @@ class _Blocked:
                 np.minimum(views["x"], hv, out=views["o"])
         #: (the value it writes, source and destination offsets, lower and upper bound)
         run.clip = (value, src_off, dst_off, lo, hi)  # type: ignore[attr-defined]
+        return run
+
+    def _se_run(self, st: Mapping[str, Any], ins: Sequence[np.ndarray], src_off: int, dst_off: int,
+                view: tuple[int, int, int, int, int], c: int) -> Run:
+        """An SE step on the blocked buffer (``view``: its (N, blocks, H, W, lanes) shape), in place
+        where ``dst_off`` is ``src_off``; images are cut for the row pool's threads where there is
+        enough work."""
+        import numpy as np
+
+        from . import _se_nb as nb
+
+        if any(ins[st[k]].flags.writeable for k in ("w", "b", "w2", "b2")):
+            raise _Unsupported("fed SE weights")  # transposed once here: constants only
+        w1t = np.ascontiguousarray(ins[st["w"]][:, :, 0, 0].T, np.float32)
+        w2t = np.ascontiguousarray(ins[st["w2"]][:, :, 0, 0].T, np.float32)
+        b1 = np.ascontiguousarray(ins[st["b"]], np.float32)
+        b2 = np.ascontiguousarray(ins[st["b2"]], np.float32)
+        act = {"rlx_cpu.conv2d_bias_relu": nb.RELU,
+               "rlx_cpu.conv2d_bias_silu": nb.SILU}.get(st["fc1"], nb.NONE)
+        gate = st["gate"]
+        hard = gate[0] != "sigmoid"
+        ga, gb, glo, ghi = (float(v) for v in gate[1:]) if hard else (1.0, 0.0, 0.0, 1.0)
+        args = (c, w1t, b1, act, w2t, b2, nb.HARD if hard else nb.SIGMOID, ga, gb, glo, ghi)
+        images = view[0]
+        size = 4 * int(np.prod(view))
+        views: dict[str, Any] = {}
+
+        def run() -> None:
+            if views.get("at") is not self.buf:  # the thread's scratch moved (or another thread runs)
+                a, b = self.shift + src_off, self.shift + dst_off
+                views.update(at=self.buf, x=self.buf[a:a + size].view(np.float32).reshape(view),
+                             o=self.buf[b:b + size].view(np.float32).reshape(view))
+            from .parallel import pool
+
+            x, o = views["x"], views["o"]
+            pl_ = pool()
+            parts = min(pl_.active, images, max(1, x.size // 65536))
+            if parts > 1:
+                pl_.run(nb.se_blocked, images, (x, o, *args), parts)
+            else:
+                nb.se_blocked(x, o, *args, 0, images)
+        # Compile (or load from Numba's cache) now, not on the first run.
+        z = np.zeros((1, 1, 1, 1, 1), np.float32)
+        nb.se_blocked(z, z.copy(), 1, np.zeros((1, 1), np.float32), np.zeros(1, np.float32), act,
+                      np.zeros((1, 1), np.float32), np.zeros(1, np.float32), args[6], ga, gb, glo, ghi, 0, 1)
+        return run
+
+    def _mean_run(self, src_off: int, view: tuple[int, int, int, int, int], o: np.ndarray) -> Run:
+        import numpy as np
+
+        from ._se_nb import mean_blocked
+
+        size = 4 * int(np.prod(view))
+        views: dict[str, Any] = {}
+        c = int(o.shape[1])
+
+        def run() -> None:
+            if views.get("at") is not self.buf:  # the thread's scratch moved (or another thread runs)
+                a = self.shift + src_off
+                views.update(at=self.buf, x=self.buf[a:a + size].view(np.float32).reshape(view))
+            mean_blocked(views["x"], o, c, 0, view[0])
+        z = np.zeros((1, 1, 1, 1, 1), np.float32)
+        mean_blocked(z, np.zeros((1, 1), np.float32), 1, 0, 1)  # compile (or load) now
         return run
 
     def _pool_run(self, src_off: int | None, src_arr: np.ndarray | None, src_shape: tuple[int, ...],
