@@ -17,6 +17,8 @@ CASES = [
     ((2, 5, 5, 16), (5, 5), (5, 5), (0, 0)),      # one window a plane
     ((5, 6, 11, 4), (3, 2), (3, 1), (2, 1)),      # stride larger than the pad
     ((2, 3, 3, 16), (3, 3), (1, 1), (2, 2)),      # corner windows with a single tap
+    ((2, 1, 40, 16), (1, 2), (1, 2), (0, 0)),     # a 1-D pool as (N, C, 1, L): no row pass
+    ((3, 1, 9, 8), (1, 3), (1, 1), (0, 1)),       # 1-D, padded: the first column tap covers all but one
 ]
 
 
