@@ -66,7 +66,11 @@ DENSE_GEMV_THREADS = declare_setting(
     "RLX_CPU_DENSE_GEMV_THREADS", "bool", False,
     "MLPs' 1-2 row linears with >= 256K weights run on oneDNN with OpenMP threads (faster on idle cores, "
     "slower when others load them; loads oneDNN).", owner=OWNER)
+POOL_SPIN_US = declare_setting(
+    "RLX_CPU_POOL_SPIN_US", "int", 200,
+    "Microseconds the row pool's threads poll (without the GIL) for the next hand-off before they block "
+    "(0: block at once, as before: each hand-off then costs two thread wake-ups).", owner=OWNER, min=0)
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
-                           DENSE_GEMV_THREADS, CONV_CHAIN]
+                           DENSE_GEMV_THREADS, CONV_CHAIN, POOL_SPIN_US]
