@@ -80,6 +80,15 @@ def test_chunked_runs_cover_every_row_once(n: int, chunks: int) -> None:
 _SPINS = [0, 200, 1]  # blocking; the default window; a window so short every wait ends up blocking
 
 
+def _spin_pool(threads: int, spin_us: int) -> RowPool:
+    """A pool on the hand-off asked for (the spinning one runs where Numba is loaded)."""
+    pytest.importorskip("numba")
+    pool = RowPool(threads, spin_us=spin_us)
+    pool.run(_mark, threads, (np.zeros(threads, np.int64), np.zeros(threads, np.int64)), threads)
+    assert (pool._spin is not None) == (spin_us > 0)
+    return pool
+
+
 def _sum_rows(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
     out[lo:hi] = x[lo:hi].sum(axis=1)
 
@@ -87,7 +96,7 @@ def _sum_rows(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
 @pytest.mark.parametrize("spin_us", _SPINS)
 @pytest.mark.parametrize("threads", [2, 3])
 def test_many_back_to_back_dispatches(spin_us: int, threads: int) -> None:
-    pool = RowPool(threads, spin_us=spin_us)
+    pool = _spin_pool(threads, spin_us)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((97, 33))
     want = x.astype(np.float64).sum(axis=1)
@@ -107,7 +116,7 @@ def test_spin_pool_cuts_do_not_depend_on_timing(spin_us: int) -> None:
     import random
     import time
 
-    pool = RowPool(3, spin_us=spin_us)
+    pool = _spin_pool(3, spin_us)
     seen: list[tuple[int, int]] = []
     lock = threading.Lock()
     r = random.Random(1)
@@ -125,7 +134,7 @@ def test_spin_pool_cuts_do_not_depend_on_timing(spin_us: int) -> None:
 
 @pytest.mark.parametrize("spin_us", _SPINS)
 def test_spin_pool_worker_exception_reaches_the_caller(spin_us: int) -> None:
-    pool = RowPool(3, spin_us=spin_us)
+    pool = _spin_pool(3, spin_us)
 
     def boom(lo: int, hi: int) -> None:
         if lo > 0:
@@ -150,7 +159,7 @@ def test_spin_pool_worker_exception_reaches_the_caller(spin_us: int) -> None:
 
 @pytest.mark.parametrize("spin_us", _SPINS)
 def test_two_threads_calling_at_once(spin_us: int) -> None:
-    pool = RowPool(2, spin_us=spin_us)
+    pool = _spin_pool(2, spin_us)
     errors: list[BaseException] = []
 
     def caller(seed: int) -> None:
@@ -177,7 +186,7 @@ def test_workers_sleeping_past_the_window_still_get_work() -> None:
     still reaches the workers; a piece longer than the window makes the caller block for it."""
     import time
 
-    pool = RowPool(3, spin_us=50)
+    pool = _spin_pool(3, 50)
     out = np.zeros(30, np.int64)
     for i in range(30):
         pool.run(_mark, 30, (out, np.zeros(30, np.int64)), 3)
@@ -201,6 +210,7 @@ def test_workers_sleeping_past_the_window_still_get_work() -> None:
 
 
 def test_spin_setting_restores_the_blocking_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("numba")  # loaded: the setting alone picks the blocking hand-off
     monkeypatch.setenv("RLX_CPU_POOL_SPIN_US", "0")
     pool = RowPool(2)
     assert pool.spin_us == 0

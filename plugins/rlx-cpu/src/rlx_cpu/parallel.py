@@ -16,6 +16,7 @@ import itertools
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -149,7 +150,8 @@ class RowPool:
     the workers' completion counters the same way: a hand-off between two kernels then costs a few
     microseconds instead of two kernel wake-ups (~12-30 us on a 2-core VM), which is what makes
     splitting a ~50-100 us conv over two cores pay. An idle pool burns at most one window of CPU.
-    ``spin_us=0``: the workers block in queues at once (the hand-off before the spin window)."""
+    ``spin_us=0``, or a process without Numba loaded: the workers block in queues at once (the
+    hand-off before the spin window)."""
 
     def __init__(self, threads: int, probe: LoadProbe | None = None, spin_us: float | None = None) -> None:
         self.threads = threads
@@ -228,7 +230,10 @@ class RowPool:
         # One caller at a time: two sessions running in two threads share the workers.
         err: BaseException | None = None
         with self._lock:
-            if self.spin_us > 0:  # read at every dispatch: A/B runs switch it on a live pool
+            # spin_us is read at every dispatch (A/B runs switch it on a live pool). The spin is
+            # Numba code: a process that has not loaded Numba (MLPs: ~94 MB and ~1-2 s to load)
+            # keeps the blocking hand-off.
+            if self.spin_us > 0 and (self._spin is not None or "numba" in sys.modules):
                 st = self._spin or self._start_spin()
                 tasks = [(fn, (*args, bounds[k], bounds[k + 1])) if work is None else (work, ())
                          for k in range(1, parts)]
