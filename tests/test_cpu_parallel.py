@@ -181,9 +181,31 @@ def test_two_threads_calling_at_once(spin_us: int) -> None:
     assert not errors
 
 
+def _within(seconds: float, fn: object) -> None:
+    """Run ``fn`` on a thread: a lost wake-up fails the test instead of hanging it."""
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "a hand-off was lost: the pool hangs"
+    if errors:
+        raise errors[0]
+
+
 def test_workers_sleeping_past_the_window_still_get_work() -> None:
     """Pauses longer than the window put both sides to sleep (the blocking fallback) and a hand-off
     still reaches the workers; a piece longer than the window makes the caller block for it."""
+    _within(120, _sleeping_workers)
+
+
+def _sleeping_workers() -> None:
     import time
 
     pool = _spin_pool(3, 50)
