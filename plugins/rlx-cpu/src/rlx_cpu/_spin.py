@@ -117,17 +117,25 @@ def spin_until(counters, lo, hi, target, turns, yield_every):
 
 
 @njit(cache=True, nogil=True)
-def worker_wait(go, done, asleep, k, finished, target, turns, yield_every):
+def worker_wait(go, done, asleep, started, k, finished, target, turns, yield_every, settle):
     """A pool worker ``k``: publish ``finished`` (>= 0) in ``done[k]``, then wait ``turns`` polls for
     ``go[k] >= target``. 2: the caller sleeps and this worker must wake it (then call again with
-    ``finished=-1``); 1: work arrived; 0: nothing within the window."""
+    ``finished=-1``); 1: work arrived; 0: nothing within the window.
+
+    Work arrives while the caller still holds the GIL: a worker that asked for it now would sleep
+    in the kernel until the caller lets go (a wake-up, what the spin avoids). So it first waits for
+    ``started[0]`` (the caller about to run its own piece, which lets go of the GIL) and ``settle``
+    polls more."""
     if finished >= 0:
         _store(done, k, finished)
         if _load(asleep, 0) == 1 and _xchg(asleep, 0, 0) == 1:
             return 2
-    if spin_until(go, k, k + 1, target, turns, yield_every):
-        return 1
-    return 0
+    if not spin_until(go, k, k + 1, target, turns, yield_every):
+        return 0
+    spin_until(started, 0, 1, _load(go, k), turns, yield_every)
+    for _ in range(settle):
+        _relax()
+    return 1
 
 
 @njit(cache=True, nogil=True)

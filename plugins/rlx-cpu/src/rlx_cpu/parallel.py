@@ -279,6 +279,9 @@ class _SpinState:
     #: (a worker started ~55 us late with a yield every 17 us, under a load of 5 on 2 cores), and
     #: a machine that busy makes :class:`LoadProbe` stop splitting within a quarter second anyway.
     YIELD_US = 50.0
+    #: microseconds a worker waits, once the caller starts its own piece, before it asks for the GIL
+    #: (the caller holds it while it calls into its piece)
+    SETTLE_US = 2.0
 
     def __init__(self, threads: int, spin_us: float) -> None:
         import numpy as np
@@ -288,6 +291,7 @@ class _SpinState:
         self.go = np.zeros(threads, np.int64)
         self.done = np.zeros(threads, np.int64)
         self.asleep = np.zeros(threads, np.int64)
+        self.started = np.zeros(1, np.int64)
         self.wake = [threading.Lock() for _ in range(threads)]
         for lk in self.wake:
             lk.acquire()  # released by the thread that wakes its owner
@@ -306,6 +310,7 @@ class _SpinState:
         per_us = 2000 / max(best * 1e6, 1e-3)
         self.turns = max(1, int(spin_us * per_us))
         self.yield_every = max(1, int(self.YIELD_US * per_us))
+        self.settle = int(self.SETTLE_US * per_us)
 
     def loop(self, k: int) -> None:
         from ._spin import prepare_sleep, worker_wait
@@ -314,7 +319,8 @@ class _SpinState:
         slots, errs = self.slots, self.errs
         seen, finished = 0, -1
         while True:
-            r = worker_wait(go, done, asleep, k, finished, seen + 1, self.turns, self.yield_every)
+            r = worker_wait(go, done, asleep, self.started, k, finished, seen + 1, self.turns,
+                            self.yield_every, self.settle)
             finished = -1
             if r == 2:
                 wake[0].release()
@@ -347,6 +353,7 @@ class _SpinState:
             if publish(self.go, self.asleep, k, e):
                 self.wake[k].release()
         err: BaseException | None = None
+        self.started[0] = e
         try:
             own[0](*own[1])
         except BaseException as ex:
