@@ -274,11 +274,12 @@ class _SpinState:
     ``done[k]`` when finished; ``asleep[w]`` marks a thread (0: the caller) blocked on ``wake[w]``.
     Every counter is an int64 read and written with atomics by :mod:`._spin`."""
 
-    #: microseconds of polling between two ``sched_yield`` calls. A spinning thread whose core
-    #: another process wants lets it run, but a thread that yielded waits long for its core back
-    #: (a worker started ~55 us late with a yield every 17 us, under a load of 5 on 2 cores), and
-    #: a machine that busy makes :class:`LoadProbe` stop splitting within a quarter second anyway.
-    YIELD_US = 50.0
+    #: microseconds of polling between two ``sched_yield`` calls. While another process keeps a
+    #: core busy the scheduler may put the caller and a worker on the other one: a thread spinning
+    #: there holds up the very thread it waits for until it yields (two 42 us pieces under a load
+    #: of 5 on 2 cores: 190 us with a yield every 50 us, 98 us every 5 us, 86-102 us blocking; on
+    #: two cores 47 us). A yield with nothing else to run costs ~1 us.
+    YIELD_US = 5.0
     #: microseconds a worker waits, once the caller starts its own piece, before it asks for the GIL
     #: (the caller holds it while it calls into its piece)
     SETTLE_US = 2.0
