@@ -1,4 +1,5 @@
-"""A native barrier wait for row chains: poll the threads' counters without holding the GIL.
+"""Native waits for row chains' barriers and the row pool's hand-off: poll the threads' counters
+without holding the GIL.
 
 Why native: a Python loop would hold the GIL the other thread needs to reach the barrier, and a
 blocking wait costs a wake-up through the kernel at every barrier (a pool hand-off, which
@@ -98,10 +99,37 @@ def _yield(typingctx: Any) -> Any:
     return types.none(), codegen
 
 
+_CLOCK = {"Linux": 1, "Darwin": 6}.get(platform.system())  # CLOCK_MONOTONIC
+
+
+@intrinsic
+def _now_ns(typingctx: Any) -> Any:
+    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (0 where there is none)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i64 = ir.IntType(64)
+        if _CLOCK is None:
+            return ir.Constant(i64, 0)
+        from numba.core import cgutils
+
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(8).as_pointer()]),
+            "clock_gettime")
+        ts = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))  # struct timespec on 64-bit targets
+        ptr = builder.bitcast(ts, ir.IntType(8).as_pointer())
+        builder.call(fn, [ir.Constant(ir.IntType(32), _CLOCK), ptr])
+        zero = ir.Constant(ir.IntType(32), 0)
+        sec = builder.load(builder.gep(ts, [zero, zero]))
+        nsec = builder.load(builder.gep(ts, [zero, ir.Constant(ir.IntType(32), 1)]))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+    return types.int64(), codegen
+
+
 @njit(cache=True, nogil=True)
-def spin_until(counters, lo, hi, target, turns, yield_every):
-    """True once every ``counters[lo:hi] >= target``; False after ``turns`` polls (yielding the
-    core every ``yield_every``)."""
+def spin_until(counters, lo, hi, target, turns, yield_every, window_ns=0):
+    """True once every ``counters[lo:hi] >= target``; False after ``turns`` polls or, with
+    ``window_ns``, that many nanoseconds (yielding the core every ``yield_every`` polls). The clock
+    bounds the wait where the thread loses its core meanwhile: polls are only counted while it runs."""
+    start = _now_ns() if window_ns > 0 else 0
     for t in range(turns):
         done = True
         for i in range(lo, hi):
@@ -113,14 +141,16 @@ def spin_until(counters, lo, hi, target, turns, yield_every):
         _relax()
         if (t + 1) % yield_every == 0:
             _yield()
+            if window_ns > 0 and _now_ns() - start >= window_ns:
+                return False
     return False
 
 
 @njit(cache=True, nogil=True)
-def worker_wait(go, done, asleep, started, k, finished, target, turns, yield_every, settle):
-    """A pool worker ``k``: publish ``finished`` (>= 0) in ``done[k]``, then wait ``turns`` polls for
-    ``go[k] >= target``. 2: the caller sleeps and this worker must wake it (then call again with
-    ``finished=-1``); 1: work arrived; 0: nothing within the window.
+def worker_wait(go, done, asleep, started, k, finished, target, turns, yield_every, settle, window_ns):
+    """A pool worker ``k``: publish ``finished`` (>= 0) in ``done[k]``, then wait ``turns`` polls
+    (``window_ns`` at most) for ``go[k] >= target``. 2: the caller sleeps and this worker must wake
+    it (then call again with ``finished=-1``); 1: work arrived; 0: nothing within the window.
 
     Work arrives while the caller still holds the GIL: a worker that asked for it now would sleep
     in the kernel until the caller lets go (a wake-up, what the spin avoids). So it first waits for
@@ -130,9 +160,9 @@ def worker_wait(go, done, asleep, started, k, finished, target, turns, yield_eve
         _store(done, k, finished)
         if _load(asleep, 0) == 1 and _xchg(asleep, 0, 0) == 1:
             return 2
-    if not spin_until(go, k, k + 1, target, turns, yield_every):
+    if not spin_until(go, k, k + 1, target, turns, yield_every, window_ns):
         return 0
-    spin_until(started, 0, 1, _load(go, k), turns, yield_every)
+    spin_until(started, 0, 1, _load(go, k), turns, yield_every, window_ns)
     for _ in range(settle):
         _relax()
     return 1
