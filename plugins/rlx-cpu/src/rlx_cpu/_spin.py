@@ -172,7 +172,7 @@ def worker_wait(go, done, asleep, started, k, finished, target, turns, yield_eve
 def prepare_sleep(asleep, w, counters, lo, hi, target):
     """Thread ``w`` is about to block until ``counters[lo:hi] >= target``: mark it asleep, then look
     again. 0: block (a waker will see the mark); 1: ready, nobody will wake it; 2: ready, but a
-    waker took the mark and releases (or released) its lock: take that release."""
+    waker took the mark and sends (or sent) it a wake-up token: take that token."""
     _xchg(asleep, w, 1)
     for i in range(lo, hi):
         if _load(counters, i) < target:
@@ -182,6 +182,6 @@ def prepare_sleep(asleep, w, counters, lo, hi, target):
 
 @njit(cache=True, nogil=True)
 def publish(go, asleep, k, value):
-    """Hand ``value`` to worker ``k``; True when it sleeps and must be woken (its lock released)."""
+    """Hand ``value`` to worker ``k``; True when it sleeps and must be sent a wake-up token."""
     _store(go, k, value)
     return _load(asleep, k) == 1 and _xchg(asleep, k, 0) == 1

@@ -270,9 +270,10 @@ class RowPool:
 
 class _SpinState:
     """The spinning hand-off of a :class:`RowPool`: worker ``k`` (1..threads-1) takes task
-    ``slots[k]`` once ``go[k]`` passes the last hand-off it ran, and stores that hand-off's number in
-    ``done[k]`` when finished; ``asleep[w]`` marks a thread (0: the caller) blocked on ``wake[w]``.
-    Every counter is an int64 read and written with atomics by :mod:`._spin`."""
+    ``slots[k]`` once ``go[k]`` passes the last hand-off it ran, and stores that hand-off's number
+    in ``done[k]`` when finished; ``asleep[w]`` marks a thread (0: the caller) blocked on
+    ``wake[w]`` for a token. Every counter is an int64 read and written with atomics by
+    :mod:`._spin`."""
 
     #: microseconds of polling between two ``sched_yield`` calls. While another process keeps a
     #: core busy the scheduler may put the caller and a worker on the other one: a thread spinning
@@ -293,9 +294,9 @@ class _SpinState:
         self.done = np.zeros(threads, np.int64)
         self.asleep = np.zeros(threads, np.int64)
         self.started = np.zeros(1, np.int64)
-        self.wake = [threading.Lock() for _ in range(threads)]
-        for lk in self.wake:
-            lk.acquire()  # released by the thread that wakes its owner
+        # One token a wake-up: a queue counts them, so a wait cut short (KeyboardInterrupt) leaves a
+        # token that the next wait takes and then looks again, never a lock released twice.
+        self.wake: list[queue.SimpleQueue[None]] = [queue.SimpleQueue() for _ in range(threads)]
         self.slots: list[tuple[Callable[..., Any], tuple[Any, ...]] | None] = [None] * threads
         self.errs: list[BaseException | None] = [None] * threads
         self.epoch = 0
@@ -327,12 +328,12 @@ class _SpinState:
                             self.yield_every, self.settle, self.window_ns)
             finished = -1
             if r == 2:
-                wake[0].release()
+                wake[0].put(None)
                 continue
             if r == 0:
                 if prepare_sleep(asleep, k, go, k, k + 1, seen + 1) != 1:
-                    wake[k].acquire()
-                continue
+                    wake[k].get()
+                continue  # looks at go[k] again: a token is no promise of work
             seen = int(go[k])
             task = slots[k]
             slots[k] = None
@@ -356,7 +357,7 @@ class _SpinState:
         for k, task in enumerate(tasks, 1):
             self.slots[k] = task
             if publish(self.go, self.asleep, k, e):
-                self.wake[k].release()
+                self.wake[k].put(None)
                 woke = True
         err: BaseException | None = None
         self.started[0] = e
@@ -364,17 +365,11 @@ class _SpinState:
             own[0](*own[1])
         except BaseException as ex:
             err = ex
-        # A worker woken from its sleep comes back after a kernel wake-up at best: the caller does
-        # not spin for it (a caller spinning, and yielding, on a loaded machine lost its core: 72 us
-        # at the median a hand-off after a 2 ms pause, vs 37 us blocking).
+        # A worker woken from its sleep comes back after a kernel wake-up at best: spinning for it
+        # would only keep a core from others.
         if woke or not spin_until(self.done, 1, hi, e, self.turns, self.yield_every, self.window_ns):
-            while True:
-                s = prepare_sleep(self.asleep, 0, self.done, 1, hi, e)
-                if s == 1:
-                    break
-                self.wake[0].acquire()
-                if s == 2:
-                    break
+            while prepare_sleep(self.asleep, 0, self.done, 1, hi, e) != 1:
+                self.wake[0].get()  # then looks again: a token may be left from a cut-short wait
         for k in range(1, hi):
             err = err or self.errs[k]
             self.errs[k] = None
