@@ -2,7 +2,8 @@
 
 Why not Numba's ``parallel=True``: its OpenMP/TBB pool and OpenBLAS's pool are two sets of threads
 that each spin for the cores between kernels; on a 2-core machine that cost 10-30x. These workers
-block in a C queue (no spinning), the caller runs the first share itself, and every kernel is a
+spin only a bounded window after each piece (``RLX_CPU_POOL_SPIN_US``, yielding the core every few
+microseconds) and then block, the caller runs the first share itself, and every kernel is a
 nogil function ``f(*args, lo, hi)`` over rows ``lo:hi`` with cuts fixed in advance, so results
 never depend on timing or on which thread took which piece.
 
