@@ -31,7 +31,7 @@ def _small() -> Graph:
     a = x @ w
     b = g.exp(a)                      # a dies here: in place
     c = b.reshape(8, 4)               # a reshape alias of b's bytes
-    d = g.tanh(c).reshape(4, 8)
+    d = (g.tanh(c) * c).reshape(4, 8)  # two operands: the core does not cancel this reshape pair
     e = d @ w
     f = g.neg(e) @ w
     g.output(f + e, "out")
