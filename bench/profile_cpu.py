@@ -182,14 +182,9 @@ def chains(model: str, batch: int, seq: int) -> None:
 
 def pool_handoff(reps: int) -> None:
     """Wall time of one pool dispatch of a trivial nogil kernel: on the caller alone, and split
-    over every thread (the difference is the hand-off a split kernel or chain pays), for the
-    blocking hand-off (``RLX_CPU_POOL_SPIN_US=0``) and the spinning one, alternating in blocks of
-    dispatches in one process; back to back, and with a 0.2 ms or 2 ms pause between dispatches
-    (the workers are then spinning or asleep). CPU/wall: CPU seconds of the process per second
-    (the spinners' cost; the pauses count as wall)."""
+    over every thread (the difference is the hand-off a split kernel or chain pays)."""
     import numba
-    from rlx_cpu import settings
-    from rlx_cpu.parallel import RowPool, default_threads
+    from rlx_cpu.parallel import pool
 
     @numba.njit(nogil=True)
     def touch(a: np.ndarray, lo: int, hi: int) -> None:  # type: ignore[no-untyped-def]
@@ -197,34 +192,18 @@ def pool_handoff(reps: int) -> None:
             a[i] += 1.0
 
     a = np.zeros(64)
-    threads = default_threads()
-    spin = settings.POOL_SPIN_US.get() or 200
-    pools = {"block": RowPool(threads, spin_us=0), f"spin {spin} us": RowPool(threads, spin_us=spin)}
-    print(f"load {open('/proc/loadavg').read().split()[:3]}, {threads} threads")
-    block = 100  # dispatches in a row on one pool; the other one's workers are asleep meanwhile
-    for pause in (0.0, 0.0002, 0.002):
-        n = reps if pause < 0.001 else max(200, reps // 5)
-        for parts in (1, threads):
-            ts: dict[str, list[float]] = {k: [] for k in pools}
-            cpu = dict.fromkeys(pools, 0.0)
-            for _ in range(max(1, n // block)):
-                for name, p in pools.items():
-                    time.sleep(0.002)  # past the window: the pool measured before has gone to sleep
-                    p.run(touch, 64, (a,), parts)
-                    c0 = time.process_time()
-                    for _ in range(block):
-                        t0 = time.perf_counter()
-                        p.run(touch, 64, (a,), parts)
-                        ts[name].append(time.perf_counter() - t0)
-                        if pause:
-                            time.sleep(pause)
-                    cpu[name] += time.process_time() - c0
-            for name, t in ts.items():
-                wall = sum(t) + pause * len(t)
-                t.sort()
-                print(f"pause {pause * 1e3:.1f} ms, {parts} thread(s), {name:>12}: min {t[0] * 1e6:6.1f} us, "
-                      f"p50 {t[len(t) // 2] * 1e6:6.1f} us, p90 {t[int(len(t) * 0.9)] * 1e6:6.1f} us, "
-                      f"CPU/wall {cpu[name] / wall:.2f}")
+    p = pool()
+    for parts in (1, p.threads):
+        p.run(touch, 64, (a,), parts)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            p.run(touch, 64, (a,), parts)
+            ts.append(time.perf_counter() - t0)
+            time.sleep(0.0002)  # let the workers go back to sleep, as between two kernels
+        ts.sort()
+        print(f"{parts} thread(s): min {ts[0] * 1e6:.1f} us, p50 {ts[len(ts) // 2] * 1e6:.1f} us, "
+              f"p90 {ts[int(len(ts) * 0.9)] * 1e6:.1f} us")
 
 
 def main() -> None:

@@ -2,8 +2,7 @@
 
 Why not Numba's ``parallel=True``: its OpenMP/TBB pool and OpenBLAS's pool are two sets of threads
 that each spin for the cores between kernels; on a 2-core machine that cost 10-30x. These workers
-spin only a bounded window after each piece (``RLX_CPU_POOL_SPIN_US``, yielding the core every few
-microseconds) and then block, the caller runs the first share itself, and every kernel is a
+block in a C queue (no spinning), the caller runs the first share itself, and every kernel is a
 nogil function ``f(*args, lo, hi)`` over rows ``lo:hi`` with cuts fixed in advance, so results
 never depend on timing or on which thread took which piece.
 
@@ -17,7 +16,6 @@ import itertools
 import math
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -144,33 +142,15 @@ class _NumpyBlas:
 
 
 class RowPool:
-    """Worker threads that run row pieces handed to them by one caller at a time.
-
-    With a spin window (``spin_us`` > 0, ``RLX_CPU_POOL_SPIN_US``) a worker that finished a piece
-    polls its counter natively, without the GIL, for that long before it blocks, and the caller polls
-    the workers' completion counters the same way: a hand-off between two kernels then costs a few
-    microseconds instead of two kernel wake-ups (~12-30 us on a 2-core VM), which is what makes
-    splitting a ~50-100 us conv over two cores pay. An idle pool burns at most one window of CPU.
-    ``spin_us=0``, or a process without Numba loaded: the workers block in queues at once (the
-    hand-off before the spin window)."""
-
-    def __init__(self, threads: int, probe: LoadProbe | None = None, spin_us: float | None = None) -> None:
+    def __init__(self, threads: int, probe: LoadProbe | None = None) -> None:
         self.threads = threads
         #: threads dispatches use now (<= ``threads``; fewer while other processes load the CPUs)
         self.active = threads
         self.probe = probe
-        self.spin_us: float = settings.POOL_SPIN_US.get() if spin_us is None else spin_us
         self._blas: _NumpyBlas | None = None
         self._lock = threading.Lock()
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-        self._spin: _SpinState | None = None
-
-    def _start_spin(self) -> _SpinState:
-        self._spin = st = _SpinState(self.threads, self.spin_us)
-        for k in range(1, self.threads):
-            threading.Thread(target=st.loop, args=(k,), daemon=True, name="rlx-cpu-rows").start()
-        return st
 
     def _start(self) -> None:
         for _ in range(self.threads - 1):
@@ -229,152 +209,27 @@ class RowPool:
                 while (c := next(ticket)) < chunks:
                     fn(*args, bounds[c], bounds[c + 1])
         # One caller at a time: two sessions running in two threads share the workers.
-        err: BaseException | None = None
         with self._lock:
-            # spin_us is read at every dispatch (A/B runs switch it on a live pool). The spin is
-            # Numba code: a process that has not loaded Numba (MLPs: ~94 MB and ~1-2 s to load)
-            # keeps the blocking hand-off.
-            if self.spin_us > 0 and (self._spin is not None or "numba" in sys.modules):
-                st = self._spin or self._start_spin()
-                tasks = [(fn, (*args, bounds[k], bounds[k + 1])) if work is None else (work, ())
-                         for k in range(1, parts)]
-                own = (fn, (*args, bounds[0], bounds[1])) if work is None else (work, ())
-                err = st.run(tasks, own)
-            else:
-                err = self._run_queued(fn, args, bounds, parts, work)
+            if not self._queues:
+                self._start()
+            for k in range(1, parts):
+                if work is None:
+                    self._queues[k - 1].put((fn, (*args, bounds[k], bounds[k + 1])))
+                else:
+                    self._queues[k - 1].put((work, ()))
+            err: BaseException | None = None
+            try:
+                if work is None:
+                    fn(*args, bounds[0], bounds[1])
+                else:
+                    work()
+            except BaseException as e:
+                err = e
+            for _ in range(1, parts):
+                e2 = self._done.get()
+                err = err or e2
         if err is not None:
             raise err
-
-    def _run_queued(self, fn: Callable[..., Any], args: Sequence[Any], bounds: list[int], parts: int,
-                    work: Callable[[], None] | None) -> BaseException | None:
-        """The blocking hand-off (``spin_us=0``): the workers wait in queues, the caller for them."""
-        if not self._queues:
-            self._start()
-        for k in range(1, parts):
-            if work is None:
-                self._queues[k - 1].put((fn, (*args, bounds[k], bounds[k + 1])))
-            else:
-                self._queues[k - 1].put((work, ()))
-        err: BaseException | None = None
-        try:
-            if work is None:
-                fn(*args, bounds[0], bounds[1])
-            else:
-                work()
-        except BaseException as e:
-            err = e
-        for _ in range(1, parts):
-            e2 = self._done.get()
-            err = err or e2
-        return err
-
-
-class _SpinState:
-    """The spinning hand-off of a :class:`RowPool`: worker ``k`` (1..threads-1) takes task
-    ``slots[k]`` once ``go[k]`` passes the last hand-off it ran, and stores that hand-off's number
-    in ``done[k]`` when finished; ``asleep[w]`` marks a thread (0: the caller) blocked on
-    ``wake[w]`` for a token. Every counter is an int64 read and written with atomics by
-    :mod:`._spin`."""
-
-    #: microseconds of polling between two ``sched_yield`` calls. While another process keeps a
-    #: core busy the scheduler may put the caller and a worker on the other one: a thread spinning
-    #: there holds up the very thread it waits for until it yields (two 42 us pieces under a load
-    #: of 5 on 2 cores: 190 us with a yield every 50 us, 98 us every 5 us, 86-102 us blocking; on
-    #: two cores 47 us). A yield with nothing else to run costs ~1 us.
-    YIELD_US = 5.0
-    #: microseconds a worker waits, once the caller starts its own piece, before it asks for the GIL
-    #: (the caller holds it while it calls into its piece)
-    SETTLE_US = 2.0
-
-    def __init__(self, threads: int, spin_us: float) -> None:
-        import numpy as np
-
-        from ._spin import spin_until
-
-        self.go = np.zeros(threads, np.int64)
-        self.done = np.zeros(threads, np.int64)
-        self.asleep = np.zeros(threads, np.int64)
-        self.started = np.zeros(1, np.int64)
-        # One token a wake-up: a queue counts them, so a wait cut short (KeyboardInterrupt) leaves a
-        # token that the next wait takes and then looks again, never a lock released twice.
-        self.wake: list[queue.SimpleQueue[None]] = [queue.SimpleQueue() for _ in range(threads)]
-        self.slots: list[tuple[Callable[..., Any], tuple[Any, ...]] | None] = [None] * threads
-        self.errs: list[BaseException | None] = [None] * threads
-        self.epoch = 0
-        # Polls in the window, from the time of a poll here (only how long threads spin depends on
-        # it); the fastest of a few tries, as another process may take the core during one.
-        probe = np.ones(1, np.int64)
-        spin_until(probe, 0, 1, 2, 16, 1 << 40)  # compiled (or loaded) before timing
-        best = math.inf
-        for _ in range(5):
-            t0 = time.perf_counter()
-            spin_until(probe, 0, 1, 2, 2000, 1 << 40)
-            best = min(best, time.perf_counter() - t0)
-        per_us = 2000 / max(best * 1e6, 1e-3)
-        # Polls bound the window where there is no clock; the clock bounds it where there is one
-        # (a thread that loses its core to another process counts no polls meanwhile).
-        self.turns = max(1, int(2 * spin_us * per_us))
-        self.window_ns = int(spin_us * 1000)
-        self.yield_every = max(1, int(self.YIELD_US * per_us))
-        self.settle = int(self.SETTLE_US * per_us)
-
-    def loop(self, k: int) -> None:
-        from ._spin import prepare_sleep, worker_wait
-
-        go, done, asleep, wake = self.go, self.done, self.asleep, self.wake
-        slots, errs = self.slots, self.errs
-        seen, finished = 0, -1
-        while True:
-            r = worker_wait(go, done, asleep, self.started, k, finished, seen + 1, self.turns,
-                            self.yield_every, self.settle, self.window_ns)
-            finished = -1
-            if r == 2:
-                wake[0].put(None)
-                continue
-            if r == 0:
-                if prepare_sleep(asleep, k, go, k, k + 1, seen + 1) != 1:
-                    wake[k].get()
-                continue  # looks at go[k] again: a token is no promise of work
-            seen = int(go[k])
-            task = slots[k]
-            slots[k] = None
-            try:
-                assert task is not None
-                task[0](*task[1])
-            except BaseException as e:  # handed back to the caller, never lost in a thread
-                errs[k] = e
-            else:
-                errs[k] = None
-            finished = seen
-
-    def run(self, tasks: list[tuple[Callable[..., Any], tuple[Any, ...]]],
-            own: tuple[Callable[..., Any], tuple[Any, ...]]) -> BaseException | None:
-        """``tasks[i]`` on worker ``i + 1`` and ``own`` on the calling thread; the first error."""
-        from ._spin import prepare_sleep, publish, spin_until
-
-        self.epoch += 1
-        e, hi = self.epoch, len(tasks) + 1
-        woke = False
-        for k, task in enumerate(tasks, 1):
-            self.slots[k] = task
-            if publish(self.go, self.asleep, k, e):
-                self.wake[k].put(None)
-                woke = True
-        err: BaseException | None = None
-        self.started[0] = e
-        try:
-            own[0](*own[1])
-        except BaseException as ex:
-            err = ex
-        # A worker woken from its sleep comes back after a kernel wake-up at best: spinning for it
-        # would only keep a core from others.
-        if woke or not spin_until(self.done, 1, hi, e, self.turns, self.yield_every, self.window_ns):
-            while prepare_sleep(self.asleep, 0, self.done, 1, hi, e) != 1:
-                self.wake[0].get()  # then looks again: a token may be left from a cut-short wait
-        for k in range(1, hi):
-            err = err or self.errs[k]
-            self.errs[k] = None
-        return err
 
 
 _POOL: RowPool | None = None

@@ -70,11 +70,7 @@ POOL_NUMPY = declare_setting(
     "RLX_CPU_POOL_NUMPY", "bool", True,
     "Conv chains' max pools (oneDNN's blocked layout) run as NumPy, so a CNN without other Numba kernels "
     "loads no Numba/LLVM (ResNet-18: ~117 MB less peak RSS; 0: the Numba kernel).", owner=OWNER)
-POOL_SPIN_US = declare_setting(
-    "RLX_CPU_POOL_SPIN_US", "int", 200,
-    "Microseconds the row pool's threads poll (without the GIL) for the next hand-off before they block "
-    "(0: block at once, as before: each hand-off then costs two thread wake-ups).", owner=OWNER, min=0)
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
-                           DENSE_GEMV_THREADS, CONV_CHAIN, POOL_NUMPY, POOL_SPIN_US]
+                           DENSE_GEMV_THREADS, CONV_CHAIN, POOL_NUMPY]
