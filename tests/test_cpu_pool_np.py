@@ -68,7 +68,12 @@ def test_setting_picks_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import _pool_np
 
     monkeypatch.delenv("RLX_CPU_POOL_NUMPY", raising=False)
+    monkeypatch.delitem(sys.modules, "numba", raising=False)  # as in a process that has not loaded it
     assert _pool_np.blocked_kernel() is _pool_np.max_pool_blocked
+    monkeypatch.undo()
+    import numba  # noqa: F401  # loaded already: the faster Numba kernel costs nothing more
+    monkeypatch.delenv("RLX_CPU_POOL_NUMPY", raising=False)
+    assert _pool_np.blocked_kernel().__module__ == "rlx_cpu._pool_nb"
     monkeypatch.setenv("RLX_CPU_POOL_NUMPY", "0")
     nb = _pool_np.blocked_kernel()
     assert nb is not _pool_np.max_pool_blocked and nb.__module__ == "rlx_cpu._pool_nb"
@@ -83,3 +88,30 @@ def test_numpy_kernel_loads_no_numba() -> None:
             "print('numba' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("shape", "c"), [((2, 3, 4, 5, 16), 40), ((1, 1, 7, 7, 24), 24),
+                                         ((3, 2, 1, 1, 16), 17)])
+def test_blocked_mean_matches_the_numba_kernel(shape: tuple[int, ...], c: int) -> None:
+    from rlx_cpu import _pool_np, _se_nb
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, 0, 0, 1] = np.nan
+    want = np.full((shape[0], c), -1.0, np.float32)
+    got = want.copy()
+    _se_nb.mean_blocked(x, want, c, 0, shape[0])
+    _pool_np.mean_blocked(x, got, c, 0, shape[0])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # NaN where the Numba kernel has it
+    assert np.isnan(got[0, 1]) and not np.isnan(got[0, 0])
+
+
+def test_resnet_in_a_conv_chain_loads_no_numba() -> None:
+    """The RSS claim: ResNet-18's chain (stem pool, global mean) and classifier run without Numba."""
+    code = ("import sys\n"
+            "from rlx_core.bench import inputs, rlx_graph\n"
+            "from rlx_core.runtime import Session\n"
+            "Session('cpu', use_cache=False).compile(rlx_graph('resnet18')).run(inputs('resnet18', 1, 8))\n"
+            "print('numba' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stderr[-2000:]

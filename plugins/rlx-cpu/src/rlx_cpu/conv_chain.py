@@ -1055,7 +1055,9 @@ class _Blocked:
                 src_shape = (planes, shapes[st["src"]][2], shapes[st["src"]][3], blk)
                 self.entries.append(self._pool_run(src_off, x if src_off is None else None, src_shape,
                                                    off, (planes, ho, wo, blk), _pool_args(at)))
-                kind = "numpy" if settings.POOL_NUMPY.get() else "numba"
+                from ._pool_np import blocked_kernel
+
+                kind = "numba" if blocked_kernel().__module__.endswith("_nb") else "numpy"
                 self.impls.append(f"max_pool2d:{kind}:{'nhwc' if nhwc else f'blocked{blk}'}")
                 free_after(k, st["src"])
                 vals[k + 1] = (dst_md, dst_mem, off)
@@ -1484,8 +1486,9 @@ class _Blocked:
     def _mean_run(self, src_off: int, view: tuple[int, int, int, int, int], o: np.ndarray) -> Run:
         import numpy as np
 
-        from ._se_nb import mean_blocked
+        from ._pool_np import mean_kernel
 
+        mean_blocked = mean_kernel()
         size = 4 * int(np.prod(view))
         views: dict[str, Any] = {}
         c = int(o.shape[1])
