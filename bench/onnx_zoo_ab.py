@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--json", help="also write every process's p50s and the medians to this file")
     args = ap.parse_args()
+    rows: list[dict[str, object]] = []
     print(f"load average at start: {os.getloadavg()}")
     cols = ("old ms", "new ms", "ORT ms", "old/ORT", "new/ORT", "new/old")
     print(f"{'model':18} {'b':>2} " + " ".join(f"{c:>8}" for c in cols))
@@ -87,7 +90,13 @@ def main() -> None:
             ort = statistics.median([r["ort"] for v in runs.values() for r in v])
             print(f"{name:18} {b:2d} {med['old']['rlx']:8.3f} {med['new']['rlx']:8.3f} {ort:8.3f} "
                   f"{ro:8.2f} {rn:8.2f} {med['new']['rlx'] / med['old']['rlx']:8.2f}", flush=True)
+            rows.append({"model": name, "batch": b, "runs": runs, "old_ms": med["old"]["rlx"],
+                         "new_ms": med["new"]["rlx"], "ort_ms": ort, "old_over_ort": ro, "new_over_ort": rn})
     print(f"load average at end: {os.getloadavg()}")
+    if args.json:
+        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "old": args.old,
+                "rounds": args.rounds}
+        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
