@@ -164,11 +164,10 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
 #: Weight elements from which a one- or two-row linear runs on oneDNN with OpenMP threads
 #: (``RLX_CPU_DENSE_GEMV_THREADS=1``): split over both cores, the 784x512 GEMV takes 12 instead
 #: of 22 us at best (each core streams half the weights); a 512x256 one gains less than the extra
-#: calls cost (7.0 against 7.5 us). On by default since 2026-12-02's seventh session: with the load
-#: probe dropping to one thread while another process holds a core, bench/busy_core.py measured
-#: the MLP at batch 1 0.042 -> 0.033 ms quiet and 0.051 -> 0.038 ms busy (ORT 0.028 / 0.037); an
-#: earlier run on a busier shared machine had it slower (65 against 44 us). It loads oneDNN
-#: (+15 MB peak RSS: 84 against 69 MB, ORT 71).
+#: calls cost (7.0 against 7.5 us). Off by default: bench/busy_core.py runs disagree (2026-12-02
+#: 10:27 UTC: MLP batch 1 0.033 against 0.042 ms quiet, 0.038 against 0.051 busy; 10:55 UTC, on
+#: by default: 0.044 against 0.042 at the session's start; an earlier run on a busier machine:
+#: 65 against 44 us), and it loads oneDNN (+15 MB peak RSS: 84 against 68 MB, ORT 71).
 GEMV_SPLIT_MIN = 262144
 
 

@@ -63,10 +63,9 @@ CONV_CHAIN = declare_setting(
     "Chains of convs/max pools keep activations in oneDNN's blocked layout between convs (0: each conv "
     "reorders NCHW in and out, as before).", owner=OWNER)
 DENSE_GEMV_THREADS = declare_setting(
-    "RLX_CPU_DENSE_GEMV_THREADS", "bool", True,
+    "RLX_CPU_DENSE_GEMV_THREADS", "bool", False,
     "MLPs' 1-2 row linears with >= 256K weights run on oneDNN with OpenMP threads, one while other "
-    "processes hold a core (MLP b1 0.042 -> 0.033 ms quiet, 0.051 -> 0.038 busy; loads oneDNN: +15 MB RSS; "
-    "0: one thread).", owner=OWNER)
+    "processes hold a core (faster in some runs, not in others; loads oneDNN: +15 MB RSS).", owner=OWNER)
 POOL_NUMPY = declare_setting(
     "RLX_CPU_POOL_NUMPY", "bool", True,
     "Conv chains' max pools (oneDNN's blocked layout) run as NumPy while Numba is not loaded, so a CNN "
