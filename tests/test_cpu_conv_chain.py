@@ -61,6 +61,25 @@ def _net(batch: int, escape: bool = False) -> Any:
     return g.build()
 
 
+def _reference_and_decomposition(graph: Any, node: Any, xv: np.ndarray
+                                 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The chain node's float64 reference on ``xv``, its decomposition's result on ``xv`` and the
+    ops it decomposes to."""
+    from rlx_core.plugin import REGISTRY
+
+    schema = REGISTRY.get("rlx_cpu.conv_chain")
+    ins = [xv] + [np.asarray(graph.weights[v], np.float64) for v in node.inputs[1:]]
+    (got,) = schema.reference(ins, node.attrs)
+    d = GraphBuilder("decomposed")
+    ts = [d.input("x", "f32", xv.shape)] + [d.param(f"p{k}", np.asarray(graph.weights[v]))
+                                            for k, v in enumerate(node.inputs[1:])]
+    assert schema.decompose is not None
+    (out,) = schema.decompose(d, ts, node.attrs)
+    d.output(out, "y")
+    built = d.build()
+    return got, evaluate(built, {"x": xv})["y"], [n.op for n in built.nodes]
+
+
 def _kernels(exe: Any, batch: int) -> list[tuple[str, Any]]:
     prog = exe.buffers({}) if not exe.graph.symbols else exe.buffers({"batch": batch})
     return list(zip(prog.kernel_names, prog.runs))
@@ -68,6 +87,7 @@ def _kernels(exe: Any, batch: int) -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("batch", [1, 3])
+
 def test_chain_matches_reference(batch: int, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import parallel
 
@@ -303,27 +323,16 @@ def test_chain_with_clip_and_add_steps_decomposes() -> None:
     """Other backends decompose the chain: its reference and decomposition cover the new steps."""
     from rlx_cpu.conv_chain import find_conv_chains
 
-    from rlx_core.plugin import REGISTRY
 
     Session("cpu", use_cache=False)  # loads the plugin's ops
     graph = _mobilenet(1)
     (region,) = find_conv_chains(graph)  # no conv tails here: the rule sees the graph as built
     (node,) = region.nodes
-    schema = REGISTRY.get("rlx_cpu.conv_chain")
     xv = RNG.standard_normal((1, 3, 21, 19))
-    ins = [xv] + [np.asarray(graph.weights[v], np.float64) for v in node.inputs[1:]]
-    (got,) = schema.reference(ins, node.attrs)
     ref = evaluate(graph, {"x": xv})["y"]
+    got, dec, ops = _reference_and_decomposition(graph, node, xv)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
-    g = GraphBuilder("decomposed")
-    ts = [g.input("x", "f32", xv.shape)] + [g.param(f"p{k}", np.asarray(graph.weights[v]))
-                                            for k, v in enumerate(node.inputs[1:])]
-    assert schema.decompose is not None
-    (y,) = schema.decompose(g, ts, node.attrs)
-    g.output(y, "y")
-    ops = [n.op for n in g.build().nodes]
     assert ops.count("maximum") == 5 and ops.count("minimum") == 5 and ops.count("add") == 2, ops
-    dec = evaluate(g.build(), {"x": xv})["y"]
     np.testing.assert_allclose(dec, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
 
 
@@ -445,7 +454,6 @@ def test_chain_with_se_steps_decomposes(hard: bool) -> None:
     activation, the gate's ops, the multiply), NaN included."""
     from rlx_cpu.conv_chain import find_conv_chains
 
-    from rlx_core.plugin import REGISTRY
 
     Session("cpu", use_cache=False)  # loads the plugin's ops
     g = GraphBuilder("se_fused")
@@ -466,25 +474,15 @@ def test_chain_with_se_steps_decomposes(hard: bool) -> None:
     (region,) = find_conv_chains(graph)
     (node,) = region.nodes
     assert '"op":"se"' in str(node.attrs["steps"])
-    schema = REGISTRY.get("rlx_cpu.conv_chain")
     xv = RNG.standard_normal((2, 3, 9, 8))
     xv[1, 0, 2, 2] = np.nan
     ref = evaluate(graph, {"x": xv})["y"]
-    ins = [xv] + [np.asarray(graph.weights[v], np.float64) for v in node.inputs[1:]]
-    (got,) = schema.reference(ins, node.attrs)
+    got, dec, ops = _reference_and_decomposition(graph, node, xv)
     assert np.isnan(ref[1]).all() and not np.isnan(ref[0]).any()
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(ref))))
-    d = GraphBuilder("decomposed")
-    ts = [d.input("x", "f32", xv.shape)] + [d.param(f"p{k}", np.asarray(graph.weights[v]))
-                                            for k, v in enumerate(node.inputs[1:])]
-    assert schema.decompose is not None
-    (out,) = schema.decompose(d, ts, node.attrs)
-    d.output(out, "y")
-    ops = [n.op for n in d.build().nodes]
     assert ops.count("reduce_mean") == 2 and "rlx_cpu.conv2d_bias_silu" in ops
     assert ops.count("mul") == 1 + hard
     assert ops.count("sigmoid") == (not hard) and ops.count("maximum") == hard, ops
-    dec = evaluate(d.build(), {"x": xv})["y"]
     np.testing.assert_allclose(dec, ref, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(ref))))
 
 

@@ -37,6 +37,22 @@ def _exp_neg(z, e, ki, n):
         ki[i] = (k + 127) << 23
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _image_means(xf, n, cb, hw, b, acc, inv, m):
+    """``m[k*b + lane]`` = the mean over H, W of image ``n``'s channel ``k*b + lane`` (float64 sums;
+    xf: the flat (N, CB, H, W, B) buffer)."""
+    ub = uint64(b)
+    for k in range(cb):
+        acc[:] = 0.0
+        base = uint64((n * cb + k) * hw * b)
+        for p in range(hw):
+            at = base + uint64(p) * ub
+            for lane in range(ub):
+                acc[lane] += xf[at + lane]
+        for lane in range(b):
+            m[k * b + lane] = acc[lane] * inv
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
     """Images ``lo:hi`` of ``o = x * gate(fc2(act(fc1(mean_hw(x)))))`` per channel.
@@ -64,15 +80,7 @@ def se_blocked(x, o, c, w1t, b1, act, w2t, b2, gate, ga, gb, glo, ghi, lo, hi):
     ki = np.empty(c, np.int32)
     inv = 1.0 / hw
     for n in range(lo, hi):
-        for k in range(cb):
-            acc[:] = 0.0
-            base = uint64((n * cb + k) * hw * b)
-            for p in range(hw):
-                at = base + uint64(p) * ub
-                for lane in range(ub):
-                    acc[lane] += xf[at + lane]
-            for lane in range(b):
-                m[k * b + lane] = acc[lane] * inv
+        _image_means(xf, n, cb, hw, b, acc, inv, m)
         hid[:] = b1
         ur, uc = uint64(r), uint64(c)
         for i in range(uc):
@@ -125,19 +133,10 @@ def mean_blocked(x, o, c, lo, hi):
     """Images ``lo:hi`` of ``o[n, k] = mean over H, W of channel k`` (x as in :func:`se_blocked`,
     o: (N, c) float32): a global average pool ending a chain, float64 sums."""
     nb, cb, h, w, b = x.shape
-    hw = h * w
-    ub = uint64(b)
     xf = x.reshape(-1)
     acc = np.empty(b, np.float64)
-    inv = 1.0 / hw
+    m = np.empty(cb * b, np.float32)
+    inv = 1.0 / (h * w)
     for n in range(lo, hi):
-        for k in range(cb):
-            acc[:] = 0.0
-            base = uint64((n * cb + k) * hw * b)
-            for p in range(hw):
-                at = base + uint64(p) * ub
-                for lane in range(ub):
-                    acc[lane] += xf[at + lane]
-            for lane in range(b):
-                if k * b + lane < c:
-                    o[n, k * b + lane] = acc[lane] * inv
+        _image_means(xf, n, cb, h * w, b, acc, inv, m)
+        o[n, :c] = m[:c]

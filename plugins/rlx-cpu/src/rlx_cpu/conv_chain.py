@@ -787,6 +787,19 @@ _QUERY_NDIMS, _QUERY_DIMS = 256, 257  # dnnl_query_ndims_s32, dnnl_query_dims
 _QUERY_INNER_NBLKS, _QUERY_INNER_BLKS, _QUERY_INNER_IDXS = 263, 264, 265
 
 
+def _kind(kernel: Any) -> str:
+    """Which implementation a pool/mean kernel is, for the chain's impl list (what `rlx explain` shows)."""
+    return "numba" if kernel.__module__.endswith("_nb") else "numpy"
+
+
+def _lanes_view(shape: Sequence[int], lay: tuple[int, tuple[int, ...], bool]
+                ) -> tuple[int, int, int, int, int]:
+    """(N, channel blocks, H, W, lanes) of a value in the layout ``_layout`` found (NHWC: one block)."""
+    n, c, h, w = (int(d) for d in shape)
+    blk, _, nhwc = lay
+    return (n, 1, h, w, c) if nhwc else (n, -(-c // blk), h, w, blk)
+
+
 def _layout(fns: Mapping[str, Any], md: Any) -> tuple[int, tuple[int, ...], bool] | None:
     """(channel block, outer strides, NHWC?) of a dense 4-D memory descriptor: plain NCHW (block
     1), blocked only along channels with its outer dims in N, C-blocks, H, W order (nChw16c), or
@@ -975,6 +988,24 @@ class _Blocked:
                 if last.get(v) == k and off is not None:
                     arena.free(off, k)
 
+        def same_layout_dst(k: int, st: Mapping[str, Any], src_md: Any, src_mem: Any, src_off: int
+                            ) -> tuple[int, Any]:
+            """(offset, memory) of a step writing its source's layout: in place where the source
+            dies here, else a new arena block."""
+            if last.get(st["src"]) == k:
+                last[st["src"]] = -1
+                return src_off, src_mem
+            off = arena.alloc(int(size(src_md)), k)
+            return off, scratch_mem(src_md, off)
+
+        def same_layout_done(k: int, st: Mapping[str, Any], src_md: Any, dst_mem: Any, off: int,
+                             final: bool) -> None:
+            free_after(k, st["src"])
+            vals[k + 1] = (src_md, dst_mem, off)
+            where[k + 1] = ("s", off)
+            if final:
+                reorder(src_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+
         for k, st in enumerate(steps):
             src_md, src_mem, _ = vals[st["src"]]
             final = k == len(steps) - 1
@@ -984,32 +1015,22 @@ class _Blocked:
                 if src_off is None or lay is None:
                     raise _Unsupported("an SE of a value outside the chain's scratch or on an odd layout")
                 blk, _, nhwc = lay
-                n, c, h, w_ = shapes[st["src"]]
-                view = (n, 1, h, w_, c) if nhwc else (n, -(-c // blk), h, w_, blk)
-                nb = int(size(src_md))
-                if last.get(st["src"]) == k:  # in place: the source dies here
-                    off, dst_mem = src_off, src_mem
-                    last[st["src"]] = -1
-                else:
-                    off = arena.alloc(nb, k)
-                    dst_mem = scratch_mem(src_md, off)
+                c = shapes[st["src"]][1]
+                off, dst_mem = same_layout_dst(k, st, src_md, src_mem, src_off)
+                view = _lanes_view(shapes[st["src"]], lay)
                 self.entries.append(self._se_run(st, ins, src_off, off, view, c))
                 self.impls.append(f"se:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
-                free_after(k, st["src"])
-                vals[k + 1] = (src_md, dst_mem, off)
-                where[k + 1] = ("s", off)
-                if final:
-                    reorder(src_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+                same_layout_done(k, st, src_md, dst_mem, off, final)
                 continue
             if st["op"] == _MEAN:
                 lay, src_off = _layout(fns, src_md), vals[st["src"]][2]
                 if not final or src_off is None or lay is None or not o.flags.c_contiguous:
                     raise _Unsupported("a mean that is not the chain's last step, or on an odd layout")
                 blk, _, nhwc = lay
-                n, c, h, w_ = shapes[st["src"]]
-                view = (n, 1, h, w_, c) if nhwc else (n, -(-c // blk), h, w_, blk)
-                self.entries.append(self._mean_run(src_off, view, o.reshape(n, c)))
-                self.impls.append(f"mean:numba:{'nhwc' if nhwc else f'blocked{blk}'}")
+                n, c = shapes[st["src"]][:2]
+                run = self._mean_run(src_off, _lanes_view(shapes[st["src"]], lay), o.reshape(n, c))
+                self.entries.append(run)
+                self.impls.append(f"mean:{run.kind}:{'nhwc' if nhwc else f'blocked{blk}'}")  # type: ignore[attr-defined]
                 continue
             at = _step_attrs(st)
             if st["op"] in _CLIPS:
@@ -1017,13 +1038,7 @@ class _Blocked:
                 if src_off is None:
                     raise _Unsupported("a clip of a value outside the chain's scratch")
                 nb = int(size(src_md))
-                if last.get(st["src"]) == k:  # in place: the source dies here
-                    off = src_off
-                    last[st["src"]] = -1
-                    dst_mem = src_mem
-                else:
-                    off = arena.alloc(nb, k)
-                    dst_mem = scratch_mem(src_md, off)
+                off, dst_mem = same_layout_dst(k, st, src_md, src_mem, src_off)
                 lo, hi = (float(st["c"]), None) if st["op"] == "maximum" else (None, float(st["c"]))
                 prev = getattr(self.entries[-1], "clip", None) if self.entries else None
                 if (prev is not None and prev[0] == k == st["src"] and off == prev[2] and
@@ -1035,11 +1050,7 @@ class _Blocked:
                 else:
                     self.entries.append(self._clip_entry(lo, hi, src_off, off, nb, k + 1))
                     self.impls.append(f"{st['op']}:numpy")
-                free_after(k, st["src"])
-                vals[k + 1] = (src_md, dst_mem, off)
-                where[k + 1] = ("s", off)
-                if final:
-                    reorder(src_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+                same_layout_done(k, st, src_md, dst_mem, off, final)
                 continue
             if st["op"] == _POOL:
                 lay = _layout(fns, src_md)
@@ -1053,12 +1064,11 @@ class _Blocked:
                 dst_mem = scratch_mem(dst_md, off)
                 src_off = vals[st["src"]][2]
                 src_shape = (planes, shapes[st["src"]][2], shapes[st["src"]][3], blk)
-                self.entries.append(self._pool_run(src_off, x if src_off is None else None, src_shape,
-                                                   off, (planes, ho, wo, blk), _pool_args(at)))
-                from ._pool_np import blocked_kernel
-
-                kind = "numba" if blocked_kernel().__module__.endswith("_nb") else "numpy"
-                self.impls.append(f"max_pool2d:{kind}:{'nhwc' if nhwc else f'blocked{blk}'}")
+                run = self._pool_run(src_off, x if src_off is None else None, src_shape,
+                                     off, (planes, ho, wo, blk), _pool_args(at))
+                self.entries.append(run)
+                self.impls.append(f"max_pool2d:{run.kind}:"  # type: ignore[attr-defined]
+                                  f"{'nhwc' if nhwc else f'blocked{blk}'}")
                 free_after(k, st["src"])
                 vals[k + 1] = (dst_md, dst_mem, off)
                 where[k + 1] = ("s", off)
@@ -1500,6 +1510,7 @@ class _Blocked:
             mean_blocked(views["x"], o, c, 0, view[0])
         z = np.zeros((1, 1, 1, 1, 1), np.float32)
         mean_blocked(z, np.zeros((1, 1), np.float32), 1, 0, 1)  # compile (or load) now
+        run.kind = _kind(mean_blocked)  # type: ignore[attr-defined]
         return run
 
     def _pool_run(self, src_off: int | None, src_arr: np.ndarray | None, src_shape: tuple[int, ...],
@@ -1540,6 +1551,7 @@ class _Blocked:
 
         z = np.zeros((1, 1, 1, 1), np.float32)
         max_pool_blocked(z, z.copy(), 1, 1, 1, 1, 0, 0, 0, 1)
+        run.kind = _kind(max_pool_blocked)  # type: ignore[attr-defined]
         return run
 
     def run(self) -> None:
