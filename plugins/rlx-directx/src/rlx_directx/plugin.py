@@ -34,7 +34,7 @@ def _cpu_caps(device_name: str) -> DeviceCaps:
     """Figures for a software Vulkan device (lavapipe): the same kernels as rlx-vulkan's there, so
     the same rough figures (see rlx-vulkan's plugin), flagged unreliable until calibrated."""
     cores = os.cpu_count() or 1
-    return DeviceCaps(peak_flops={"f32": 1.5e9 * cores, "default": 1.5e9 * cores},
+    return DeviceCaps(peak_flops={"f32": 3e9 * cores, "default": 3e9 * cores},
                       mem_bandwidth=5e8 * cores, launch_overhead=3e-5, host_link_bandwidth=2e9,
                       source=f"plugin estimate (software Vulkan device {device_name}, shaders on the CPU)",
                       unreliable=f"{device_name} is a software Vulkan device (type CPU): shaders run on "

@@ -36,7 +36,7 @@ def _software_caps(renderer: str) -> DeviceCaps:
     """A software renderer (llvmpipe): shaders run on the host's cores through LLVM, like lavapipe
     under rlx-vulkan, so the same rough per-core figures, flagged unreliable."""
     cores = os.cpu_count() or 1
-    return DeviceCaps(peak_flops={"f32": 1.5e9 * cores, "default": 1.5e9 * cores},
+    return DeviceCaps(peak_flops={"f32": 3e9 * cores, "default": 3e9 * cores},
                       mem_bandwidth=5e8 * cores, launch_overhead=3e-5, host_link_bandwidth=2e9,
                       source=f"plugin estimate (software OpenGL {renderer}, shaders on the CPU)",
                       unreliable=f"{renderer} is a software OpenGL renderer: shaders run on the host "

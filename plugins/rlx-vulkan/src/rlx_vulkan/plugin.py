@@ -33,12 +33,13 @@ def _cpu_caps(device_name: str) -> DeviceCaps:
     """Figures for a Vulkan device of type CPU (Mesa lavapipe/llvmpipe, SwiftShader).
 
     Its shaders run on the host's cores through LLVM, far below any GPU: measured on lavapipe (2
-    cores, untiled matmul) about 1.6 GFLOP/s per core for matmul and 0.15-0.2 GB/s per core through
+    cores, untiled matmul) about 1.6 GFLOP/s per core for matmul (~3 on the AVX-512 CI machine, 2026-12-02:
+    the demo MLP at batch 512 ran 0.32x an estimate made with 1.5) and 0.15-0.2 GB/s per core through
     the generic elementwise kernels, ~30 us per dispatch. Rough, so flagged unreliable: auto-placement
     keeps a first run off it until `rlx calibrate vulkan` has measured this machine.
     """
     cores = os.cpu_count() or 1
-    return DeviceCaps(peak_flops={"f32": 1.5e9 * cores, "default": 1.5e9 * cores},
+    return DeviceCaps(peak_flops={"f32": 3e9 * cores, "default": 3e9 * cores},
                       mem_bandwidth=5e8 * cores, launch_overhead=3e-5, host_link_bandwidth=2e9,
                       source=f"plugin estimate (software Vulkan device {device_name}, shaders on the CPU)",
                       unreliable=f"{device_name} is a software Vulkan device (type CPU): shaders run on "

@@ -45,7 +45,7 @@ def _cpu_caps(device_name: str) -> DeviceCaps:
     cores through LLVM. Rough, so flagged unreliable: auto-placement keeps a first run off it until
     `rlx calibrate webgpu` has measured this machine."""
     cores = os.cpu_count() or 1
-    return DeviceCaps(peak_flops={"f32": 1.5e9 * cores, "default": 1.5e9 * cores},
+    return DeviceCaps(peak_flops={"f32": 3e9 * cores, "default": 3e9 * cores},
                       mem_bandwidth=5e8 * cores, launch_overhead=4e-5, host_link_bandwidth=1e9,
                       source=f"plugin estimate (CPU WebGPU adapter {device_name}, shaders on the CPU)",
                       unreliable=f"{device_name} is a CPU WebGPU adapter: shaders run on the host CPU and "
