@@ -85,13 +85,16 @@ def _kernels(exe: Any, batch: int) -> list[tuple[str, Any]]:
     return list(zip(prog.kernel_names, prog.runs))
 
 
+@pytest.mark.parametrize("team", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("batch", [1, 3])
-
-def test_chain_matches_reference(batch: int, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_cpu import parallel
+def test_chain_matches_reference(batch: int, threads: int, team: bool,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each conv on an OpenMP team (the default) and as one-thread pieces on the row pool."""
+    from rlx_cpu import conv_chain, parallel
 
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(threads))
+    monkeypatch.setattr(conv_chain, "OPENMP", team)
     graph = _net(batch)
     exe = Session("cpu", use_cache=False).compile(graph)
     xv = RNG.standard_normal((batch, 3, 29, 31)).astype(np.float32)
@@ -107,6 +110,44 @@ def test_chain_matches_reference(batch: int, threads: int, monkeypatch: pytest.M
     chains = [r for n, r in _kernels(exe, batch) if n == "cpu.rlx_cpu.conv_chain"]
     assert len(chains) == 1  # the whole body is one chain ...
     assert getattr(chains[0], "onednn_impl", None)  # ... on the blocked path
+
+
+def test_team_follows_the_load_with_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With other processes on a core the pool's probe lowers ``active``: the chain then runs
+    primitives made for that many OpenMP threads (once, kept), and the results keep every bit;
+    ``RLX_CPU_CHAIN_OPENMP=0`` goes back to the row pool's pieces."""
+    from rlx_cpu import conv_chain, parallel
+
+    pool = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pool)
+    monkeypatch.setattr(pool, "poll", lambda: None)  # the test sets the load, not /proc/stat
+    made: list[int] = []
+
+    class Counted(conv_chain._Blocked):
+        def __init__(self, api: Any, ins: Any, o: Any, steps: Any, threads: int, *a: Any, **k: Any) -> None:
+            made.append(threads)
+            super().__init__(api, ins, o, steps, threads, *a, **k)
+
+    monkeypatch.setattr(conv_chain, "_Blocked", Counted)
+    graph = _net(3)
+    xv = RNG.standard_normal((3, 3, 29, 31)).astype(np.float32)
+    xv[0, 1, 4, 5] = np.nan
+    exe = Session("cpu", use_cache=False).compile(graph)
+    runs = []
+    for active in (2, 1, 1, 2):
+        pool.active = active
+        runs.append(exe.run(x=xv)["y"].copy())
+    assert made == [2, 1], made  # one variant per thread count, made on first need
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r, runs[0])
+    monkeypatch.setenv("RLX_CPU_CHAIN_OPENMP", "0")
+    made.clear()
+    pieces = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+    assert made == [1], made  # one-thread primitives, cut for the pool
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    ok = ~np.isnan(ref)
+    assert np.array_equal(np.isnan(pieces), ~ok)
+    np.testing.assert_allclose(pieces[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
 
 
 def test_per_op_switch_gives_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,9 +246,10 @@ def test_convs_cut_into_pieces_for_the_row_pool(batch: int, monkeypatch: pytest.
     """Big convs run as one-thread primitives on pieces the pool's threads take in turn: output
     channel blocks of the one image (every piece reads the whole blocked input; the residual is
     added in place, piece by piece) or whole images."""
-    from rlx_cpu import parallel
+    from rlx_cpu import conv_chain, parallel
 
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    monkeypatch.setattr(conv_chain, "OPENMP", False)
     g = GraphBuilder("pieces")
     x = g.input("x", "f32", (batch, 64, 24, 24))
     h = g.op("relu", _conv(g, x, "c1", 64, 64, 3))
@@ -488,7 +530,9 @@ def test_chain_with_se_steps_decomposes(hard: bool) -> None:
 
 def test_se_images_cut_for_the_row_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """A big SE step's images are cut for the pool's threads: the same bits as on one thread."""
-    from rlx_cpu import parallel
+    from rlx_cpu import conv_chain, parallel
+
+    monkeypatch.setattr(conv_chain, "OPENMP", False)
 
     graph = _se_net(4, 32, "silu", False, False, hw=(32, 32))
     xv = RNG.standard_normal((4, 3, 32, 32)).astype(np.float32)

@@ -152,12 +152,40 @@ def test_mlp_loads_no_numba() -> None:
     assert max(got["errs"]) < 1e-5, got
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_threaded_gemv_matches_float64(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``RLX_CPU_DENSE_GEMV_THREADS=1``: the large 1-2 row linears on oneDNN's OpenMP threads."""
-    monkeypatch.setenv("RLX_CPU_DENSE_GEMV_THREADS", "1")
-    graph, feed, ref = _mlp(batch, (600, 512, 10))
+@pytest.mark.parametrize("batch", [1, 2, 8, 300])
+def test_team_linears_match_float64_and_keep_their_bits(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RLX_CPU_DENSE_OPENMP`` (the default): the big linears are one oneDNN sgemm on an OpenMP
+    team of the pool's active threads; a busy core (fewer active threads) keeps every bit."""
+    from rlx_cpu import blas, parallel
+
+    if blas.dnnl_gemm_fn(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
+                         np.zeros((1, 1), np.float32)) is None:
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    pool = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pool)
+    monkeypatch.setattr(pool, "poll", lambda: None)  # the test sets the load, not /proc/stat
+    graph, feed, ref = _mlp(batch, (600, 512, 300, 10))
     exe = Session("cpu").compile(graph)
-    for _ in range(3):
-        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
-    assert _compiled(exe, graph, feed).kernel_names[0] == "cpu.dense_linear_relu"
+    runs = []
+    for active in (2, 1, 2):
+        pool.active = active
+        runs.append(exe.run(feed)["y"].copy())
+        np.testing.assert_allclose(runs[-1], ref, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_array_equal(runs[0], runs[2])
+    assert _compiled(exe, graph, feed).kernel_names[:2] == ("cpu.dense_linear_relu",) * 2
+    monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", "0")  # np.matmul / the row pool's pieces
+    np.testing.assert_allclose(Session("cpu").compile(graph).run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+
+
+def test_thread_counts_that_change_bits_keep_the_full_team() -> None:
+    """oneDNN splits the sum over k for 8 rows x k 4096 on 8 threads (other bits than on one):
+    a load that leaves one thread then still runs the full team; 784x512 splits only rows."""
+    from rlx_cpu import blas, dense
+
+    if blas.dnnl_gemm_fn(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
+                         np.zeros((1, 1), np.float32)) is None:
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    assert not dense._same_bits((8, 4096), (4096, 64), 1, 8)
+    assert dense._same_bits((8, 784), (784, 512), 1, 2)
+    assert dense._same_bits((512, 784), (784, 1), 1, 2)  # one row as a column

@@ -33,17 +33,18 @@ Layouts: each conv reads its input in the layout oneDNN prefers for it (nChw16c 
 :data:`BRG_FIRST`), which is mostly the layout the previous conv wrote, so a chain reorders at its
 edges and where the preferred layout changes (ResNet: once, after the stem's pool).
 
-Threads: every conv is a one-thread primitive; a conv with enough work is cut into pieces that the
-row pool's threads take in turn (:mod:`rlx_cpu.parallel`): whole images, output rows (NHWC, one
-image: each piece reads its input rows and the kernel's halo in place) or output channels (whole
-blocks in nChw16c), whichever makes a piece read the fewest bytes (:func:`_choose_cut`: convs with
-big weights and small outputs, ResNet's layer3/4, by channels); nothing is reordered per piece as
-:mod:`rlx_cpu.onednn_conv`'s row pieces do (an NHWC channel piece copies its own output in). No
-OpenMP team is opened, so no libgomp worker spins, and a core taken by another process takes fewer
-pieces. ``OPENMP = True`` runs each conv as one primitive on an OpenMP team instead: as fast on a
-quiet machine (ResNet-18 b1, fastest run 20.0 vs 20.9 ms, 2026-12-02) but 4-8x slower in the
-median whenever another process holds a core for a moment (every conv waits for the team's slower
-thread), so the pieces are the default.
+Threads: by default every conv is one primitive on an OpenMP team of the threads the load leaves
+(:data:`OPENMP`, ``RLX_CPU_CHAIN_OPENMP``; the row pool's probe of /proc/stat picks the count and a
+primitive is made once per count, so a core taken by another process shrinks the team rather than
+holding every conv up; oneDNN's split gives the same bits for every count). The team's threads wait
+for the next primitive spinning, so a chain of small convs (MobileNet, EfficientNet, ResNet at b1)
+pays no kernel wake-up per conv. With ``RLX_CPU_CHAIN_OPENMP=0`` every conv is a one-thread
+primitive and a conv with enough work is cut into pieces that the row pool's threads take in turn
+(:mod:`rlx_cpu.parallel`): whole images, output rows (NHWC, one image: each piece reads its input
+rows and the kernel's halo in place) or output channels (whole blocks in nChw16c), whichever makes a
+piece read the fewest bytes (:func:`_choose_cut`: convs with big weights and small outputs, ResNet's
+layer3/4, by channels); nothing is reordered per piece as :mod:`rlx_cpu.onednn_conv`'s row pieces do
+(an NHWC channel piece copies its own output in); no OpenMP team is opened.
 
 ``USE = False`` (or ``RLX_CPU_CONV_CHAIN=0``) binds a chain as its member ops one at a time
 (:mod:`rlx_cpu.conv`'s per-conv path on NCHW intermediates): the same graph, the old kernels, for
@@ -86,10 +87,16 @@ Run = Callable[[], None]
 SETTING = settings.CONV_CHAIN
 #: False: chains run as their member ops one at a time (A/B runs; tests).
 USE = True
-#: True: every conv of a chain is one primitive on an OpenMP team of the pool's active threads.
-#: False: one-thread primitives, big convs cut into pieces (images, or output channel blocks) that
-#: the row pool's threads take in turn (``bench/conv_ab.py --chain-openmp`` compares them).
-OPENMP = False
+#: True: every conv of a chain is one primitive on an OpenMP team of the pool's active threads
+#: (when ``RLX_CPU_CHAIN_OPENMP`` is on, the default). False: one-thread primitives, big convs cut
+#: into pieces (images, or output channel blocks) that the row pool's threads take in turn
+#: (``bench/conv_ab.py --chain-openmp`` compares them). Measured 2026-12-02 13:00 UTC, quiet
+#: 2-core EPYC, one process, blocks alternating (p50 ms, pieces -> team): ResNet-18 64x64 b1 3.45
+#: -> 2.07, b8 9.37 -> 8.96; MobileNetV2 b1 0.61 -> 0.50, b8 5.33 -> 2.45; EfficientNet-B0 b1 1.50
+#: -> 1.19, b8 8.20 -> 4.80; RegNetY-400MF b1 1.38 -> 0.80, b8 8.17 -> 4.45 (the pieces left the
+#: depthwise and small convs on one thread; a team splits every conv, and its threads wait for the
+#: next primitive spinning, not through a kernel wake-up). Bit-identical for every thread count.
+OPENMP = True
 #: True: where oneDNN's preferred conv for its own layout is a brgconv kernel (NHWC here) and the
 #: producer's layout (ResNet's stem writes nChw16c) would give an older one, reorder once into the
 #: preferred layout; the convs after it then read it as it is. False: keep the producer's layout
@@ -658,7 +665,8 @@ def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
     pl = pool()
     shared: dict[Any, Any] = {}  # packed constant weights, shared by the thread-count variants
     try:
-        if not OPENMP:  # one-thread primitives; big convs cut into pieces for the row pool
+        team = OPENMP and settings.CHAIN_OPENMP.get()
+        if not team:  # one-thread primitives; big convs cut into pieces for the row pool
             one = _Blocked(api, ins, o, steps, 1, shared, split=pl.threads)
             variants = {pl.threads: one}
 
@@ -677,7 +685,7 @@ def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
             v = variants[n] = _Blocked(api, ins, o, steps, n, shared)
         v.run()
     fast.onednn_impl = variants[pl.threads].impls  # type: ignore[attr-defined]
-    if not OPENMP:
+    if not team:
         fast = pooled
     # oneDNN skips the zero padding that NaN/Inf weights would multiply (the reference gives NaN):
     # fed weights of padded convs are checked every run (constants were checked by the rule).

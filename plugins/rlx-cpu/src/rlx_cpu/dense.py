@@ -6,14 +6,17 @@ a Numba trampoline for the GEMM row pieces), and Numba brings LLVM and SciPy: th
 71 MB (all without PyTorch), ~125 MB of it those libraries. A program made only of the kernels
 below needs none of them:
 
-* a linear of one or two rows is one ``np.matmul`` (OpenBLAS's GEMV-like path, as on the general
-  path), with more rows the general path's row pieces on the row pool, each oneDNN's sgemm called
-  through ctypes (the same library and split, so the same results) and the piece's bias added
-  while its rows are in cache;
+* a linear of at least :data:`TEAM_MIN_MACS` multiply-adds is one oneDNN sgemm (through ctypes)
+  on an OpenMP team of the threads the load leaves (``RLX_CPU_DENSE_OPENMP``; the team's threads
+  wait for the next linear spinning, so the MLP's linears hand over without a kernel wake-up);
+  a smaller one of one or two rows is one ``np.matmul`` (OpenBLAS's GEMV-like path), with more
+  rows the general path's row pieces on the row pool, each oneDNN's sgemm called through ctypes
+  and the piece's bias added while its rows are in cache;
 * a ReLU right after a linear is done in place on the GEMM's output (one run, no extra pass);
 * a softmax is five ufunc calls (the general kernel's NumPy form).
 
-Then batch 1 loads only NumPy's OpenBLAS (66 MB peak) and batch 256 adds oneDNN (88 MB).
+Then a program loads NumPy's OpenBLAS and oneDNN (~15 MB more), never Numba or LLVM (with
+``RLX_CPU_DENSE_OPENMP=0`` batch 1 loads no oneDNN either).
 Anything else in the program (an attention, a layer norm, a convolution) sends it down the
 general path unchanged, so transformer and convolution programs are not affected.
 ``RLX_CPU_DENSE=0`` turns this off.
@@ -149,43 +152,65 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
                 and not np.may_share_memory(r2, x)):
             t = r2
         post = (r2 if t is r2 else r, zero, o_first)
+    if (o.ndim == 2 and x.ndim == 2 and x.shape[0] * wt.size >= TEAM_MIN_MACS
+            and (post is None or post[0] is t) and settings.DENSE_OPENMP.get()):
+        team = _team(x, w, wt, b, t, post)
+        if team is not None:
+            return team
     if o.ndim == 2 and x.ndim == 2 and o.shape[0] > GEMV_ROWS:
         rows = _row_pieces(x, wt, b, t, post)
         if rows is not None:
             return rows
-    if (o.ndim == 2 and x.ndim == 2 and wt.size >= GEMV_SPLIT_MIN and (post is None or post[0] is t)
-            and settings.DENSE_GEMV_THREADS.get()):
-        gemv = _threaded_gemv(x, wt, b, t, post)
-        if gemv is not None:
-            return gemv
     return _whole(x, wt, b, t, o, post)
 
 
-#: Weight elements from which a one- or two-row linear runs on oneDNN with OpenMP threads
-#: (``RLX_CPU_DENSE_GEMV_THREADS=1``): split over both cores, the 784x512 GEMV takes 12 instead
-#: of 22 us at best (each core streams half the weights); a 512x256 one gains less than the extra
-#: calls cost (7.0 against 7.5 us). Off by default: bench/busy_core.py runs disagree (2026-12-02
-#: 10:27 UTC: MLP batch 1 0.033 against 0.042 ms quiet, 0.038 against 0.051 busy; 10:55 UTC, on
-#: by default: 0.044 against 0.042 at the session's start; an earlier run on a busier machine:
-#: 65 against 44 us), and it loads oneDNN (+15 MB peak RSS: 84 against 68 MB, ORT 71).
-GEMV_SPLIT_MIN = 262144
+#: Multiply-adds from which a linear is one oneDNN sgemm on an OpenMP team (``RLX_CPU_DENSE_OPENMP``).
+#: Per linear of the MLP 784-512-256-10, 2-core EPYC, 2026-12-02 (best / median us; np.matmul,
+#: oneDNN on one thread, on a team of two): b1 784x512 20.3/23.9, 22.8/24.1, 11.4/13.2; 512x256
+#: 6.5/7.2, 6.8/7.4, 6.2/6.7; 256x10 1.5/1.6, 3.7/3.8, 3.1/3.2. b8 784x512 61.3/68.7, 37.7/39.5,
+#: 21.5/24.2. b256 784x512 976/1050, 1007/1043, 536/565 (the row pool's two pieces: ~570 in the
+#: program). A team's threads wait for the next call spinning, so consecutive linears hand over
+#: without a kernel wake-up; below this size the call costs more than the split gains.
+TEAM_MIN_MACS = 131072
 
 
-def _threaded_gemv(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
-                   post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
-    """A one- or two-row linear as one oneDNN sgemm on as many OpenMP threads as the row pool
-    has active (one while other processes keep a core busy: a thread sharing its core holds
-    the split up), its bias and ReLU after; None without oneDNN or a second core."""
+def _team(x: np.ndarray, w: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
+          post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
+    """The linear as one oneDNN sgemm on as many OpenMP threads as the row pool has active (fewer
+    while other processes keep a core busy: a thread sharing its core holds the split up), its
+    bias and ReLU after; None without oneDNN or a second core.
+
+    The load must never change a result, and oneDNN splits the sum over k between threads for
+    some shapes and thread counts (one row: always; 2-32 rows with k >= 1024 on 8 threads or more),
+    which changes the bits. So one row is computed as ``w @ x.T`` (a column: oneDNN splits the
+    rows of ``w``, never k, for 1-16 threads), and a thread count other than the full team's is
+    used only once :func:`_same_bits` found it gives the full team's bits for this shape (else
+    that load runs the full team)."""
     from . import blas
     from .parallel import pool
 
     p = pool()
-    if p.threads < 2:
+    full = p.threads
+    if full < 2:
         return None
-    gemm = blas.dnnl_gemm_fn(x, wt, t, threads=lambda: p.active)
+    if x.shape[0] == 1:  # c (n, 1) = w (n, k) @ x.T (k, 1): t's memory seen as a column
+        if not (x.flags.c_contiguous and t.flags.c_contiguous):
+            return None  # a reshape would copy: the GEMM would read and write the copies
+        a, bb, c = np.ascontiguousarray(w), x.reshape(x.shape[1], 1), t.reshape(t.shape[1], 1)
+    else:
+        a, bb, c = x, wt, t
+    counts = {full: full}
+
+    def threads() -> int:
+        n = p.active
+        got = counts.get(n)
+        if got is None:
+            got = counts[n] = n if _same_bits(a.shape, bb.shape, n, full) else full
+        return got
+    gemm = blas.dnnl_gemm_fn(a, bb, c, threads=threads)
     if gemm is None:
         return None
-    m = t.shape[0]
+    m = c.shape[0]
     add, maximum = np.add, np.maximum
     if post is None:
         def run() -> None:
@@ -200,6 +225,26 @@ def _threaded_gemv(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
         add(t, b, out=t)
         maximum(a_, b_, out=t)
     return run_relu
+
+
+def _same_bits(a_shape: tuple[int, ...], b_shape: tuple[int, ...], n: int, full: int) -> bool:
+    """Does oneDNN's sgemm of these shapes give the same bits on ``n`` threads as on ``full``?
+    Checked once per shape and count on seeded random operands: a different split of the sum
+    over k changes the rounding of almost every output."""
+    from . import blas
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape, dtype=np.float32)
+    bm = rng.standard_normal(b_shape, dtype=np.float32)
+    outs = []
+    for k in (n, full):
+        c = np.empty((a_shape[0], b_shape[1]), np.float32)
+        fn = blas.dnnl_gemm_fn(a, bm, c, threads=lambda k=k: k)
+        if fn is None:
+            return False
+        fn(0, a_shape[0])
+        outs.append(c)
+    return bool(np.array_equal(outs[0], outs[1]))
 
 
 def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray,

@@ -62,10 +62,15 @@ CONV_CHAIN = declare_setting(
     "RLX_CPU_CONV_CHAIN", "bool", True,
     "Chains of convs/max pools keep activations in oneDNN's blocked layout between convs (0: each conv "
     "reorders NCHW in and out, as before).", owner=OWNER)
-DENSE_GEMV_THREADS = declare_setting(
-    "RLX_CPU_DENSE_GEMV_THREADS", "bool", False,
-    "MLPs' 1-2 row linears with >= 256K weights run on oneDNN with OpenMP threads, one while other "
-    "processes hold a core (faster in some runs, not in others; loads oneDNN: +15 MB RSS).", owner=OWNER)
+DENSE_OPENMP = declare_setting(
+    "RLX_CPU_DENSE_OPENMP", "bool", True,
+    "MLPs' linears of >= 128K multiply-adds are one oneDNN sgemm on an OpenMP team of the threads the "
+    "load leaves (0: np.matmul for 1-2 rows, one-thread pieces on the row pool for more; loads no oneDNN "
+    "at batch 1-2: ~15 MB less RSS).", owner=OWNER)
+CHAIN_OPENMP = declare_setting(
+    "RLX_CPU_CHAIN_OPENMP", "bool", True,
+    "Each conv of a conv chain is one oneDNN primitive on an OpenMP team of the threads the load leaves "
+    "(0: one-thread primitives cut into pieces for rlx-cpu's row pool, as before).", owner=OWNER)
 POOL_NUMPY = declare_setting(
     "RLX_CPU_POOL_NUMPY", "bool", True,
     "Conv chains' max pools (oneDNN's blocked layout) run as NumPy while Numba is not loaded, so a CNN "
@@ -74,4 +79,4 @@ POOL_NUMPY = declare_setting(
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
-                           DENSE_GEMV_THREADS, CONV_CHAIN, POOL_NUMPY]
+                           DENSE_OPENMP, CONV_CHAIN, CHAIN_OPENMP, POOL_NUMPY]
