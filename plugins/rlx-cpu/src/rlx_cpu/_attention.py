@@ -9,8 +9,6 @@ per-call scratch block, so nothing of size (B, H, Sq, Sk) is ever materialised.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
@@ -134,7 +132,14 @@ def guarded_items(q, kt, v, bias, c1, c2, o, lo, hi):
     dv = v.shape[3]
     qs = np.empty(d, q.dtype)
     ks = np.empty((d, sk), q.dtype)
-    s = np.empty(sk, q.dtype)
+    # An item's scores as one flat buffer: the exp runs once over all of them (vectorised), not
+    # once an element through libm.
+    sflat = np.empty(sq * sk, q.dtype)
+    pflat = np.empty(sq * sk, q.dtype)
+    ib = np.empty(sq * sk, np.int32)
+    t1 = np.empty(sq * sk, np.float32)
+    t2 = np.empty(sq * sk, np.float32)
+    acc = np.empty(dv, q.dtype)
     for it in range(lo, hi):
         b = it // h
         hh = it % h
@@ -142,13 +147,17 @@ def guarded_items(q, kt, v, bias, c1, c2, o, lo, hi):
             for j in range(sk):
                 ks[c, j] = kt[b, hh, c, j] * c2  # the scaled keys, rounded as the graph does
         for i in range(sq):
+            s = sflat[i * sk:(i + 1) * sk]
             for c in range(d):
                 qs[c] = q[b, hh, i, c] * c1
             for j in range(sk):
-                acc = 0.0
-                for c in range(d):
-                    acc += qs[c] * ks[c, j]
-                s[j] = q.dtype.type(acc) + bias[b, hh, i, j]
+                s[j] = 0.0
+            for c in range(d):  # over the keys innermost: contiguous, vectorised
+                qc = qs[c]
+                for j in range(sk):
+                    s[j] += qc * ks[c, j]
+            for j in range(sk):
+                s[j] += bias[b, hh, i, j]
             m = s[0]
             nan = m != m
             for j in range(1, sk):
@@ -159,17 +168,23 @@ def guarded_items(q, kt, v, bias, c1, c2, o, lo, hi):
                     m = x
             if nan:
                 m = np.nan
+            for j in range(sk):
+                s[j] = s[j] - m
+        vexp_rows(sflat, pflat, ib, t1, t2)
+        for i in range(sq):
+            e = pflat[i * sk:(i + 1) * sk]
             tot = 0.0
             for j in range(sk):
-                e = math.exp(s[j] - m)
-                s[j] = e
-                tot += e
+                tot += e[j]
             inv = 1.0 / tot
             for j in range(sk):
-                p = s[j] * inv
-                s[j] = 0.0 if p != p else p  # the exporter's where(isnan(p), 0, p)
+                p = e[j] * inv
+                e[j] = 0.0 if p != p else p  # the exporter's where(isnan(p), 0, p)
             for c in range(dv):
-                acc = 0.0
-                for j in range(sk):
-                    acc += s[j] * v[b, hh, j, c]
-                o[b, hh, i, c] = acc
+                acc[c] = 0.0
+            for j in range(sk):  # rows of v, each contiguous
+                ej = e[j]
+                for c in range(dv):
+                    acc[c] += ej * v[b, hh, j, c]
+            for c in range(dv):
+                o[b, hh, i, c] = acc[c]
