@@ -189,3 +189,22 @@ def test_thread_counts_that_change_bits_keep_the_full_team() -> None:
     assert not dense._same_bits((8, 4096), (4096, 64), 1, 8)
     assert dense._same_bits((8, 784), (784, 512), 1, 2)
     assert dense._same_bits((512, 784), (784, 1), 1, 2)  # one row as a column
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_team_linears_keep_nan_and_inf(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matmul primitive's bias and ReLU post-ops keep NaN and Inf as the general path does."""
+    from rlx_cpu import parallel
+
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    graph, feed, _ = _mlp(batch, (600, 512, 300, 10), head="none")
+    x = feed["x"].copy()
+    x[0, 0] = np.nan
+    if batch > 1:
+        x[1, :] = np.inf
+        x[2, 5] = -np.inf
+    got = Session("cpu").compile(graph).run({"x": x})["y"]
+    monkeypatch.setenv("RLX_CPU_DENSE", "0")
+    want = Session("cpu").compile(graph).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -172,6 +172,9 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
 #: program). A team's threads wait for the next call spinning, so consecutive linears hand over
 #: without a kernel wake-up; below this size the call costs more than the split gains.
 TEAM_MIN_MACS = 131072
+#: True: a team linear is oneDNN's matmul primitive with the weights packed once, bias and ReLU as
+#: post-ops (:mod:`rlx_cpu.onednn_linear`); False: ``sgemm``, which packs them at every call.
+MATMUL = True
 
 
 def _team(x: np.ndarray, w: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
@@ -193,6 +196,12 @@ def _team(x: np.ndarray, w: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.nda
     full = p.threads
     if full < 2:
         return None
+    if MATMUL:
+        from .onednn_linear import linear_team
+
+        mm = linear_team(x, w, b, t, post is not None, lambda: p.active, full)
+        if mm is not None:
+            return mm
     if x.shape[0] == 1:  # c (n, 1) = w (n, k) @ x.T (k, 1): t's memory seen as a column
         if not (x.flags.c_contiguous and t.flags.c_contiguous):
             return None  # a reshape would copy: the GEMM would read and write the copies

@@ -105,6 +105,7 @@ def _api() -> dict[str, Any] | None:
             "dnnl_convolution_forward_primitive_desc_create": (
                 st_t, [ctypes.POINTER(_VP), _VP, ctypes.c_int, ctypes.c_int, _VP, _VP, _VP, _VP,
                        _Dims, _Dims, _Dims, _Dims, _VP]),
+            "dnnl_matmul_primitive_desc_create": (st_t, [ctypes.POINTER(_VP), _VP, _VP, _VP, _VP, _VP, _VP]),
             "dnnl_reorder_primitive_desc_create": (st_t, [ctypes.POINTER(_VP), _VP, _VP, _VP, _VP, _VP]),
             "dnnl_primitive_desc_query_md": (_VP, [_VP, ctypes.c_int, ctypes.c_int]),
             "dnnl_primitive_desc_query": (st_t, [_VP, ctypes.c_int, ctypes.c_int, _VP]),
