@@ -30,7 +30,10 @@ from typing import Any
 
 
 def _busy_loop(cpu: int) -> subprocess.Popen[bytes]:
-    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    """A process spinning on ``cpu`` until killed, or until this one dies: a benchmark killed from
+    outside (no ``finally``) must not leave a busy core behind for every later measurement."""
+    code = (f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nparent = os.getppid()\nn = 0\n"
+            "while True:\n    n += 1\n    if n % 1000000 == 0 and os.getppid() != parent:\n        break\n")
     return subprocess.Popen([sys.executable, "-c", code])
 
 
