@@ -287,6 +287,12 @@ def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.nd
     return run_two
 
 
+#: Multiply-adds below which a linear of more than two rows that runs as one piece is one
+#: ``np.matmul`` instead: 8x256 @ 256x10 took 8.8 us as a row piece (oneDNN through ctypes,
+#: bias after) and 2.6 us as ``np.matmul`` (2026-12-02, 2-core EPYC).
+SMALL_MACS = 262144
+
+
 def _row_pieces(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
                 post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
     """The linear in row pieces on the row pool: each a single-threaded GEMM (oneDNN through
@@ -305,6 +311,8 @@ def _row_pieces(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
     # The general linear's split rule (rlx_cpu.hir_kernels.SPLIT_MIN_MACS): a hand-off costs
     # ~20 us at the median, 4M multiply-adds ~70 us on one core.
     parts = threads if m * n * k >= 4_000_000 and m >= 2 * threads else 1
+    if parts == 1 and m * n * k < SMALL_MACS:
+        return None  # one np.matmul (OpenBLAS, one thread at this size) costs less than a piece
     cpt = max(1, min(4, m // (512 * threads)))
     add, maximum = np.add, np.maximum
     zero, o_first = (post[1], post[2]) if post is not None else (None, True)
