@@ -64,9 +64,10 @@ CONV_CHAIN = declare_setting(
     "reorders NCHW in and out, as before).", owner=OWNER)
 DENSE_OPENMP = declare_setting(
     "RLX_CPU_DENSE_OPENMP", "bool", True,
-    "MLPs' linears of >= 128K multiply-adds are one oneDNN sgemm on an OpenMP team of the threads the "
-    "load leaves (0: np.matmul for 1-2 rows, one-thread pieces on the row pool for more; loads no oneDNN "
-    "at batch 1-2: ~15 MB less RSS).", owner=OWNER)
+    "MLPs' linears of >= 128K multiply-adds are one oneDNN matmul primitive (weights packed once, bias "
+    "and ReLU fused) on an OpenMP team of the threads the load leaves (0: np.matmul for 1-2 rows, "
+    "one-thread pieces on the row pool for more; loads no oneDNN at batch 1-2: ~15 MB less RSS).",
+    owner=OWNER)
 CHAIN_OPENMP = declare_setting(
     "RLX_CPU_CHAIN_OPENMP", "bool", True,
     "Each conv of a conv chain is one oneDNN primitive on an OpenMP team of the threads the load leaves "
