@@ -113,13 +113,16 @@ POST = {"none": (False, False, ""), "bias": (True, False, ""), "relu": (True, Fa
 @pytest.mark.parametrize(("tail", "fed"), [("none", False), ("bias", False), ("relu", True),
                                            ("add_relu", False), ("add_relu", True), ("silu", False),
                                            ("sig_mul", True), ("hswish", False)])
-@pytest.mark.parametrize("split", [False, True])
-def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool, split: bool,
+@pytest.mark.parametrize("mode", ["team", "whole", "split"])
+def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool, mode: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """team: one primitive on an OpenMP team (the default); whole / split: RLX_CPU_CONV_OPENMP=0."""
     from rlx_cpu import parallel
 
     onednn_conv = _onednn()
+    split = mode == "split"
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))  # no load probe: 2 threads throughout
+    monkeypatch.setenv("RLX_CPU_CONV_OPENMP", "1" if mode == "team" else "0")
     monkeypatch.setattr(onednn_conv, "MIN_MACS_PER_PIECE", 0 if split else 1 << 62)
     built: list[tuple[bool, bool, bool]] = []
     orig = onednn_conv._build
@@ -162,6 +165,7 @@ def test_onednn_conv_pieces_run_on_the_row_pool(monkeypatch: pytest.MonkeyPatch)
     onednn_conv = _onednn()
     pl = parallel.RowPool(2)
     monkeypatch.setattr(parallel, "_POOL", pl)
+    monkeypatch.setenv("RLX_CPU_CONV_OPENMP", "0")
     monkeypatch.setattr(onednn_conv, "MIN_MACS_PER_PIECE", 0)
     threads: list[int] = []
     orig = onednn_conv._build

@@ -115,7 +115,7 @@ def test_chain_matches_reference(batch: int, threads: int, team: bool,
 def test_team_follows_the_load_with_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     """With other processes on a core the pool's probe lowers ``active``: the chain then runs
     primitives made for that many OpenMP threads (once, kept), and the results keep every bit;
-    ``RLX_CPU_CHAIN_OPENMP=0`` goes back to the row pool's pieces."""
+    ``RLX_CPU_CONV_OPENMP=0`` goes back to the row pool's pieces."""
     from rlx_cpu import conv_chain, parallel
 
     pool = parallel.RowPool(2)
@@ -140,7 +140,7 @@ def test_team_follows_the_load_with_the_same_bits(monkeypatch: pytest.MonkeyPatc
     assert made == [2, 1], made  # one variant per thread count, made on first need
     for r in runs[1:]:
         np.testing.assert_array_equal(r, runs[0])
-    monkeypatch.setenv("RLX_CPU_CHAIN_OPENMP", "0")
+    monkeypatch.setenv("RLX_CPU_CONV_OPENMP", "0")
     made.clear()
     pieces = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
     assert made == [1], made  # one-thread primitives, cut for the pool

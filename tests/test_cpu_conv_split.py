@@ -54,7 +54,7 @@ def _run(graph: Any, xv: np.ndarray, threads: int, cut_channels: bool, monkeypat
     from rlx_cpu import conv_chain, onednn_conv, parallel
 
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(threads))
-    monkeypatch.setattr(conv_chain, "OPENMP", False)  # the pieces (RLX_CPU_CHAIN_OPENMP=0)
+    monkeypatch.setattr(conv_chain, "OPENMP", False)  # the pieces (RLX_CPU_CONV_OPENMP=0)
     monkeypatch.setattr(conv_chain, "CUT_CHANNELS", cut_channels)
     monkeypatch.setattr(onednn_conv, "MIN_MACS_PER_PIECE", 1000)  # the tests' small convs are cut too
     exe = Session("cpu", use_cache=False).compile(graph)

@@ -34,11 +34,11 @@ Layouts: each conv reads its input in the layout oneDNN prefers for it (nChw16c 
 edges and where the preferred layout changes (ResNet: once, after the stem's pool).
 
 Threads: by default every conv is one primitive on an OpenMP team of the threads the load leaves
-(:data:`OPENMP`, ``RLX_CPU_CHAIN_OPENMP``; the row pool's probe of /proc/stat picks the count and a
+(:data:`OPENMP`, ``RLX_CPU_CONV_OPENMP``; the row pool's probe of /proc/stat picks the count and a
 primitive is made once per count, so a core taken by another process shrinks the team rather than
 holding every conv up; oneDNN's split gives the same bits for every count). The team's threads wait
 for the next primitive spinning, so a chain of small convs (MobileNet, EfficientNet, ResNet at b1)
-pays no kernel wake-up per conv. With ``RLX_CPU_CHAIN_OPENMP=0`` every conv is a one-thread
+pays no kernel wake-up per conv. With ``RLX_CPU_CONV_OPENMP=0`` every conv is a one-thread
 primitive and a conv with enough work is cut into pieces that the row pool's threads take in turn
 (:mod:`rlx_cpu.parallel`): whole images, output rows (NHWC, one image: each piece reads its input
 rows and the kernel's halo in place) or output channels (whole blocks in nChw16c), whichever makes a
@@ -88,7 +88,7 @@ SETTING = settings.CONV_CHAIN
 #: False: chains run as their member ops one at a time (A/B runs; tests).
 USE = True
 #: True: every conv of a chain is one primitive on an OpenMP team of the pool's active threads
-#: (when ``RLX_CPU_CHAIN_OPENMP`` is on, the default). False: one-thread primitives, big convs cut
+#: (when ``RLX_CPU_CONV_OPENMP`` is on, the default). False: one-thread primitives, big convs cut
 #: into pieces (images, or output channel blocks) that the row pool's threads take in turn
 #: (``bench/conv_ab.py --chain-openmp`` compares them). Measured 2026-12-02 13:00 UTC, quiet
 #: 2-core EPYC, one process, blocks alternating (p50 ms, pieces -> team): ResNet-18 64x64 b1 3.45
@@ -665,7 +665,7 @@ def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
     pl = pool()
     shared: dict[Any, Any] = {}  # packed constant weights, shared by the thread-count variants
     try:
-        team = OPENMP and settings.CHAIN_OPENMP.get()
+        team = OPENMP and settings.CONV_OPENMP.get()
         if not team:  # one-thread primitives; big convs cut into pieces for the row pool
             one = _Blocked(api, ins, o, steps, 1, shared, split=pl.threads)
             variants = {pl.threads: one}

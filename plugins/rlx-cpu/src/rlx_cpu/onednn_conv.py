@@ -15,14 +15,17 @@ oneDNN comes from the optional ``onednn-cpu-gomp`` wheel that :mod:`rlx_cpu.blas
 :func:`conv2d_onednn` returns None and the im2col path runs. The library is reached through its C
 API with ctypes (no headers, no compiler); every call releases the GIL.
 
-Threads: one pool for everything. A conv is cut into pieces (whole images; at batch 1 output
-channels or output rows) that run as one-thread primitives on rlx-cpu's row pool
-(:mod:`rlx_cpu.parallel`), so libgomp never opens a team. With a team (one primitive for all
-threads, the design before), libgomp's worker kept spinning on the second core after each conv
-while the row pool ran the next steps there: quiet ResNet-18 at batch 1 went from 31 ms (im2col)
-to 47-52 ms. Pieces also follow the pool's load adaptation (:attr:`rlx_cpu.parallel.RowPool.active`:
-with one core taken they run one after another on the caller, where a 2-thread team waited at every
-barrier). ``ROW_POOL = False`` brings the team back for A/B runs (``bench/conv_ab.py``).
+Threads: by default (``RLX_CPU_CONV_OPENMP``) a conv is one primitive on an OpenMP team of the
+threads the load leaves (:attr:`rlx_cpu.parallel.RowPool.active`; a primitive is made once per
+thread count, and oneDNN's forward convs give the same bits for every count). Measured 2026-12-02 in
+one process, blocks alternating: DeepLabV3-MobileNetV3 (its ASPP branches are lone convs) b1 2.33 ->
+1.92 ms, b8 9.40 -> 7.57; ConvNeXt (tiny config) b8 1.01 -> 0.92; transformer exports with a patch or
+audio conv unchanged. With the setting off a conv is cut into pieces (whole images; at batch 1
+output channels or output rows) that run as one-thread primitives on rlx-cpu's row pool
+(:mod:`rlx_cpu.parallel`), so libgomp never opens a team: the earlier design, chosen when the team's
+spinning worker slowed the row pool's next steps (quiet ResNet-18 at batch 1 went from 31 ms with
+im2col to 47-52 ms); the convs of CNNs now run inside conv chains on the same team.
+``ROW_POOL = False`` forces the team whatever the setting (``bench/conv_ab.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from rlx_core.plugin import RLXError, release_file_pages
+
+from . import settings
 
 Run = Callable[[], None]
 #: The activation after the conv: "", "relu", "silu", or ("hardswish", alpha, beta) for
@@ -330,7 +335,7 @@ def conv2d_onednn(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[in
     from .parallel import pool
 
     pl = pool()
-    if not ROW_POOL:
+    if not ROW_POOL or settings.CONV_OPENMP.get():
         return _openmp_run(api, pl, x, w, o, strides, pads, dil, g, bias, residual, act)
     pieces = _pieces(x, w, o, strides, pads, dil, g, bias, residual, pl.threads)
     shared: dict[str, Any] = {}  # packed weights the pieces share

@@ -68,10 +68,10 @@ DENSE_OPENMP = declare_setting(
     "and ReLU fused) on an OpenMP team of the threads the load leaves (0: np.matmul for 1-2 rows, "
     "one-thread pieces on the row pool for more; loads no oneDNN at batch 1-2: ~15 MB less RSS).",
     owner=OWNER)
-CHAIN_OPENMP = declare_setting(
-    "RLX_CPU_CHAIN_OPENMP", "bool", True,
-    "Each conv of a conv chain is one oneDNN primitive on an OpenMP team of the threads the load leaves "
-    "(0: one-thread primitives cut into pieces for rlx-cpu's row pool, as before).", owner=OWNER)
+CONV_OPENMP = declare_setting(
+    "RLX_CPU_CONV_OPENMP", "bool", True,
+    "Each oneDNN conv (in a conv chain or alone) is one primitive on an OpenMP team of the threads the "
+    "load leaves (0: one-thread primitives cut into pieces for rlx-cpu's row pool, as before).", owner=OWNER)
 POOL_NUMPY = declare_setting(
     "RLX_CPU_POOL_NUMPY", "bool", True,
     "Conv chains' max pools (oneDNN's blocked layout) run as NumPy while Numba is not loaded, so a CNN "
@@ -80,4 +80,4 @@ POOL_NUMPY = declare_setting(
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
-                           DENSE_OPENMP, CONV_CHAIN, CHAIN_OPENMP, POOL_NUMPY]
+                           DENSE_OPENMP, CONV_CHAIN, CONV_OPENMP, POOL_NUMPY]
