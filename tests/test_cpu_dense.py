@@ -208,3 +208,37 @@ def test_team_linears_keep_nan_and_inf(batch: int, monkeypatch: pytest.MonkeyPat
     want = Session("cpu").compile(graph).run({"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_team_falls_back_to_the_full_team_when_bits_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread count whose probe run gives other bits than the full team is never used: that load
+    runs the full team's primitive (the probe is made to disagree here)."""
+    from rlx_cpu import onednn_conv, onednn_linear
+
+    if not onednn_conv.available():
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 600), dtype=np.float32)
+    w = rng.standard_normal((512, 600), dtype=np.float32)
+    b = rng.standard_normal(512, dtype=np.float32)
+    o = np.empty((8, 512), np.float32)
+    made: list[int] = []
+    orig = onednn_linear._build
+
+    def counting(api: Any, xx: Any, ww: Any, bb: Any, oo: Any, relu: bool, threads: int) -> Any:
+        run = orig(api, xx, ww, bb, oo, relu, threads)
+        made.append(threads if oo is o else -threads)  # negative: a probe's throwaway primitive
+        return run
+    monkeypatch.setattr(onednn_linear, "_build", counting)
+    active = [2]
+    run = onednn_linear.linear_team(x, w, b, o, True, lambda: active[0], 2)
+    assert run is not None
+    run()
+    want = np.maximum(x.astype(np.float64) @ w.T.astype(np.float64) + b, 0)
+    np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-3)
+    full = o.copy()
+    monkeypatch.setattr(onednn_linear, "_agree", lambda a, c: False)
+    active[0] = 1
+    run()
+    assert made == [2, -1, -2], made  # probed, disagreed: no one-thread primitive on o
+    np.testing.assert_array_equal(o, full)
