@@ -6,9 +6,11 @@ a Numba trampoline for the GEMM row pieces), and Numba brings LLVM and SciPy: th
 71 MB (all without PyTorch), ~125 MB of it those libraries. A program made only of the kernels
 below needs none of them:
 
-* a linear of at least :data:`TEAM_MIN_MACS` multiply-adds is one oneDNN sgemm (through ctypes)
-  on an OpenMP team of the threads the load leaves (``RLX_CPU_DENSE_OPENMP``; the team's threads
-  wait for the next linear spinning, so the MLP's linears hand over without a kernel wake-up);
+* a linear of at least :data:`TEAM_MIN_MACS` multiply-adds is one oneDNN matmul primitive with
+  its weights packed once, bias and ReLU fused (:mod:`rlx_cpu.onednn_linear`; ``sgemm`` through
+  ctypes where the primitive is refused) on an OpenMP team of the threads the load leaves
+  (``RLX_CPU_DENSE_OPENMP``; the team's threads wait for the next linear spinning, so the MLP's
+  linears hand over without a kernel wake-up);
   a smaller one of one or two rows is one ``np.matmul`` (OpenBLAS's GEMV-like path), with more
   rows the general path's row pieces on the row pool, each oneDNN's sgemm called through ctypes
   and the piece's bias added while its rows are in cache;
@@ -164,7 +166,7 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
     return _whole(x, wt, b, t, o, post)
 
 
-#: Multiply-adds from which a linear is one oneDNN sgemm on an OpenMP team (``RLX_CPU_DENSE_OPENMP``).
+#: Multiply-adds from which a linear runs on an OpenMP team (``RLX_CPU_DENSE_OPENMP``).
 #: Per linear of the MLP 784-512-256-10, 2-core EPYC, 2026-12-02 (best / median us; np.matmul,
 #: oneDNN on one thread, on a team of two): b1 784x512 20.3/23.9, 22.8/24.1, 11.4/13.2; 512x256
 #: 6.5/7.2, 6.8/7.4, 6.2/6.7; 256x10 1.5/1.6, 3.7/3.8, 3.1/3.2. b8 784x512 61.3/68.7, 37.7/39.5,
@@ -179,9 +181,10 @@ MATMUL = True
 
 def _team(x: np.ndarray, w: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
           post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
-    """The linear as one oneDNN sgemm on as many OpenMP threads as the row pool has active (fewer
-    while other processes keep a core busy: a thread sharing its core holds the split up), its
-    bias and ReLU after; None without oneDNN or a second core.
+    """The linear on as many OpenMP threads as the row pool has active (fewer while other
+    processes keep a core busy: a thread sharing its core holds the split up): oneDNN's matmul
+    primitive (:data:`MATMUL`), else one oneDNN sgemm with the bias and ReLU after; None without
+    oneDNN or a second core. What follows is about the sgemm form.
 
     The load must never change a result, and oneDNN splits the sum over k between threads for
     some shapes and thread counts (one row: always; 2-32 rows with k >= 1024 on 8 threads or more),
