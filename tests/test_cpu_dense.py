@@ -48,6 +48,22 @@ def _mlp(batch: int, sizes: tuple[int, ...], dtype: str = "f32", head: str = "so
     return g.build(), {"x": xv}, ref
 
 
+def _need_onednn() -> None:
+    from rlx_cpu import onednn_conv
+
+    if not onednn_conv.available():
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+
+
+def _same_as_general_path(graph: Any, x: np.ndarray, monkeypatch: pytest.MonkeyPatch, tol: float) -> None:
+    """NaN where the general path (``RLX_CPU_DENSE=0``) has NaN, the same values elsewhere."""
+    got = Session("cpu").compile(graph).run({"x": x})["y"]
+    monkeypatch.setenv("RLX_CPU_DENSE", "0")
+    want = Session("cpu").compile(graph).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
 def _compiled(exe: Any, graph: Any, feed: dict[str, np.ndarray]) -> Any:
     return exe._specialise(bind_inputs(graph, feed, "test")[1])[0]
 
@@ -80,11 +96,7 @@ def test_relu_keeps_nan_and_inf_like_the_general_path(monkeypatch: pytest.Monkey
     x = feed["x"].copy()
     x[0, 0], x[1, :] = np.nan, np.inf
     x[2, :] = -np.inf
-    got = Session("cpu").compile(graph).run({"x": x})["y"]
-    monkeypatch.setenv("RLX_CPU_DENSE", "0")
-    want = Session("cpu").compile(graph).run({"x": x})["y"]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    _same_as_general_path(graph, x, monkeypatch, 1e-6)
 
 
 def test_setting_off_and_other_programs_take_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,11 +168,9 @@ def test_mlp_loads_no_numba() -> None:
 def test_team_linears_match_float64_and_keep_their_bits(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``RLX_CPU_DENSE_OPENMP`` (the default): the big linears are one oneDNN sgemm on an OpenMP
     team of the pool's active threads; a busy core (fewer active threads) keeps every bit."""
-    from rlx_cpu import blas, parallel
+    from rlx_cpu import parallel
 
-    if blas.dnnl_gemm_fn(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
-                         np.zeros((1, 1), np.float32)) is None:
-        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    _need_onednn()
     pool = parallel.RowPool(2)
     monkeypatch.setattr(parallel, "_POOL", pool)
     monkeypatch.setattr(pool, "poll", lambda: None)  # the test sets the load, not /proc/stat
@@ -178,24 +188,12 @@ def test_team_linears_match_float64_and_keep_their_bits(batch: int, monkeypatch:
     np.testing.assert_allclose(Session("cpu").compile(graph).run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
 
 
-def test_thread_counts_that_change_bits_keep_the_full_team() -> None:
-    """oneDNN splits the sum over k for 8 rows x k 4096 on 8 threads (other bits than on one):
-    a load that leaves one thread then still runs the full team; 784x512 splits only rows."""
-    from rlx_cpu import blas, dense
-
-    if blas.dnnl_gemm_fn(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
-                         np.zeros((1, 1), np.float32)) is None:
-        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
-    assert not dense._same_bits((8, 4096), (4096, 64), 1, 8)
-    assert dense._same_bits((8, 784), (784, 512), 1, 2)
-    assert dense._same_bits((512, 784), (784, 1), 1, 2)  # one row as a column
-
-
 @pytest.mark.parametrize("batch", [1, 8])
 def test_team_linears_keep_nan_and_inf(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The matmul primitive's bias and ReLU post-ops keep NaN and Inf as the general path does."""
     from rlx_cpu import parallel
 
+    _need_onednn()
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
     graph, feed, _ = _mlp(batch, (600, 512, 300, 10), head="none")
     x = feed["x"].copy()
@@ -203,20 +201,15 @@ def test_team_linears_keep_nan_and_inf(batch: int, monkeypatch: pytest.MonkeyPat
     if batch > 1:
         x[1, :] = np.inf
         x[2, 5] = -np.inf
-    got = Session("cpu").compile(graph).run({"x": x})["y"]
-    monkeypatch.setenv("RLX_CPU_DENSE", "0")
-    want = Session("cpu").compile(graph).run({"x": x})["y"]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _same_as_general_path(graph, x, monkeypatch, 1e-4)
 
 
 def test_matmul_team_falls_back_to_the_full_team_when_bits_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread count whose probe run gives other bits than the full team is never used: that load
     runs the full team's primitive (the probe is made to disagree here)."""
-    from rlx_cpu import onednn_conv, onednn_linear
+    from rlx_cpu import onednn_linear
 
-    if not onednn_conv.available():
-        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    _need_onednn()
     rng = np.random.default_rng(2)
     x = rng.standard_normal((8, 600), dtype=np.float32)
     w = rng.standard_normal((512, 600), dtype=np.float32)

@@ -7,10 +7,9 @@ a Numba trampoline for the GEMM row pieces), and Numba brings LLVM and SciPy: th
 below needs none of them:
 
 * a linear of at least :data:`TEAM_MIN_MACS` multiply-adds is one oneDNN matmul primitive with
-  its weights packed once, bias and ReLU fused (:mod:`rlx_cpu.onednn_linear`; ``sgemm`` through
-  ctypes where the primitive is refused) on an OpenMP team of the threads the load leaves
-  (``RLX_CPU_DENSE_OPENMP``; the team's threads wait for the next linear spinning, so the MLP's
-  linears hand over without a kernel wake-up);
+  its weights packed once, bias and ReLU fused (:mod:`rlx_cpu.onednn_linear`) on an OpenMP team
+  of the threads the load leaves (``RLX_CPU_DENSE_OPENMP``; the team's threads wait for the next
+  linear spinning, so the MLP's linears hand over without a kernel wake-up);
   a smaller one of one or two rows is one ``np.matmul`` (OpenBLAS's GEMV-like path), with more
   rows the general path's row pieces on the row pool, each oneDNN's sgemm called through ctypes
   and the piece's bias added while its rows are in cache;
@@ -156,7 +155,7 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
         post = (r2 if t is r2 else r, zero, o_first)
     if (o.ndim == 2 and x.ndim == 2 and x.shape[0] * wt.size >= TEAM_MIN_MACS
             and (post is None or post[0] is t) and settings.DENSE_OPENMP.get()):
-        team = _team(x, w, wt, b, t, post)
+        team = _team(x, w, b, t, post)
         if team is not None:
             return team
     if o.ndim == 2 and x.ndim == 2 and o.shape[0] > GEMV_ROWS:
@@ -168,95 +167,28 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray,
 
 #: Multiply-adds from which a linear runs on an OpenMP team (``RLX_CPU_DENSE_OPENMP``).
 #: Per linear of the MLP 784-512-256-10, 2-core EPYC, 2026-12-02 (best / median us; np.matmul,
-#: oneDNN on one thread, on a team of two): b1 784x512 20.3/23.9, 22.8/24.1, 11.4/13.2; 512x256
-#: 6.5/7.2, 6.8/7.4, 6.2/6.7; 256x10 1.5/1.6, 3.7/3.8, 3.1/3.2. b8 784x512 61.3/68.7, 37.7/39.5,
+#: oneDNN's sgemm on one thread, sgemm on a team of two; the matmul primitive on a team is 20-35%
+#: faster again): b1 784x512 20.3/23.9, 22.8/24.1, 11.4/13.2; 512x256 6.5/7.2, 6.8/7.4, 6.2/6.7;
+#: 256x10 1.5/1.6, 3.7/3.8, 3.1/3.2. b8 784x512 61.3/68.7, 37.7/39.5,
 #: 21.5/24.2. b256 784x512 976/1050, 1007/1043, 536/565 (the row pool's two pieces: ~570 in the
 #: program). A team's threads wait for the next call spinning, so consecutive linears hand over
 #: without a kernel wake-up; below this size the call costs more than the split gains.
 TEAM_MIN_MACS = 131072
-#: True: a team linear is oneDNN's matmul primitive with the weights packed once, bias and ReLU as
-#: post-ops (:mod:`rlx_cpu.onednn_linear`); False: ``sgemm``, which packs them at every call.
-MATMUL = True
 
 
-def _team(x: np.ndarray, w: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
+def _team(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray,
           post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run | None:
-    """The linear on as many OpenMP threads as the row pool has active (fewer while other
-    processes keep a core busy: a thread sharing its core holds the split up): oneDNN's matmul
-    primitive (:data:`MATMUL`), else one oneDNN sgemm with the bias and ReLU after; None without
-    oneDNN or a second core. What follows is about the sgemm form.
-
-    The load must never change a result, and oneDNN splits the sum over k between threads for
-    some shapes and thread counts (one row: always; 2-32 rows with k >= 1024 on 8 threads or more),
-    which changes the bits. So one row is computed as ``w @ x.T`` (a column: oneDNN splits the
-    rows of ``w``, never k, for 1-16 threads), and a thread count other than the full team's is
-    used only once :func:`_same_bits` found it gives the full team's bits for this shape (else
-    that load runs the full team)."""
-    from . import blas
+    """The linear as oneDNN's matmul primitive (:mod:`rlx_cpu.onednn_linear`: weights packed once,
+    bias and ReLU fused) on as many OpenMP threads as the row pool has active (fewer while other
+    processes keep a core busy, where that gives the same bits); None without oneDNN, a second
+    core, or where the primitive refuses the operands (the row pieces or ``np.matmul`` then)."""
+    from .onednn_linear import linear_team
     from .parallel import pool
 
     p = pool()
-    full = p.threads
-    if full < 2:
+    if p.threads < 2:
         return None
-    if MATMUL:
-        from .onednn_linear import linear_team
-
-        mm = linear_team(x, w, b, t, post is not None, lambda: p.active, full)
-        if mm is not None:
-            return mm
-    if x.shape[0] == 1:  # c (n, 1) = w (n, k) @ x.T (k, 1): t's memory seen as a column
-        if not (x.flags.c_contiguous and t.flags.c_contiguous):
-            return None  # a reshape would copy: the GEMM would read and write the copies
-        a, bb, c = np.ascontiguousarray(w), x.reshape(x.shape[1], 1), t.reshape(t.shape[1], 1)
-    else:
-        a, bb, c = x, wt, t
-    counts = {full: full}
-
-    def threads() -> int:
-        n = p.active
-        got = counts.get(n)
-        if got is None:
-            got = counts[n] = n if _same_bits(a.shape, bb.shape, n, full) else full
-        return got
-    gemm = blas.dnnl_gemm_fn(a, bb, c, threads=threads)
-    if gemm is None:
-        return None
-    m = c.shape[0]
-    add, maximum = np.add, np.maximum
-    if post is None:
-        def run() -> None:
-            gemm(0, m)
-            add(t, b, out=t)
-        return run
-    zero, o_first = post[1], post[2]
-    a_, b_ = (t, zero) if o_first else (zero, t)
-
-    def run_relu() -> None:
-        gemm(0, m)
-        add(t, b, out=t)
-        maximum(a_, b_, out=t)
-    return run_relu
-
-
-def _same_bits(a_shape: tuple[int, ...], b_shape: tuple[int, ...], n: int, full: int) -> bool:
-    """Does oneDNN's sgemm of these shapes give the same bits on ``n`` threads as on ``full``?
-    Checked once per shape and count on seeded random operands: a different split of the sum
-    over k changes the rounding of almost every output."""
-    from . import blas
-
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(a_shape, dtype=np.float32)
-    bm = rng.standard_normal(b_shape, dtype=np.float32)
-    outs = []
-    for k in (n, full):
-        c = np.empty((a_shape[0], b_shape[1]), np.float32)
-        fn = blas.dnnl_gemm_fn(a, bm, c, threads=lambda k=k: k)
-        if fn is None:
-            return False
-        fn(0, a_shape[0])
-        outs.append(c)
-    return bool(np.array_equal(outs[0], outs[1]))
+    return linear_team(x, w, b, t, post is not None, lambda: p.active, p.threads)
 
 
 def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray,
