@@ -207,7 +207,7 @@ def test_team_linears_keep_nan_and_inf(batch: int, monkeypatch: pytest.MonkeyPat
 def test_matmul_team_falls_back_to_the_full_team_when_bits_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread count whose probe run gives other bits than the full team is never used: that load
     runs the full team's primitive (the probe is made to disagree here)."""
-    from rlx_cpu import onednn_linear
+    from rlx_cpu import onednn_linear, parallel
 
     _need_onednn()
     rng = np.random.default_rng(2)
@@ -223,15 +223,15 @@ def test_matmul_team_falls_back_to_the_full_team_when_bits_differ(monkeypatch: p
         made.append(threads if oo is o else -threads)  # negative: a probe's throwaway primitive
         return run
     monkeypatch.setattr(onednn_linear, "_build", counting)
-    active = [2]
-    run = onednn_linear.linear_team(x, w, b, o, True, lambda: active[0], 2)
+    pl = parallel.RowPool(2)
+    run = onednn_linear.linear_team(x, w, b, o, True, pl)
     assert run is not None
     run()
     want = np.maximum(x.astype(np.float64) @ w.T.astype(np.float64) + b, 0)
     np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-3)
     full = o.copy()
     monkeypatch.setattr(onednn_linear, "_agree", lambda a, c: False)
-    active[0] = 1
+    pl.active = 1
     run()
     assert made == [2, -1, -2], made  # probed, disagreed: no one-thread primitive on o
     np.testing.assert_array_equal(o, full)

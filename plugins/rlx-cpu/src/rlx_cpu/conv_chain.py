@@ -660,33 +660,25 @@ def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
     api = onednn_conv._api() if onednn_conv.USE else None
     if not (USE and SETTING.get()) or api is None or any(a.dtype.name != "float32" for a in ins):
         return _per_op(ins, o, steps)
-    from .parallel import pool
+    from .parallel import PerTeam, pool
 
     pl = pool()
     shared: dict[Any, Any] = {}  # packed constant weights, shared by the thread-count variants
     try:
-        team = OPENMP and settings.CONV_OPENMP.get()
-        if not team:  # one-thread primitives; big convs cut into pieces for the row pool
-            one = _Blocked(api, ins, o, steps, 1, shared, split=pl.threads)
-            variants = {pl.threads: one}
+        if OPENMP and settings.CONV_OPENMP.get():
+            teams = PerTeam(lambda n: _Blocked(api, ins, o, steps, n, shared), pl)
 
-            def pooled() -> None:
+            def fast() -> None:
+                teams.get().run()
+            fast.onednn_impl = teams.full.impls  # type: ignore[attr-defined]
+        else:  # one-thread primitives; big convs cut into pieces for the row pool
+            one = _Blocked(api, ins, o, steps, 1, shared, split=pl.threads)
+
+            def fast() -> None:
                 one.run()
-            pooled.onednn_impl = one.impls  # type: ignore[attr-defined]
-        else:
-            variants = {pl.threads: _Blocked(api, ins, o, steps, pl.threads, shared)}
+            fast.onednn_impl = one.impls  # type: ignore[attr-defined]
     except (onednn_conv.OneDNNError, _Unsupported):
         return _per_op(ins, o, steps)
-
-    def fast() -> None:
-        n = pl.active
-        v = variants.get(n)
-        if v is None:  # other processes took cores: primitives for fewer threads (made once)
-            v = variants[n] = _Blocked(api, ins, o, steps, n, shared)
-        v.run()
-    fast.onednn_impl = variants[pl.threads].impls  # type: ignore[attr-defined]
-    if not team:
-        fast = pooled
     # oneDNN skips the zero padding that NaN/Inf weights would multiply (the reference gives NaN):
     # fed weights of padded convs are checked every run (constants were checked by the rule).
     fed = [ins[st["w"]] for st in steps if _is_conv(st) and ins[st["w"]].flags.writeable

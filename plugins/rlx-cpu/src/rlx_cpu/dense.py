@@ -188,7 +188,7 @@ def _team(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray,
     p = pool()
     if p.threads < 2:
         return None
-    return linear_team(x, w, b, t, post is not None, lambda: p.active, p.threads)
+    return linear_team(x, w, b, t, post is not None, p)
 
 
 def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray,

@@ -41,6 +41,7 @@ import numpy as np
 from rlx_core.plugin import RLXError, release_file_pages
 
 from . import settings
+from .parallel import PerTeam, RowPool, pool
 
 Run = Callable[[], None]
 #: The activation after the conv: "", "relu", "silu", or ("hardswish", alpha, beta) for
@@ -332,7 +333,6 @@ def conv2d_onednn(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[in
     api = _api()
     if api is None:
         return None
-    from .parallel import pool
 
     pl = pool()
     if not ROW_POOL or settings.CONV_OPENMP.get():
@@ -405,26 +405,19 @@ def _pieces(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int
     return out
 
 
-def _openmp_run(api: dict[str, Any], pl: Any, x: np.ndarray, w: np.ndarray, o: np.ndarray,
+def _openmp_run(api: dict[str, Any], pl: RowPool, x: np.ndarray, w: np.ndarray, o: np.ndarray,
                 strides: tuple[int, int], pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
                 bias: np.ndarray | None, residual: np.ndarray | None, act: Act) -> Run | None:
     """The whole conv as one primitive on an OpenMP team of the pool's active thread count."""
     args = (x, w, o, strides, pads, dil, g, bias, residual, act)
-    # A primitive's thread count is fixed when it is created (oneDNN sizes its work split then and
-    # opens that many OpenMP threads at every run whatever omp_get_max_threads says later); one
-    # variant per thread count the pool runs with, the one for all its threads made now.
     try:
-        variants = {pl.threads: _build(api, *args, pl.threads)}
+        teams = PerTeam(lambda n: _build(api, *args, n), pl)
     except OneDNNError:
         return None
 
     def run() -> None:
-        n = pl.active
-        v = variants.get(n)
-        if v is None:  # other processes took cores: a primitive for fewer threads (made once)
-            v = variants[n] = _build(api, *args, n)
-        v()
-    run.onednn_impl = variants[pl.threads].onednn_impl  # type: ignore[attr-defined]
+        teams.get()()
+    run.onednn_impl = teams.full.onednn_impl  # type: ignore[attr-defined]
     return run
 
 

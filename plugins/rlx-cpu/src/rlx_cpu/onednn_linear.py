@@ -23,6 +23,7 @@ import numpy as np
 from rlx_core.plugin import release_file_pages
 
 from . import onednn_conv as oc
+from .parallel import PerTeam, RowPool
 
 Run = Callable[[], None]
 
@@ -106,21 +107,21 @@ def usable(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray) ->
 
 
 def linear_team(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray, relu: bool,
-                active: Callable[[], int], full: int) -> Run | None:
-    """``o = x @ w.T (+ b)`` (then ReLU, NaN kept) on ``active()`` OpenMP threads (``full`` when
-    the load leaves them all), or None where oneDNN cannot (missing, refused shape)."""
+                pl: RowPool) -> Run | None:
+    """``o = x @ w.T (+ b)`` (then ReLU, NaN kept) on the pool's active thread count as an OpenMP
+    team (all its threads when the load leaves them), or None where oneDNN cannot (missing,
+    refused shape)."""
     if not usable(x, w, b, o):
         return None
     api = oc._api()
     if api is None:
         return None
-    try:
-        variants = {full: _build(api, x, w, b, o, relu, full)}
-    except oc.OneDNNError:
-        return None
+    full = pl.threads
 
-    def fewer(n: int) -> Run:
+    def make(n: int) -> Run:
         """The team for ``n`` threads if it gives the full team's bits, else the full team's."""
+        if n == full:
+            return _build(api, x, w, b, o, relu, full)
         rng = np.random.default_rng(0)
         xr = rng.standard_normal(x.shape, dtype=np.float32)
         got = [np.empty(o.shape, np.float32) for _ in range(2)]
@@ -131,13 +132,14 @@ def linear_team(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarra
                 return _build(api, x, w, b, o, relu, n)
         except oc.OneDNNError:
             pass
-        return variants[full]
+        return teams.full
+
+    try:
+        teams = PerTeam(make, pl)
+    except oc.OneDNNError:
+        return None
 
     def run() -> None:
-        n = active()
-        v = variants.get(n)
-        if v is None:
-            v = variants[n] = fewer(n)
-        v()
-    run.onednn_impl = variants[full].onednn_impl  # type: ignore[attr-defined]
+        teams.get()()
+    run.onednn_impl = teams.full.onednn_impl  # type: ignore[attr-defined]
     return run

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import settings
 
@@ -249,6 +249,32 @@ def poll() -> None:
     """Called at the start of every program run: follow the machine's load (also for programs
     that never split a kernel: the cap on NumPy's BLAS threads applies to them too)."""
     (_POOL or pool()).poll()
+
+
+T = TypeVar("T")
+
+
+class PerTeam(Generic[T]):
+    """One object per OpenMP team size: the pool's full team's made now, the others on first need.
+
+    A oneDNN primitive's thread count is fixed when it is created (oneDNN sizes its work split then
+    and opens that many OpenMP threads at every run, whatever ``omp_get_max_threads`` says later),
+    so a kernel on a team keeps one primitive per thread count the pool runs with: ``get()``
+    returns the one for the threads other processes leave now (``RowPool.active``)."""
+
+    def __init__(self, make: Callable[[int], T], pl: RowPool) -> None:
+        self._make = make
+        self._pl = pl
+        #: the variant for all the pool's threads (made at once: a refused build fails the bind)
+        self.full: T = make(pl.threads)
+        self._variants: dict[int, T] = {pl.threads: self.full}
+
+    def get(self) -> T:
+        n = self._pl.active
+        v = self._variants.get(n)
+        if v is None:  # other processes took cores: a variant for fewer threads, made once
+            v = self._variants[n] = self._make(n)
+        return v
 
 
 def parts_for(work_elems: int) -> int:
