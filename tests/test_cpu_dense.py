@@ -235,3 +235,53 @@ def test_matmul_team_falls_back_to_the_full_team_when_bits_differ(monkeypatch: p
     run()
     assert made == [2, -1, -2], made  # probed, disagreed: no one-thread primitive on o
     np.testing.assert_array_equal(o, full)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape,axis", [((1, 10), 1), ((8, 10), 1), ((300, 10), 1), ((4, 6, 5), 1)])
+def test_onednn_softmax_matches_the_numpy_form(shape: tuple[int, ...], axis: int, log: bool) -> None:
+    """The primitive the dense program uses where its linears loaded oneDNN: the NumPy form's values
+    and NaN rows (a NaN, a +inf, or only -inf along the axis), on one thread and on a team."""
+    from rlx_cpu import dense, onednn_softmax
+
+    _need_onednn()
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    flat = np.moveaxis(x, axis, -1)  # a view: rows along the axis
+    flat[0, ..., 2] = np.nan
+    if flat.shape[0] > 2:
+        flat[1, ..., 3] = np.inf
+        flat[2] = -np.inf
+    want, got = np.empty_like(x), np.empty_like(x)
+    with np.errstate(all="ignore"):
+        dense._softmax(x, want, axis, log, onednn=False)()
+        run = dense._softmax(x, got, axis, log, onednn=True)
+        run()
+    assert hasattr(run, "onednn_impl")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # float32 both: ~70 ulp apart in log
+    team = np.empty_like(x)
+    one = onednn_softmax.TEAM_MIN_ELEMS
+    try:  # the same shape on a team (and the other way round) gives the same bits
+        onednn_softmax.TEAM_MIN_ELEMS = 1 if x.size < one else 1 << 40
+        onednn_softmax.softmax_run(x, team, axis, log)()  # type: ignore[misc]
+    finally:
+        onednn_softmax.TEAM_MIN_ELEMS = one
+    np.testing.assert_array_equal(team, got)
+
+
+def test_mlp_softmax_is_the_onednn_primitive_with_team_linears(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program whose linears run on the oneDNN team also takes oneDNN's softmax; with
+    ``RLX_CPU_DENSE_OPENMP=0`` (no oneDNN loaded for the linears) the softmax stays NumPy."""
+    from rlx_cpu import parallel
+
+    _need_onednn()
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    graph, feed, ref = _mlp(8, (600, 512, 10))
+    for team in ("1", "0"):
+        monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", team)
+        exe = Session("cpu").compile(graph)
+        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+        c = _compiled(exe, graph, feed)
+        i = c.kernel_names.index("cpu.softmax")
+        assert hasattr(c.runs[i], "onednn_impl") == (team == "1")

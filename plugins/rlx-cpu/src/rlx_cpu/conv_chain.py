@@ -1575,8 +1575,7 @@ class _Blocked:
         try:
             ex, stream = fns["dnnl_primitive_execute"], _stream(api)
             for e in self.entries:
-                if callable(e):
-                    fns["dnnl_stream_wait"](stream)
+                if callable(e):  # a NumPy step: the primitives before it are done (see _execute)
                     e()
                     continue
                 prim, args = e
@@ -1585,7 +1584,6 @@ class _Blocked:
                     raise OneDNNError(f"oneDNN failed in a conv chain at run time (status {st})",
                                       where="rlx_cpu.conv_chain",
                                       fix="set RLX_CPU_CONV_CHAIN=0 (or RLX_CPU_ONEDNN=0), and report it")
-            fns["dnnl_stream_wait"](stream)
         finally:
             if prev != self.threads:
                 set_t(prev)

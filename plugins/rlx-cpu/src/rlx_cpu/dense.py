@@ -14,7 +14,8 @@ below needs none of them:
   rows the general path's row pieces on the row pool, each oneDNN's sgemm called through ctypes
   and the piece's bias added while its rows are in cache;
 * a ReLU right after a linear is done in place on the GEMM's output (one run, no extra pass);
-* a softmax is five ufunc calls (the general kernel's NumPy form).
+* a softmax is one oneDNN softmax primitive where the program's linears loaded oneDNN
+  (:mod:`rlx_cpu.onednn_softmax`), else five ufunc calls (the general kernel's NumPy form).
 
 Then a program loads NumPy's OpenBLAS and oneDNN (~15 MB more), never Numba or LLVM (with
 ``RLX_CPU_DENSE_OPENMP=0`` batch 1 loads no oneDNN either).
@@ -104,7 +105,10 @@ def bind(program: Any, views: Mapping[str, np.ndarray], factories: Mapping[str, 
                 continue
             runs.append(_linear(ins[0], ins[1], ins[2], o, None))
         elif s.kernel in ("cpu.softmax", "cpu.log_softmax"):
-            runs.append(_softmax(ins[0], o, s.attrs["axis"], s.kernel == "cpu.log_softmax"))
+            # oneDNN's primitive where the program's linears loaded it already (else NumPy: a
+            # program without team linears keeps its smaller footprint)
+            onednn = any(hasattr(r, "onednn_impl") for r in runs)
+            runs.append(_softmax(ins[0], o, s.attrs["axis"], s.kernel == "cpu.log_softmax", onednn))
         else:
             with np.errstate(all="ignore"):
                 runs.append(factories[s.kernel](ins, [views[v] for v in s.outputs], s.attrs))
@@ -193,8 +197,17 @@ def _team(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray,
 
 def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray,
            post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run:
-    """The linear as one ``np.matmul`` into ``t``, the bias and ReLU (``post``) after it."""
-    matmul, add, maximum = np.matmul, np.add, np.maximum
+    """The linear as one ``np.dot`` (else ``np.matmul``) into ``t``, the bias and ReLU (``post``)
+    after it."""
+    add, maximum = np.add, np.maximum
+    out = o if post is not None and t is not post[0] else t
+    # np.dot on 2-D operands is the same GEMM at ~0.4 us less a call than the matmul ufunc (8x256 @
+    # 256x10: 1.6 against 2.0 us); it takes only a C-contiguous ``out`` of the result's dtype that
+    # does not overlap an operand.
+    matmul: Any = np.matmul
+    if (x.ndim == wt.ndim == out.ndim == 2 and out.flags.c_contiguous and x.dtype == wt.dtype == out.dtype
+            and not np.may_share_memory(out, x)):
+        matmul = np.dot
     if post is None:
         def run() -> None:
             matmul(x, wt, out=t)
@@ -264,12 +277,18 @@ def _row_pieces(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray,
     return RowRun(rows, m, (), m * n * k // 64, chunks_per_thread=cpt, parts=parts)
 
 
-def _softmax(x: np.ndarray, o: np.ndarray, axis: Any, log: bool) -> Run:
+def _softmax(x: np.ndarray, o: np.ndarray, axis: Any, log: bool, onednn: bool) -> Run:
     """(log-)softmax along ``axis`` in five ufunc calls into buffers made once (the reductions'
     arguments positional: their keywords cost ~0.1 us each)."""
     if x.size == 0:
         return lambda: None  # an empty output: nothing to compute
     ax = normalize_axis(axis, x.ndim)
+    if onednn:
+        from .onednn_softmax import softmax_run
+
+        prim = softmax_run(x, o, ax, log)
+        if prim is not None:
+            return prim
     red = tuple(1 if k == ax else d for k, d in enumerate(x.shape))
     m, s = np.empty(red, x.dtype), np.empty(red, x.dtype)
     vmax: Any = np.maximum.reduce  # positional (axis, dtype, out, keepdims): no stub matches
