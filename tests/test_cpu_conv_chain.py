@@ -5,6 +5,7 @@ rule's boundaries (a value read outside ends a chain)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -294,8 +295,9 @@ def _mobilenet(batch: int, c: int = 24) -> Any:
 def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """ReLU6 (maximum 0, minimum 6) and the residual add without activation are chain steps: the
     stem and two whole inverted residual blocks are one chain on the blocked path, equal to the
-    float64 reference (NaN and Inf propagate through the clips, as the IR's do) and to the
-    per-op path."""
+    float64 reference and to the per-op path. Each ReLU6 is its conv's clip post-op while the input
+    is finite; an input holding NaN or Inf runs the exact variant (one NumPy pass a ReLU6), where
+    they propagate through the clips as the IR's do, and the next finite input the fused one."""
     from rlx_cpu import conv_chain
 
     graph = _mobilenet(batch, c)
@@ -303,8 +305,20 @@ def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch:
     kernels = _kernels(exe, batch)
     assert [n for n, _ in kernels] == ["cpu.rlx_cpu.conv_chain"]
     impls = getattr(kernels[0][1], "onednn_impl", None)
-    assert impls and impls.count("clip:numpy") == 5, impls  # each ReLU6: one pass
-    xv = 3 * RNG.standard_normal((batch, 3, 21, 19)).astype(np.float32)
+    assert impls and "clip:numpy" not in impls and len(impls) == 7, impls  # 7 convs, clips fused
+    made: list[bool] = []
+    orig = conv_chain._Blocked.__init__
+
+    def counting(self: Any, *a: Any, **k: Any) -> None:
+        made.append(bool(k.get("fuse")))
+        orig(self, *a, **k)
+    monkeypatch.setattr(conv_chain._Blocked, "__init__", counting)
+    xf = 3 * RNG.standard_normal((batch, 3, 21, 19)).astype(np.float32)
+    fused = exe.run(x=xf)["y"]
+    ref = evaluate(graph, {"x": xf.astype(np.float64)})["y"]
+    np.testing.assert_allclose(fused, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+    assert made == []  # the fused variant, made at bind time
+    xv = xf.copy()
     xv[0, 1, 4, 5] = np.nan
     xv[-1, 0, 12, 7] = np.inf
     got = exe.run(x=xv)["y"]
@@ -312,10 +326,63 @@ def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch:
     assert np.isnan(ref).any() and np.array_equal(np.isnan(got), np.isnan(ref))
     ok = ~np.isnan(ref)
     np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+    assert made == [False]  # the exact variant, made on the first input holding NaN/Inf
+    again = exe.run(x=xf)["y"]
+    assert made == [False]
+    np.testing.assert_array_equal(again, fused)  # finite again: the fused variant, same bits
     monkeypatch.setattr(conv_chain, "USE", False)
     slow = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
     assert np.array_equal(np.isnan(got), np.isnan(slow))
     np.testing.assert_allclose(got[ok], slow[ok], rtol=1e-4, atol=1e-4 * float(np.abs(slow[ok]).max()))
+
+
+def test_clips_stay_numpy_passes_where_a_value_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fused variant where its bound check fails: weights whose row sums could carry an input
+    below 1.9e19 past 1e30 (an overflow would make Inf, then NaN, that the clip post-op would
+    hide), weights fed at run time, or ``FUSE_CLIPS`` off; each ReLU6 is then a NumPy pass."""
+    from rlx_cpu import conv_chain
+
+    def clips(graph: Any) -> int:
+        exe = Session("cpu", use_cache=False).compile(graph)
+        (impls,) = [getattr(r, "onednn_impl", None) for n, r in _kernels(exe, 1) if "conv_chain" in n]
+        assert impls is not None
+        return int(impls.count("clip:numpy"))
+
+    assert clips(_mobilenet(1)) == 0
+    g = GraphBuilder("huge")
+    x = g.input("x", "f32", (1, 16, 9, 9))
+    y = _relu6(g, g.op("conv2d_bias", x, g.param("w", np.full((16, 16, 3, 3), 1e9, np.float32)),
+                       g.param("b", np.zeros(16, np.float32)), strides=(1, 1), pads=(1, 1, 1, 1),
+                       dilations=(1, 1), groups=1))
+    y = _relu6(g, _conv(g, y, "c2", 16, 16, 1))
+    g.output(y, "y")
+    assert clips(g.build()) == 2  # 1.9e19 * 1.44e11 > 1e30: no fused variant
+    # The op with fed weights (a chain the fusion rule never makes: its convs' weights are
+    # constants) and the steps conv, ReLU6, conv, ReLU6.
+    conv = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "groups": 1}
+    steps = [{"op": "conv2d_bias", "src": 0, "w": 1, "b": 2, "res": None, "attrs": conv},
+             {"op": "maximum", "src": 1, "res": None, "c": 0.0, "attrs": {}},
+             {"op": "minimum", "src": 2, "res": None, "c": 6.0, "attrs": {}},
+             {"op": "conv2d_bias", "src": 3, "w": 3, "b": 4, "res": None, "attrs": conv},
+             {"op": "maximum", "src": 4, "res": None, "c": 0.0, "attrs": {}},
+             {"op": "minimum", "src": 5, "res": None, "c": 6.0, "attrs": {}}]
+    g = GraphBuilder("fed")
+    ins = [g.input("x", "f32", (1, 16, 9, 9))]
+    for i in (1, 2):
+        ins += [g.input(f"w{i}", "f32", (16, 16, 1, 1)), g.input(f"b{i}", "f32", (16,))]
+    g.output(g.op("rlx_cpu.conv_chain", *ins, steps=json.dumps(steps)), "y")
+    fed = g.build()
+    assert clips(fed) == 2
+    feeds = {"x": RNG.standard_normal((1, 16, 9, 9)).astype(np.float32)}
+    for i in (1, 2):
+        feeds[f"w{i}"] = RNG.standard_normal((16, 16, 1, 1)).astype(np.float32)
+        feeds[f"b{i}"] = RNG.standard_normal(16).astype(np.float32)
+    feeds["w2"][3, 5] = np.nan  # a NaN weight: NaN in the output, as the reference has it
+    got = Session("cpu", use_cache=False).compile(fed).run(**feeds)["y"]
+    ref = evaluate(fed, {k: v.astype(np.float64) for k, v in feeds.items()})["y"]
+    assert np.isnan(ref).any() and np.array_equal(np.isnan(got), np.isnan(ref))
+    monkeypatch.setattr(conv_chain, "FUSE_CLIPS", False)
+    assert clips(_mobilenet(1)) == 5
 
 
 def test_clip_nan_and_bounds_that_end_the_chain() -> None:

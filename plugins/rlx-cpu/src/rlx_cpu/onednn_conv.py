@@ -57,6 +57,7 @@ _FWD_INFERENCE = 0x60  # dnnl_forward_inference
 _CONV_DIRECT = 0x1  # dnnl_convolution_direct
 _ELTWISE_ELU, _ELTWISE_LINEAR, _ELTWISE_SWISH = 0x22, 0x26, 0x2C  # dnnl_eltwise_elu, _linear, _swish (v3)
 _ELTWISE_HARDSWISH = 0x34  # dnnl_eltwise_hardswish
+_ELTWISE_CLIP = 0x2E  # dnnl_eltwise_clip: min(max(x, alpha), beta)
 _DT_UNDEF = 0  # dnnl_data_type_undef: the sum post-op reads the destination's type
 _QUERY_EXEC_ARG_MD = 255  # dnnl_query_exec_arg_md (index: a DNNL_ARG_*)
 _QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
@@ -544,12 +545,14 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, o: np.ndarray,
     return run
 
 
-def _post_ops(p: _Prim, add: bool, act: Act) -> Any:
-    """The conv's attribute: a user scratchpad, and the sum (residual) and activation post-ops."""
+def _post_ops(p: _Prim, add: bool, act: Act, clip: tuple[float, float] | None = None) -> Any:
+    """The conv's attribute: a user scratchpad, and the sum (residual), activation and clip
+    post-ops (``clip``: oneDNN's, which turns NaN into the lower bound: for inputs that cannot
+    hold one, see ``rlx_cpu.conv_chain.FUSE_CLIPS``)."""
     fns = p.fns
     attr = p.attr()
     name, alpha, beta = (act, 0.0, 0.0) if isinstance(act, str) else act
-    if not (add or name):
+    if not (add or name or clip):
         return attr
     ops = _VP()
     p.check(fns["dnnl_post_ops_create"](ctypes.byref(ops)), "post_ops_create")
@@ -569,6 +572,8 @@ def _post_ops(p: _Prim, add: bool, act: Act) -> Any:
     elif name:
         raise OneDNNError(f"no oneDNN post-op for activation {act!r}", where="rlx_cpu.onednn_conv",
                           fix="use one of rlx_cpu.onednn_conv.Act")
+    if clip is not None:
+        p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_CLIP, clip[0], clip[1]), "append_eltwise")
     p.check(fns["dnnl_primitive_attr_set_post_ops"](attr, ops), "primitive_attr_set_post_ops")
     return attr
 
