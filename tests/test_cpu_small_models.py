@@ -164,6 +164,30 @@ def test_small_erf_program_is_generated_and_accurate() -> None:
     assert ok.all(), (x64[~ok], o[~ok], want[~ok])
 
 
+@pytest.mark.parametrize("steps", [3, 2])
+def test_small_integer_programs_of_three_steps_are_generated(steps: int) -> None:
+    """RoBERTa's position ids (``ne``, ``not``, ``cast``, then index wrapping) on a few int64
+    elements: from three steps one generated call (equal to the reference, integers have no
+    rounding), below that the NumPy form."""
+    from rlx_cpu.fused import k_fused
+    from rlx_cpu.parallel import RowRun
+
+    from rlx_core.plugin import REGISTRY, DType
+
+    ops = [("equal", ["i0", "i1"], {}), ("logical_not", ["t0"], {}), ("cast", ["t1"], {"to": DType.I32})]
+    ops = ops[:steps]
+    ids = np.array([[0, 5, 1, 1, 7, 1, -3, 9]], np.int64)
+    ins = [ids, np.int64(1).reshape(())]
+    prog = encode_fused(ops, f"t{steps - 1}")
+    schema = REGISTRY.get("fused_elementwise")
+    want = schema.reference([np.asarray(a) for a in ins], Attrs({"program": prog}))[0]
+    o = np.empty(want.shape, want.dtype)
+    run = k_fused(ins, [o], Attrs({"program": prog}))
+    assert isinstance(run, RowRun) == (steps >= 3)
+    run()
+    np.testing.assert_array_equal(o, want)
+
+
 @pytest.mark.parametrize("case", ["broadcast", "compare_where", "cast", "in_place", "int"])
 def test_lean_numpy_program_matches_reference(case: str) -> None:
     """The small-tensor NumPy form (buffers made once, ufuncs with out=) against float64."""

@@ -1,33 +1,33 @@
 """Chains of convolutions (and max pools) whose activations stay in oneDNN's blocked layout.
 
-Why: each oneDNN conv of :mod:`rlx_cpu.onednn_conv` reorders its NCHW input into the blocked
-layout its direct kernel reads (nChw16c here) and its output back, and at batch 1 every piece of
-a split conv repeats the input reorder; ResNet-18 at batch 1 spent 34 of 36 ms in its 20 convs,
-MLAS (ONNX Runtime) keeps NCHWc between convs. Here a fusion rule (stage ``legal``, after
+Why: each oneDNN conv of :mod:`rlx_cpu.onednn_conv` reorders its NCHW input into the blocked layout
+its direct kernel reads (nChw16c here) and its output back, and at batch 1 every piece of a split
+conv repeats the input reorder; ResNet-18 at batch 1 spent 34 of 36 ms in its 20 convs, MLAS (ONNX
+Runtime) keeps NCHWc between convs. Here a fusion rule (stage ``legal``, after
 :mod:`rlx_cpu.conv_fusion` made the conv tails) collapses a run of conv / conv-tail / max_pool2d
 nodes whose intermediate values nothing else reads into one ``rlx_cpu.conv_chain`` node. Two more
 step kinds let MobileNet-style nets be one chain: a scalar clip (``maximum``/``minimum`` with a
 constant, as ONNX Clip / ReLU6 imports), applied in place on the blocked buffer with NumPy, which
-keeps NaN as the IR does (oneDNN's clip post-op gives the lower bound); taken only for bounds that
-keep 0 at 0, so the zero padding channels stay zero. And a residual ``add`` without activation,
-folded into the plain conv2d_bias it adds to as oneDNN's sum post-op (a ``conv2d_bias`` step with
-``res``: conv, then ``+ residual``). MobileNetV2 (zoo, 64x64, b1): 48 convs, 35 clips and 10 adds
-in one chain (each ReLU6 one ``np.clip`` pass): fastest of 50 runs 0.87-0.91 ms vs 1.62-1.72 ms
-before (2026-12-02, old/new alternating, 2-core machine, load ~3). And a squeeze-excitation block
+keeps NaN as the IR does (oneDNN's clip post-op gives the lower bound), or, in the variant that runs
+while the chain's input is finite, as the conv's clip post-op (:data:`FUSE_CLIPS`); taken only for
+bounds that keep 0 at 0, so the zero padding channels stay zero. And a residual ``add`` without
+activation, folded into the plain conv2d_bias it adds to as oneDNN's sum post-op (a ``conv2d_bias``
+step with ``res``: conv, then ``+ residual``). MobileNetV2 (zoo, 64x64, b1): 48 convs, 35 clips and
+10 adds in one chain (each ReLU6 one ``np.clip`` pass): fastest of 50 runs 0.87-0.91 ms vs 1.62-1.72
+ms before (2026-12-02, old/new alternating, 2-core machine, load ~3). And a squeeze-excitation block
 (EfficientNet, MobileNetV3, RegNetY: global mean, two 1x1 convs as FCs, sigmoid or hard-sigmoid
-gate, channel scale) is one ``se`` step, a Numba pass on the blocked buffer
-(:mod:`rlx_cpu._se_nb`), where each SE ended a chain: EfficientNet-B0's 33 chains, 14 lone
-projection convs and 16 x (mean, sigmoid, mul) became one chain (zoo, 64x64, b1: fastest of 120
-runs 1.10 vs 1.97 ms; MobileNetV3-small 0.25 vs 0.51 ms; 2026-12-02, ``SE`` on/off alternating
-in one process, load ~5). A global average pool after the last conv (the classifiers' head) is
-the chain's last step (:data:`MEAN`): the mean read from the blocked buffer, written as the
-chain's output, so neither the output reorder nor a reduce_mean kernel runs. Its kernel
-reorders the chain's input once, runs every conv on blocked source and destination (constant
-weights packed once when the kernel is bound; a residual is added by the sum post-op, in place
-where the residual dies there), max pools with a Numba kernel on the blocked layout (NaN wins, as
-the core's max_pool2d), and reorders only the chain's output back to NCHW. The intermediates live
-in this thread's conv scratch (:func:`rlx_cpu.conv.scratch`), planned so that dead values' bytes
-are reused.
+gate, channel scale) is one ``se`` step, a Numba pass on the blocked buffer (:mod:`rlx_cpu._se_nb`),
+where each SE ended a chain: EfficientNet-B0's 33 chains, 14 lone projection convs and 16 x (mean,
+sigmoid, mul) became one chain (zoo, 64x64, b1: fastest of 120 runs 1.10 vs 1.97 ms;
+MobileNetV3-small 0.25 vs 0.51 ms; 2026-12-02, ``SE`` on/off alternating in one process, load ~5). A
+global average pool after the last conv (the classifiers' head) is the chain's last step
+(:data:`MEAN`): the mean read from the blocked buffer, written as the chain's output, so neither the
+output reorder nor a reduce_mean kernel runs. Its kernel reorders the chain's input once, runs every
+conv on blocked source and destination (constant weights packed once when the kernel is bound; a
+residual is added by the sum post-op, in place where the residual dies there), max pools with a
+Numba kernel on the blocked layout (NaN wins, as the core's max_pool2d), and reorders only the
+chain's output back to NCHW. The intermediates live in this thread's conv scratch
+(:func:`rlx_cpu.conv.scratch`), planned so that dead values' bytes are reused.
 
 Layouts: each conv reads its input in the layout oneDNN prefers for it (nChw16c or NHWC here; see
 :data:`BRG_FIRST`), which is mostly the layout the previous conv wrote, so a chain reorders at its
@@ -119,7 +119,8 @@ _CONV_OPS = ("conv2d_bias", "rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_add
 _POOL = "max_pool2d"
 #: Scalar clip steps (ONNX Clip, ReLU6, imports as maximum then minimum with scalar constants):
 #: applied in place on the blocked buffer with NumPy, which propagates NaN as the IR does
-#: (oneDNN's clip post-op turns NaN into the lower bound, so it is not used).
+#: (oneDNN's clip post-op turns NaN into the lower bound: used only where no NaN can arise,
+#: see :data:`FUSE_CLIPS`).
 _CLIPS = ("maximum", "minimum")
 #: Members a region needs: a single conv gains nothing (its own reorders are all it has).
 MIN_MEMBERS = 2

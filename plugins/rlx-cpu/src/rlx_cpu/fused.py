@@ -448,9 +448,24 @@ SLOW_NUMPY = frozenset({"erf", "sigmoid"})
 VECTOR_NUMPY = frozenset({"exp", "log", "tanh", "sin", "cos"})
 
 
-def _codegen_small(program: str) -> bool:
+#: Steps from which an integer/bool program is generated at any size: NumPy pays ~1 us a step on
+#: the few elements of an export's position ids and masks (RoBERTa's ``ne -> not -> cast``, a
+#: cumsum, then seven steps wrapping negative indices: 4, 4 and 8 us at batch 1), one compiled call
+#: ~0.6 us. Integer and boolean steps give the same values either way (no rounding, no FMA).
+INT_CODEGEN_MIN_STEPS = 3
+_EXACT = frozenset({DType.I32, DType.I64, DType.BOOL})
+
+
+def _codegen_small(program: str, dtypes: Sequence[DType] = ()) -> bool:
     ops, _ = decode(program)
-    return any(name in SLOW_NUMPY for name, _, _ in ops)
+    if any(name in SLOW_NUMPY for name, _, _ in ops):
+        return True
+    if len(ops) < INT_CODEGEN_MIN_STEPS or not dtypes or not set(dtypes) <= _EXACT:
+        return False
+    try:
+        return set(_temp_dtypes(program, dtypes)) <= _EXACT
+    except Exception:
+        return False
 
 
 def _numpy_vectorised(program: str, o: np.ndarray) -> bool:
@@ -476,7 +491,8 @@ def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs,
     """Bind a fused program; ``force_codegen`` returns None instead of a NumPy fallback."""
     o = outs[0]
     program: str = attrs["program"]  # type: ignore[assignment]
-    if not force_codegen and ((o.size < NUMBA_MIN and (o.size == 0 or not _codegen_small(program)))
+    dts = [DType.parse(x.dtype) for x in ins]
+    if not force_codegen and ((o.size < NUMBA_MIN and (o.size == 0 or not _codegen_small(program, dts)))
                               or _numpy_vectorised(program, o)):
         return _numpy_program(ins, o, program)
     planned = plan_layouts(ins, o.shape)

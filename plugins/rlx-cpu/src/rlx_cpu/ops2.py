@@ -21,8 +21,7 @@ def k_mod(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -
     fn = np.fmod if attrs.get("mode", "fmod") == "fmod" else np.mod
 
     def run() -> None:
-        with np.errstate(all="ignore"):  # x % 0 is NaN by definition, not a fault
-            fn(a, b, out=o)
+        fn(a, b, out=o)
     return run
 
 
