@@ -199,15 +199,10 @@ def _whole(x: np.ndarray, wt: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.nd
            post: tuple[np.ndarray, np.ndarray, bool] | None) -> Run:
     """The linear as one ``np.dot`` (else ``np.matmul``) into ``t``, the bias and ReLU (``post``)
     after it."""
+    from .blas import numpy_gemm
+
     add, maximum = np.add, np.maximum
-    out = o if post is not None and t is not post[0] else t
-    # np.dot on 2-D operands is the same GEMM at ~0.4 us less a call than the matmul ufunc (8x256 @
-    # 256x10: 1.6 against 2.0 us); it takes only a C-contiguous ``out`` of the result's dtype that
-    # does not overlap an operand.
-    matmul: Any = np.matmul
-    if (x.ndim == wt.ndim == out.ndim == 2 and out.flags.c_contiguous and x.dtype == wt.dtype == out.dtype
-            and not np.may_share_memory(out, x)):
-        matmul = np.dot
+    matmul = numpy_gemm(x, wt, o if post is not None and t is not post[0] else t)
     if post is None:
         def run() -> None:
             matmul(x, wt, out=t)

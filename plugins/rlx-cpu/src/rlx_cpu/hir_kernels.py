@@ -157,9 +157,13 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     if one is not None:
         return one
 
+    from .blas import numpy_gemm
+
+    gemm, add = numpy_gemm(x, wt, o), np.add
+
     def run() -> None:
-        np.matmul(x, wt, out=o)
-        np.add(o, b, out=o)
+        gemm(x, wt, out=o)
+        add(o, b, out=o)
     return run
 
 

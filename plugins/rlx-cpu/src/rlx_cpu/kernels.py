@@ -195,7 +195,10 @@ def k_matmul(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
         # (..., M, K) @ (K, N) is one (prod(...)*M, K) @ (K, N) GEMM, not one GEMM per leading index.
         a = a.reshape(-1, a.shape[-1])
         o = o.reshape(-1, o.shape[-1])
-    return lambda: np.matmul(a, b, out=o)
+    from .blas import numpy_gemm
+
+    gemm = numpy_gemm(a, b, o)
+    return lambda: gemm(a, b, out=o)
 
 
 def k_reshape(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs) -> Run:
@@ -268,12 +271,13 @@ def k_gather(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     x, idx = ins
     o = outs[0]
     ax = normalize_axis(attrs["axis"], x.ndim)  # type: ignore[arg-type]
+    take = x.take  # the method, arguments positional: ~0.5 us a call where np.take's wrapper was ~1.2
 
     def run() -> None:
         # NumPy bounds-checks (mode="raise": [-n, n-1], negatives once from the end, as ONNX), so
         # an index computed on the device out of range is the user's InputError, not a plugin bug.
         try:
-            np.take(x, idx, axis=ax, out=o)
+            take(idx, ax, o)
         except IndexError:
             raise device_error("gather", idx, x.shape[ax], ax) from None
     return run
