@@ -23,6 +23,7 @@ from .execution import SpecCache as _SpecCache
 from .execution import report_entry as _entry
 from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
+from .ir.indices import check_inputs as check_index_inputs
 from .lir import Program, Transfer, lower
 from .placement import MultiDeviceExecutable, place
 from .records import BufferBinding, FusionRule, KernelClaim, NodeVariant
@@ -414,11 +415,10 @@ class Executable:
         compiled, program, lock = self._specialise(bindings)
         key = tuple(sorted(bindings.items()))
         plan = (compiled, lock, tuple(program.outputs), key)
-        if not self._binder.index_checks:
-            shapes = tuple(arrays[n].shape for n, _ in self._fast_inputs)
-            with self._lock:
-                if key in self._specs:  # not evicted by another thread meanwhile
-                    self._plans[shapes] = plan
+        shapes = tuple(arrays[n].shape for n, _ in self._fast_inputs)
+        with self._lock:
+            if key in self._specs:  # not evicted by another thread meanwhile
+                self._plans[shapes] = plan
         return plan
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, np.ndarray]:
@@ -443,6 +443,8 @@ class Executable:
             plan = self._plan(arrays, bindings)
         else:
             arrays = feed
+            if self._binder.index_checks:  # shapes known, values new: index inputs checked every run
+                check_index_inputs(self.graph, feed, dict(plan[3]), where)
             if self._lru:  # a hit keeps its specialisation the most recently used
                 try:
                     self._specs.move_to_end(plan[3])
