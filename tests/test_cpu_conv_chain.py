@@ -122,11 +122,11 @@ def test_team_follows_the_load_with_the_same_bits(monkeypatch: pytest.MonkeyPatc
     pool = parallel.RowPool(2)
     monkeypatch.setattr(parallel, "_POOL", pool)
     monkeypatch.setattr(pool, "poll", lambda: None)  # the test sets the load, not /proc/stat
-    made: list[int] = []
+    made: list[tuple[int, bool]] = []  # (threads, the finite variant?)
 
     class Counted(conv_chain._Blocked):
         def __init__(self, api: Any, ins: Any, o: Any, steps: Any, threads: int, *a: Any, **k: Any) -> None:
-            made.append(threads)
+            made.append((threads, k.get("finite") is not None))
             super().__init__(api, ins, o, steps, threads, *a, **k)
 
     monkeypatch.setattr(conv_chain, "_Blocked", Counted)
@@ -138,13 +138,24 @@ def test_team_follows_the_load_with_the_same_bits(monkeypatch: pytest.MonkeyPatc
     for active in (2, 1, 1, 2):
         pool.active = active
         runs.append(exe.run(x=xv)["y"].copy())
-    assert made == [2, 1], made  # one variant per thread count, made on first need
+    # The finite variant (oneDNN's max pool) for all threads at bind time; a NaN in the input runs
+    # the exact one: one variant per thread count, made on first need.
+    assert made == [(2, True), (2, False), (1, False)], made
     for r in runs[1:]:
         np.testing.assert_array_equal(r, runs[0])
+    xf = RNG.standard_normal((3, 3, 29, 31)).astype(np.float32)
+    finite = []
+    for active in (2, 1):
+        pool.active = active
+        finite.append(exe.run(x=xf)["y"].copy())
+    assert made[3:] == [(1, True)], made
+    np.testing.assert_array_equal(finite[0], finite[1])
+    want = evaluate(graph, {"x": xf.astype(np.float64)})["y"]
+    np.testing.assert_allclose(finite[0], want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
     monkeypatch.setenv("RLX_CPU_CONV_OPENMP", "0")
     made.clear()
     pieces = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
-    assert made == [1], made  # one-thread primitives, cut for the pool
+    assert made == [(1, False)], made  # one-thread primitives, cut for the pool
     ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
     ok = ~np.isnan(ref)
     assert np.array_equal(np.isnan(pieces), ~ok)
@@ -313,7 +324,7 @@ def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch:
     orig = conv_chain._Blocked.__init__
 
     def counting(self: Any, *a: Any, **k: Any) -> None:
-        made.append(bool(k.get("fuse")))
+        made.append(bool(k.get("finite")))
         orig(self, *a, **k)
     monkeypatch.setattr(conv_chain._Blocked, "__init__", counting)
     xf = 3 * RNG.standard_normal((batch, 3, 21, 19)).astype(np.float32)
@@ -386,6 +397,34 @@ def test_clips_stay_numpy_passes_where_a_value_could_overflow(monkeypatch: pytes
     assert np.isnan(ref).any() and np.array_equal(np.isnan(got), np.isnan(ref))
     monkeypatch.setattr(conv_chain, "FUSE_CLIPS", False)
     assert clips(_mobilenet(1)) == 5
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e11])
+def test_max_pool_is_onednn_in_the_finite_variant_where_the_bound_holds(scale: float) -> None:
+    """A max pool after a conv is oneDNN's (in the finite variant) where the conv cannot overflow for
+    an input below 1.9e19; weights near 1e10 (row sums ~1e12) keep the NaN-wins pass. A NaN in the
+    input wins either way (the exact variant runs)."""
+    g = GraphBuilder("pool")
+    x = g.input("x", "f32", (2, 16, 12, 10))
+    w = (RNG.standard_normal((16, 16, 3, 3)) * scale / 12).astype(np.float32)
+    y = g.op("relu", g.op("conv2d_bias", x, g.param("w", w), g.param("b", np.zeros(16, np.float32)),
+                          strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1))
+    y = g.op("max_pool2d", y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    g.output(_conv(g, y, "c2", 16, 16, 1), "y")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    (impls,) = [getattr(r, "onednn_impl", None) for n, r in _kernels(exe, 2) if "conv_chain" in n]
+    assert impls is not None
+    assert any(i.startswith("max_pool2d:") for i in impls) == (scale > 1), impls
+    for nan in (False, True):
+        xv = RNG.standard_normal((2, 16, 12, 10)).astype(np.float32)
+        if nan:
+            xv[1, 3, 5, 5] = np.nan
+        got = exe.run(x=xv)["y"]
+        ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(ref).any() == nan
+        ok = ~np.isnan(ref)
+        np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
 
 
 def test_clip_nan_and_bounds_that_end_the_chain() -> None:

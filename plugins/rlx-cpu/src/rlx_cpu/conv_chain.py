@@ -145,6 +145,10 @@ _MEAN = "reduce_mean"
 #: runs the exact variant (NumPy clips, made on first need). MobileNetV2 (zoo, 64x64, b1):
 #: 35 clips of ~5.7 us each left the chain.
 FUSE_CLIPS = True
+#: True: in the finite variant (see FUSE_CLIPS) max pools are oneDNN's pooling primitive on the
+#: OpenMP team, whose max skips NaN where the IR's keeps it. ResNet-18 224x224 b1: the stem's pool
+#: (64x112x112) took 720 us as the NumPy pass.
+FINITE_POOLS = True
 #: Largest input magnitude the fused variant is checked for: ``x . x`` (the run-time test, one
 #: BLAS dot) is finite in float32 only for ``|x| < 1.9e19``.
 _X_MAX = 1.9e19
@@ -667,16 +671,26 @@ def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[
     return shapes
 
 
-def _fused_clips(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]
-                 ) -> dict[int, tuple[float, float]] | None:
-    """conv step -> (lo, hi) of the clip pair (maximum then minimum, or the other way round) that
-    alone reads its output, for the fused variant (:data:`FUSE_CLIPS`); None where there is no
-    such pair, a weight is fed, or a value could overflow for an input below :data:`_X_MAX`.
+class _Finite:
+    """What the finite variant does with oneDNN's NaN-losing forms (:data:`FUSE_CLIPS`,
+    :data:`FINITE_POOLS`): conv step -> (lo, hi) of the clip pair fused as its post-op, and
+    whether max pools are oneDNN primitives."""
 
-    Bounds are affine in the input's magnitude M: value ``v`` is at most ``a[v] * M + c[v]``. A
-    conv multiplies by its largest row sum of |w| and adds its largest |bias| (and the residual's
-    bound); ReLU, SiLU, hard-swish, pools, means and gates in [0, 1] never grow a magnitude; a clip
-    pair bounds its output by its bounds whatever its input."""
+    def __init__(self, fuse: dict[int, tuple[float, float]], pools: bool) -> None:
+        self.fuse, self.pools = fuse, pools
+
+
+def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) -> _Finite | None:
+    """The finite variant of a chain, or None where it would change nothing or where a value the
+    NaN-losing steps read could overflow (to Inf, then NaN) for an input below :data:`_X_MAX`.
+
+    Clip pairs (maximum then minimum, or the other way round) that alone read a conv's output are
+    fused into it; max pools become oneDNN's. Bounds are affine in the input's magnitude M: value
+    ``v`` is at most ``a[v] * M + c[v]``. A conv multiplies by its largest row sum of |w| and adds
+    its largest |bias| (and the residual's bound); ReLU, SiLU, hard-swish, pools, means and gates
+    in [0, 1] never grow a magnitude; a clip pair bounds its output by its bounds whatever its
+    input. Only values up to the last NaN-losing step's input must stay below :data:`_SAFE`: a NaN
+    made after it runs through the same exact steps in both variants."""
     import numpy as np
 
     readers: dict[int, int] = {}
@@ -684,15 +698,21 @@ def _fused_clips(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]
         for v in {st["src"], st.get("res")} - {None}:
             readers[v] = readers.get(v, 0) + 1
     fuse: dict[int, tuple[float, float]] = {}
+    lossy: list[int] = []  # the values the NaN-losing steps read
     for k in range(len(steps) - 2):
         c1, c2 = steps[k + 1], steps[k + 2]
-        if (_is_conv(steps[k]) and {c1["op"], c2["op"]} == set(_CLIPS) and c1["src"] == k + 1
-                and c2["src"] == k + 2 and readers.get(k + 1) == 1 and readers.get(k + 2) == 1):
+        if (FUSE_CLIPS and _is_conv(steps[k]) and {c1["op"], c2["op"]} == set(_CLIPS)
+                and c1["src"] == k + 1 and c2["src"] == k + 2 and readers.get(k + 1) == 1
+                and readers.get(k + 2) == 1):
             first, second = float(c1["c"]), float(c2["c"])
             lo, hi = (first, second) if c1["op"] == "maximum" else (second, first)
             if lo <= hi:
                 fuse[k] = (lo, hi)
-    if not fuse:
+                lossy.append(k + 1)
+    pools = FINITE_POOLS and any(st["op"] == _POOL for st in steps)
+    if pools:
+        lossy += [st["src"] for st in steps if st["op"] == _POOL]
+    if not lossy:
         return None
 
     def gain(w: np.ndarray) -> float:  # the largest sum of |w| over one output's inputs
@@ -702,18 +722,19 @@ def _fused_clips(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]
         return float(np.abs(b.astype(np.float64)).max()) if b.size else 0.0
 
     a, c = [1.0], [0.0]
-    top = 0.0  # the largest bound of any value at M = _X_MAX
+    top = [_X_MAX]  # per value: the largest bound at M = _X_MAX of it and of what its step made
     for st in steps:
         sa, sc = a[st["src"]], c[st["src"]]
         op = st["op"]
         keys = ("w", "b", "w2", "b2") if op == _SE else ("w", "b") if _is_conv(st) else ()
         if any(ins[st[key]].flags.writeable for key in keys):
             return None  # fed weights may hold NaN at run time
+        inner = 0.0
         if op == _SE:
             w1, b1, w2, b2 = (ins[st[key]] for key in keys)
             h = (sa * gain(w1), sc * gain(w1) + most(b1))  # FC1 (its ReLU/SiLU never grows it)
             z = (h[0] * gain(w2), h[1] * gain(w2) + most(b2))  # FC2, before the gate
-            top = max(top, h[0] * _X_MAX + h[1], z[0] * _X_MAX + z[1])
+            inner = max(h[0] * _X_MAX + h[1], z[0] * _X_MAX + z[1])
             gate = st["gate"]
             gm = 1.0 if gate[0] == "sigmoid" else max(abs(float(gate[3])), abs(float(gate[4])))
             na, nc = sa * gm, sc * gm
@@ -734,15 +755,16 @@ def _fused_clips(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]
             return None
         a.append(na)
         c.append(nc)
-        top = max(top, na * _X_MAX + nc)
-    return fuse if top < _SAFE else None
+        top.append(max(na * _X_MAX + nc, inner))
+    return _Finite(fuse, pools) if max(top[:max(lossy) + 1]) < _SAFE else None
 
 
 def _fused_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
                    steps: Sequence[Mapping[str, Any]], shared: dict[Any, Any], pl: Any,
                    exact: Callable[[], Any]) -> Run | None:
-    """The chain with its clip pairs as conv post-ops (:data:`FUSE_CLIPS`), run while ``x . x`` is
-    finite (no NaN or Inf in the input), else the exact variant; None where no clip fuses."""
+    """The chain's finite variant (clip pairs as conv post-ops, oneDNN's max pools: see
+    :data:`FUSE_CLIPS`), run while ``x . x`` is finite (no NaN or Inf in the input), else the exact
+    variant; None where the chain has no such step or its bound check fails."""
     import math
 
     import numpy as np
@@ -751,11 +773,11 @@ def _fused_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray
     from .parallel import PerTeam
 
     x = ins[0]
-    fuse = _fused_clips(steps, ins) if FUSE_CLIPS and x.flags.c_contiguous else None
-    if not fuse:
+    plan = _finite_plan(steps, ins) if x.flags.c_contiguous else None
+    if plan is None:
         return None
     try:
-        teams = PerTeam(lambda n: _Blocked(api, ins, o, steps, n, shared, fuse=fuse), pl)
+        teams = PerTeam(lambda n: _Blocked(api, ins, o, steps, n, shared, finite=plan), pl)
     except (OneDNNError, _Unsupported):
         return None
     xf = x.reshape(-1)
@@ -1031,14 +1053,16 @@ class _Blocked:
 
     def __init__(self, api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
                  steps: Sequence[Mapping[str, Any]], threads: int, shared: dict[Any, Any],
-                 split: int = 1, fuse: Mapping[int, tuple[float, float]] | None = None) -> None:
+                 split: int = 1, finite: _Finite | None = None) -> None:
         from .onednn_conv import _Prim
 
         self.api, self.threads, self.split = api, threads, split
         #: conv step -> (lo, hi) of the clip pair after it, applied as its post-op (see FUSE_CLIPS)
-        self.fuse = dict(fuse or {})
-        if self.fuse and split > 1:
-            raise _Unsupported("fused clips are for the OpenMP team's chains (no conv pieces)")
+        self.fuse = dict(finite.fuse) if finite else {}
+        #: max pools as oneDNN primitives (see FINITE_POOLS)
+        self.onednn_pools = bool(finite and finite.pools)
+        if finite and split > 1:
+            raise _Unsupported("the finite variant is for the OpenMP team's chains (no conv pieces)")
         #: scratch areas of conv pieces (see _piece_area): (memory, area), each area's bytes
         self.piece_sp: list[tuple[Any, int]] = []
         self.piece_sp_nb: list[int] = []
@@ -1198,12 +1222,17 @@ class _Blocked:
                 off = arena.alloc(int(size(dst_md)), k)
                 dst_mem = scratch_mem(dst_md, off)
                 src_off = vals[st["src"]][2]
-                src_shape = (planes, shapes[st["src"]][2], shapes[st["src"]][3], blk)
-                run = self._pool_run(src_off, x if src_off is None else None, src_shape,
-                                     off, (planes, ho, wo, blk), _pool_args(at))
-                self.entries.append(run)
-                self.impls.append(f"max_pool2d:{run.kind}:"  # type: ignore[attr-defined]
-                                  f"{'nhwc' if nhwc else f'blocked{blk}'}")
+                if self.onednn_pools:  # the finite variant: oneDNN's max skips NaN (none can arise)
+                    pd = self._pool_pd(src_md, dst_md, at)
+                    step(p.primitive(pd), [(_ARG_SRC, src_mem), (_ARG_DST, dst_mem), *scratchpad(pd)])
+                    self.impls.append(impl_info(self.api, pd))
+                else:
+                    src_shape = (planes, shapes[st["src"]][2], shapes[st["src"]][3], blk)
+                    run = self._pool_run(src_off, x if src_off is None else None, src_shape,
+                                         off, (planes, ho, wo, blk), _pool_args(at))
+                    self.entries.append(run)
+                    self.impls.append(f"max_pool2d:{run.kind}:"  # type: ignore[attr-defined]
+                                      f"{'nhwc' if nhwc else f'blocked{blk}'}")
                 free_after(k, st["src"])
                 vals[k + 1] = (dst_md, dst_mem, off)
                 where[k + 1] = ("s", off)
@@ -1267,6 +1296,22 @@ class _Blocked:
         p.scratch_nb = top
         self.where = -1
         self.views: dict[int, Any] = {}
+
+    def _pool_pd(self, src_md: Any, dst_md: Any, at: Attrs) -> Any:
+        """oneDNN's max pooling (forward inference) from ``src_md`` into ``dst_md``, same layout."""
+        from .onednn_conv import _FWD_INFERENCE, _POOLING_MAX, _VP, _dims
+
+        p = self.p
+        kh, kw, sh, sw, pt, pl = _pool_args(at)
+        pads = at["pads"]
+        assert isinstance(pads, tuple)
+        pd = _VP()
+        p.check(p.fns["dnnl_pooling_forward_primitive_desc_create"](
+            ctypes.byref(pd), self.api["engine"], _FWD_INFERENCE, _POOLING_MAX, src_md, dst_md,
+            _dims((sh, sw)), _dims((kh, kw)), _dims((0, 0)), _dims((pt, pl)),
+            _dims((int(pads[2]), int(pads[3]))), p.attr()), "pooling primitive_desc")
+        p.owned.append(("dnnl_primitive_desc_destroy", pd))
+        return pd
 
     def _conv_pd(self, src_md: Any, w: np.ndarray, b: np.ndarray, oshape: tuple[int, ...],
                  strides: tuple[int, int], pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,

@@ -153,6 +153,9 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     par = _pool_linear(x, wt, b, o)
     if par is not None:
         return par
+    team = _team_gemv(x, w, b, o)
+    if team is not None:
+        return team
     one = _one_thread_gemv(x, wt, b, o)
     if one is not None:
         return one
@@ -165,6 +168,22 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
         gemm(x, wt, out=o)
         add(o, b, out=o)
     return run
+
+
+def _team_gemv(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
+    """1-2 rows of a big constant float32 linear (a CNN's classifier: 512 x 1000 at batch 1) as the
+    dense path's oneDNN matmul primitive on the OpenMP team, where a program of convs loaded oneDNN:
+    the weights are read by both cores (ResNet-18's classifier: 88 us on one thread)."""
+    from . import blas, dense, settings
+    from .parallel import pool
+
+    if (x.ndim != 2 or x.shape[0] > GEMV_ROWS or w.flags.writeable
+            or x.shape[0] * w.size < dense.TEAM_MIN_MACS or not settings.DENSE_OPENMP.get()
+            or not blas.dnnl_loaded() or pool().threads < 2):
+        return None
+    from .onednn_linear import linear_team
+
+    return linear_team(x, w, b, o, False, pool())
 
 
 def _one_thread_gemv(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:

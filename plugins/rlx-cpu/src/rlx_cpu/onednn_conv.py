@@ -58,6 +58,7 @@ _CONV_DIRECT = 0x1  # dnnl_convolution_direct
 _ELTWISE_ELU, _ELTWISE_LINEAR, _ELTWISE_SWISH = 0x22, 0x26, 0x2C  # dnnl_eltwise_elu, _linear, _swish (v3)
 _ELTWISE_HARDSWISH = 0x34  # dnnl_eltwise_hardswish
 _ELTWISE_CLIP = 0x2E  # dnnl_eltwise_clip: min(max(x, alpha), beta)
+_POOLING_MAX = 0x1FF  # dnnl_pooling_max
 _DT_UNDEF = 0  # dnnl_data_type_undef: the sum post-op reads the destination's type
 _QUERY_EXEC_ARG_MD = 255  # dnnl_query_exec_arg_md (index: a DNNL_ARG_*)
 _QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
@@ -113,6 +114,9 @@ def _api() -> dict[str, Any] | None:
                 st_t, [ctypes.POINTER(_VP), _VP, ctypes.c_int, ctypes.c_int, _VP, _VP, _VP, _VP,
                        _Dims, _Dims, _Dims, _Dims, _VP]),
             "dnnl_matmul_primitive_desc_create": (st_t, [ctypes.POINTER(_VP), _VP, _VP, _VP, _VP, _VP, _VP]),
+            "dnnl_pooling_forward_primitive_desc_create": (
+                st_t, [ctypes.POINTER(_VP), _VP, ctypes.c_int, ctypes.c_int, _VP, _VP, _Dims, _Dims, _Dims,
+                       _Dims, _Dims, _VP]),
             "dnnl_softmax_forward_primitive_desc_create": (
                 st_t, [ctypes.POINTER(_VP), _VP, ctypes.c_int, ctypes.c_int, _VP, _VP, ctypes.c_int, _VP]),
             "dnnl_reorder_primitive_desc_create": (st_t, [ctypes.POINTER(_VP), _VP, _VP, _VP, _VP, _VP]),
