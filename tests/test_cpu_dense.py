@@ -270,18 +270,31 @@ def test_onednn_softmax_matches_the_numpy_form(shape: tuple[int, ...], axis: int
     np.testing.assert_array_equal(team, got)
 
 
-def test_mlp_softmax_is_the_onednn_primitive_with_team_linears(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A program whose linears run on the oneDNN team also takes oneDNN's softmax; with
-    ``RLX_CPU_DENSE_OPENMP=0`` (no oneDNN loaded for the linears) the softmax stays NumPy."""
+@pytest.mark.parametrize("head", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("batch", [1, 8, 300])
+def test_mlp_head_is_onednn_with_team_linears(head: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program whose linears run on the oneDNN team runs its last linear and softmax as one call
+    of two oneDNN primitives (a head too big for one thread: the softmax primitive alone), NaN and
+    Inf rows as the general path has them; with ``RLX_CPU_DENSE_OPENMP=0`` (no oneDNN loaded for
+    the linears) both stay NumPy."""
     from rlx_cpu import parallel
 
     _need_onednn()
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
-    graph, feed, ref = _mlp(8, (600, 512, 10))
+    graph, feed, ref = _mlp(batch, (600, 512, 10), head=head)
+    fused = "cpu.dense_linear_" + head
     for team in ("1", "0"):
         monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", team)
         exe = Session("cpu").compile(graph)
-        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-5)
         c = _compiled(exe, graph, feed)
-        i = c.kernel_names.index("cpu.softmax")
-        assert hasattr(c.runs[i], "onednn_impl") == (team == "1")
+        names = c.kernel_names
+        assert (fused in names) == (team == "1" and batch < 200), names
+        last = c.runs[names.index(fused if fused in names else "cpu." + head)]
+        assert hasattr(last, "onednn_impl") == (team == "1"), names
+    monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", "1")
+    x = feed["x"].copy()
+    x[0, 0] = np.nan
+    if batch > 1:
+        x[1, :] = np.inf
+    _same_as_general_path(graph, x, monkeypatch, 2e-5)

@@ -103,6 +103,14 @@ def bind(program: Any, views: Mapping[str, np.ndarray], factories: Mapping[str, 
                 claims.append(("cpu.linear", "cpu.maximum"))
                 i += 2
                 continue
+            head = _head(steps, i, views, outs, readers, runs)
+            if head is not None:
+                runs.append(head)
+                kind = steps[i + 1].kernel
+                names.append("cpu.dense_linear_" + kind.removeprefix("cpu."))
+                claims.append(("cpu.linear", kind))
+                i += 2
+                continue
             runs.append(_linear(ins[0], ins[1], ins[2], o, None))
         elif s.kernel in ("cpu.softmax", "cpu.log_softmax"):
             # oneDNN's primitive where the program's linears loaded it already (else NumPy: a
@@ -116,6 +124,25 @@ def bind(program: Any, views: Mapping[str, np.ndarray], factories: Mapping[str, 
         claims.append((s.kernel,))
         i += 1
     return tuple(runs), tuple(names), tuple(claims)
+
+
+def _head(steps: Sequence[Any], i: int, views: Mapping[str, np.ndarray], outs: set[str],
+          readers: Mapping[str, int], runs: Sequence[Run]) -> Run | None:
+    """The linear at step ``i`` and the softmax (or log-softmax) over the last axis that alone reads
+    it as one call of two oneDNN primitives (:func:`rlx_cpu.onednn_softmax.head_run`), where the
+    program's linears loaded oneDNN already; else None."""
+    s = steps[i]
+    if (i + 1 >= len(steps) or steps[i + 1].kernel not in ("cpu.softmax", "cpu.log_softmax")
+            or steps[i + 1].inputs[0] != s.outputs[0] or readers.get(s.outputs[0]) != 1
+            or s.outputs[0] in outs or not any(hasattr(r, "onednn_impl") for r in runs)):
+        return None
+    x, w, b = (views[v] for v in s.inputs)
+    t, o = views[s.outputs[0]], views[steps[i + 1].outputs[0]]
+    if x.ndim != 2 or t.ndim != 2 or normalize_axis(steps[i + 1].attrs["axis"], 2) != 1:
+        return None
+    from .onednn_softmax import head_run
+
+    return head_run(x, w, b, t, o, 1, steps[i + 1].kernel == "cpu.log_softmax")
 
 
 def _relu_after(steps: Sequence[Any], i: int, g: Any, outs: set[str], readers: Mapping[str, int]

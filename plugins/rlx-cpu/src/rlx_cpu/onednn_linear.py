@@ -42,6 +42,16 @@ def _build(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray | No
 
 def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray,
                relu: bool, threads: int) -> Run:
+    steps, keep, impl = steps_for(api, x, w, b, o, relu)
+    run = oc.executor(api, steps, threads, keep)
+    run.onednn_impl = impl  # type: ignore[attr-defined]
+    return run
+
+
+def steps_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray,
+              relu: bool) -> tuple[list[tuple[Any, Any]], list[Any], str]:
+    """The matmul primitive bound to these buffers, made for the current OpenMP thread count:
+    (its execute steps, what they point into, its implementation's name)."""
     fns = api["fns"]
     p = oc._Prim(api)
     (m, k), n = x.shape, w.shape[0]
@@ -77,13 +87,7 @@ def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray 
         sb = oc._aligned(fns["dnnl_memory_desc_get_size"](pad))  # its own: a linear is small
         keep.append(sb)
         pairs.append((oc._ARG_SCRATCHPAD, p.memory(pad, sb.ctypes.data)))
-    steps = [(prim, _args(pairs, keep))]
-    execute = oc._execute
-
-    def run() -> None:
-        execute(api, steps, threads, keep)
-    run.onednn_impl = oc.impl_info(api, pd)  # type: ignore[attr-defined]
-    return run
+    return [(prim, _args(pairs, keep))], keep, oc.impl_info(api, pd)
 
 
 def _args(pairs: list[tuple[int, Any]], keep: list[Any]) -> Any:

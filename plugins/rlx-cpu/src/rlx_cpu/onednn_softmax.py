@@ -72,6 +72,38 @@ def softmax_run(x: np.ndarray, o: np.ndarray, axis: int, log: bool) -> Run | Non
             impl = teams.full.onednn_impl  # type: ignore[attr-defined]
     except oc.OneDNNError:
         return None
+    return _nan_rows_whole(prim, o, axis, impl)
+
+
+def head_run(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray, axis: int,
+             log: bool) -> Run | None:
+    """A classifier head, ``t = x @ w.T + b`` then ``o = softmax(t)`` (``log``: log-softmax), as
+    two oneDNN primitives on one thread run by one call: the MLP's 256 -> 10 head at batch 8 was
+    ``np.dot`` + ``np.add`` (2.5 us) and the softmax primitive (its own call, threads set and
+    reset: ~2.3 us); None where the head is too big for one thread or oneDNN refuses it."""
+    from . import onednn_linear
+
+    if not (usable(t, o) and onednn_linear.usable(x, w, b, t)) or o.size >= TEAM_MIN_ELEMS:
+        return None
+    api = oc._api()
+    if api is None:
+        return None
+    get_t, set_t = api["omp"]
+    prev = get_t()
+    set_t(1)
+    try:
+        lin, keep1, impl1 = onednn_linear.steps_for(api, x, w, b, t, False)
+        sm, keep2, impl2 = _steps(api, t, o, axis, _LOG_SOFTMAX if log else _SOFTMAX)
+    except oc.OneDNNError:
+        return None
+    finally:
+        set_t(prev)
+    both = oc.executor(api, lin + sm, 1, keep1 + keep2)
+    return _nan_rows_whole(lambda: both, o, axis, [impl1, impl2])
+
+
+def _nan_rows_whole(prim: Callable[[], Run], o: np.ndarray, axis: int, impl: Any) -> Run:
+    """``prim()()``, then the NumPy form's NaN rows (see the module's docstring)."""
     flat = o.reshape(-1) if o.flags.c_contiguous else None
     ones = np.ones(o.size, np.float32)
     dot, isnan = np.dot, math.isnan
@@ -90,6 +122,14 @@ def softmax_run(x: np.ndarray, o: np.ndarray, axis: int, log: bool) -> Run | Non
 
 
 def _build(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: int, threads: int) -> Run:
+    steps, keep, impl = _steps(api, x, o, axis, alg)
+    run = oc.executor(api, steps, threads, keep)
+    run.onednn_impl = impl  # type: ignore[attr-defined]
+    return run
+
+
+def _steps(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: int
+           ) -> tuple[list[tuple[Any, Any]], list[Any], str]:
     p = oc._Prim(api)
     x_md = p.md_plain(x.shape, oc._strides_elems(x))
     o_md = p.md_plain(o.shape, oc._strides_elems(o))
@@ -109,10 +149,4 @@ def _build(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: in
         pairs.append((oc._ARG_SCRATCHPAD, p.memory(pad, sb.ctypes.data)))
     args = (oc._ExecArg * len(pairs))(*(oc._ExecArg(a, mem) for a, mem in pairs))
     keep.append(args)
-    steps = [(prim, args)]
-    execute = oc._execute
-
-    def run() -> None:
-        execute(api, steps, threads, keep)
-    run.onednn_impl = oc.impl_info(api, pd)  # type: ignore[attr-defined]
-    return run
+    return [(prim, args)], keep, oc.impl_info(api, pd)
