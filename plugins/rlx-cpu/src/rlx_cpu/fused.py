@@ -80,7 +80,8 @@ def plan_layouts(ins: Sequence[np.ndarray], out_shape: tuple[int, ...]) -> tuple
     return None if best is None else (best[1], best[2])  # type: ignore[return-value]
 
 
-def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: str) -> str:
+def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: str,
+            exact: bool = False) -> str:
     exprs = []
     for k, lay in enumerate(lays):
         exprs.append({"full": f"x{k}[r, c]", "scalar": f"x{k}[0, 0]", "row": f"x{k}[0, c]",
@@ -92,7 +93,9 @@ def _source(program: str, dtypes: Sequence[DType], lays: Sequence[str], name: st
         "import math", "import numpy as np", "from numba import njit", "",
         NUMBA_PRELUDE,
         "",
-        "@njit(cache=False, nogil=True, fastmath={'contract'}, error_model='numpy')",  # see _attach_cache
+        # exact: no contraction (a*b+c rounds twice, as NumPy's steps do); see _attach_cache for cache
+        "@njit(cache=False, nogil=True, error_model='numpy')" if exact else
+        "@njit(cache=False, nogil=True, fastmath={'contract'}, error_model='numpy')",
         f"def {name}_rows(o, {args}, lo, hi):",
         "    for r in range(lo, hi):",
         "        for c in range(o.shape[1]):",
@@ -267,12 +270,18 @@ def _load_module(name: str, src: str, d: Path | None) -> Any:
     return mod
 
 
-def compiled_kernel(program: str, dtypes: Sequence[DType], lays: Sequence[str]) -> Any:
-    key = hashlib.sha256(f"{program}|{[d.value for d in dtypes]}|{list(lays)}".encode()).hexdigest()[:24]
+def compiled_kernel(program: str, dtypes: Sequence[DType], lays: Sequence[str], exact: bool = False) -> Any:
+    """The generated module of ``program`` (``exact``: every step rounded as NumPy's is, no FMA
+    contraction, for programs that must give the NumPy form's bits)."""
+    tag = "|exact" if exact else ""
+    key = hashlib.sha256(f"{program}|{[d.value for d in dtypes]}|{list(lays)}{tag}".encode()).hexdigest()[:24]
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:
-            src = (_source_chunked if chunkable(program, dtypes) else _source)(program, dtypes, lays, "k")
+            if exact:
+                src = _source(program, dtypes, lays, "k", exact=True)
+            else:
+                src = (_source_chunked if chunkable(program, dtypes) else _source)(program, dtypes, lays, "k")
             mod = _load_module(f"rlx_fused_{key}", src, _module_dir())
             _MODULES[key] = mod
         return mod
@@ -452,7 +461,9 @@ VECTOR_NUMPY = frozenset({"exp", "log", "tanh", "sin", "cos"})
 #: step on small tensors, one compiled call ~0.6 us in all. RoBERTa's position ids at batch 1
 #: (``ne -> not -> cast``, then seven steps wrapping negative indices: 4 and 8 us), LLaMA's RoPE
 #: on 8x4x8x8 floats (``x*cos + rot*sin``, times a scale: 9.4 us). Programs holding a
-#: transcendental NumPy runs with SIMD (:data:`VECTOR_NUMPY`) or a power stay NumPy.
+#: transcendental NumPy runs with SIMD (:data:`VECTOR_NUMPY`) or a power stay NumPy. Below
+#: NUMBA_MIN these are generated ``exact`` (no FMA): the bits of the NumPy form they replace (a
+#: trainer's f32 loss scaling by powers of two stays bit-exact, tests/test_amp_qat.py).
 SMALL_CODEGEN_MIN_STEPS = 3
 
 
@@ -512,7 +523,8 @@ def k_fused(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs,
         else:
             views.append(x.reshape(outer, 1))
     dtypes = [DType.parse(x.dtype) for x in ins]
-    mod = compiled_kernel(program, dtypes, lays)
+    exact = o.size < NUMBA_MIN and not {name for name, _, _ in decode(program)[0]} & SLOW_NUMPY
+    mod = compiled_kernel(program, dtypes, lays, exact)
     mod.k_rows(o2, *views, 0, 0)  # compile now (bind time), not on the first run
     seal_kernel(mod)
     rows_in = [v for v, lay in zip(views, lays) if lay in ("full", "col")]
