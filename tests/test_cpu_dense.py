@@ -239,10 +239,11 @@ def test_matmul_team_falls_back_to_the_full_team_when_bits_differ(monkeypatch: p
 
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("shape,axis", [((1, 10), 1), ((8, 10), 1), ((300, 10), 1), ((4, 6, 5), 1)])
-def test_onednn_softmax_matches_the_numpy_form(shape: tuple[int, ...], axis: int, log: bool) -> None:
+def test_onednn_softmax_matches_the_numpy_form(shape: tuple[int, ...], axis: int, log: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The primitive the dense program uses where its linears loaded oneDNN: the NumPy form's values
     and NaN rows (a NaN, a +inf, or only -inf along the axis), on one thread and on a team."""
-    from rlx_cpu import dense, onednn_softmax
+    from rlx_cpu import dense, onednn_softmax, parallel
 
     _need_onednn()
     rng = np.random.default_rng(3)
@@ -261,22 +262,23 @@ def test_onednn_softmax_matches_the_numpy_form(shape: tuple[int, ...], axis: int
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # float32 both: ~70 ulp apart in log
     team = np.empty_like(x)
-    one = onednn_softmax.TEAM_MIN_ELEMS
-    try:  # the same shape on a team (and the other way round) gives the same bits
-        onednn_softmax.TEAM_MIN_ELEMS = 1 if x.size < one else 1 << 40
-        onednn_softmax.softmax_run(x, team, axis, log)()  # type: ignore[misc]
-    finally:
-        onednn_softmax.TEAM_MIN_ELEMS = one
-    np.testing.assert_array_equal(team, got)
+    pl = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pl)
+    run2 = onednn_softmax.softmax_run(x, team, axis, log)
+    assert run2 is not None
+    for active in (1, 2):  # a team of one thread or two: the same bits
+        pl.active = active
+        team.fill(0)
+        run2()
+        np.testing.assert_array_equal(team, got)
 
 
 @pytest.mark.parametrize("head", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("batch", [1, 8, 300])
 def test_mlp_head_is_onednn_with_team_linears(head: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A program whose linears run on the oneDNN team runs its last linear and softmax as one call
-    of two oneDNN primitives (a head too big for one thread: the softmax primitive alone), NaN and
-    Inf rows as the general path has them; with ``RLX_CPU_DENSE_OPENMP=0`` (no oneDNN loaded for
-    the linears) both stay NumPy."""
+    of two oneDNN primitives on the team, NaN and Inf rows as the general path has them; with
+    ``RLX_CPU_DENSE_OPENMP=0`` (no oneDNN loaded for the linears) both stay NumPy."""
     from rlx_cpu import parallel
 
     _need_onednn()
@@ -289,7 +291,7 @@ def test_mlp_head_is_onednn_with_team_linears(head: str, batch: int, monkeypatch
         np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-5)
         c = _compiled(exe, graph, feed)
         names = c.kernel_names
-        assert (fused in names) == (team == "1" and batch < 200), names
+        assert (fused in names) == (team == "1"), names
         last = c.runs[names.index(fused if fused in names else "cpu." + head)]
         assert hasattr(last, "onednn_impl") == (team == "1"), names
     monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", "1")

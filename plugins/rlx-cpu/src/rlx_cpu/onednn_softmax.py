@@ -9,9 +9,11 @@ NaN semantics: the NumPy form's (a NaN or +inf in a row, or a row of -inf, makes
 oneDNN's max skips a NaN and its exp sends one to 0, so such a row comes out NaN only where the
 input was (or every element, for the -inf row); a NaN in the output therefore marks every bad row,
 and one dot product over the output (~0.5 us) finds them: only then are those rows set to NaN
-(tests check all three cases). Every row is reduced by one thread, so the bits do not depend on the thread
-count: small tensors run on one thread (a fork costs more than their work), larger ones on an
-OpenMP team of the threads the load leaves.
+(tests check all three cases). Every row is reduced by one thread, so the bits do not depend on the
+thread count. The primitives run on the OpenMP team of the program's other oneDNN steps (one per
+thread count, :class:`rlx_cpu.parallel.PerTeam`), however small: a one-thread primitive between
+team ones made the team's threads go to sleep and wake (the MLP at batch 1: its two team linears
+16 + 9 us against 11 + 5.6 with the head on the team).
 """
 
 from __future__ import annotations
@@ -30,9 +32,6 @@ Run = Callable[[], None]
 
 _SOFTMAX, _LOG_SOFTMAX = 0x30000, 0x30001  # dnnl_softmax_accurate, dnnl_softmax_log
 
-#: Elements from which the softmax runs on the team (below: one thread; 8x10 took 1.9 us on one
-#: thread and 2.4 on two, 256x10 6.0 and 4.4).
-TEAM_MIN_ELEMS = 2048
 
 
 def usable(x: np.ndarray, o: np.ndarray) -> bool:
@@ -62,44 +61,45 @@ def softmax_run(x: np.ndarray, o: np.ndarray, axis: int, log: bool) -> Run | Non
             set_t(prev)
 
     try:
-        if x.size < TEAM_MIN_ELEMS:
-            one = make(1)
-            prim: Callable[[], Run] = lambda: one  # noqa: E731
-            impl = one.onednn_impl  # type: ignore[attr-defined]
-        else:
-            teams = PerTeam(make, pool())
-            prim = teams.get
-            impl = teams.full.onednn_impl  # type: ignore[attr-defined]
+        teams = PerTeam(make, pool())
     except oc.OneDNNError:
         return None
-    return _nan_rows_whole(prim, o, axis, impl)
+    return _nan_rows_whole(teams.get, o, axis, teams.full.onednn_impl)  # type: ignore[attr-defined]
 
 
 def head_run(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray, axis: int,
              log: bool) -> Run | None:
     """A classifier head, ``t = x @ w.T + b`` then ``o = softmax(t)`` (``log``: log-softmax), as
-    two oneDNN primitives on one thread run by one call: the MLP's 256 -> 10 head at batch 8 was
-    ``np.dot`` + ``np.add`` (2.5 us) and the softmax primitive (its own call, threads set and
-    reset: ~2.3 us); None where the head is too big for one thread or oneDNN refuses it."""
+    two oneDNN primitives run by one call on the team: the MLP's 256 -> 10 head at batch 8 was
+    ``np.dot`` + ``np.add`` (2.5 us) and the softmax primitive (its own call: ~2.3 us); None where
+    oneDNN refuses it."""
     from . import onednn_linear
 
-    if not (usable(t, o) and onednn_linear.usable(x, w, b, t)) or o.size >= TEAM_MIN_ELEMS:
+    if not (usable(t, o) and onednn_linear.usable(x, w, b, t)):
         return None
     api = oc._api()
     if api is None:
         return None
-    get_t, set_t = api["omp"]
-    prev = get_t()
-    set_t(1)
+    alg = _LOG_SOFTMAX if log else _SOFTMAX
+
+    def make(threads: int) -> Run:
+        get_t, set_t = api["omp"]
+        prev = get_t()
+        set_t(threads)
+        try:
+            lin, keep1, impl1 = onednn_linear.steps_for(api, x, w, b, t, False)
+            sm, keep2, impl2 = _steps(api, t, o, axis, alg)
+        finally:
+            set_t(prev)
+        run = oc.executor(api, lin + sm, threads, keep1 + keep2)
+        run.onednn_impl = [impl1, impl2]  # type: ignore[attr-defined]
+        return run
+
     try:
-        lin, keep1, impl1 = onednn_linear.steps_for(api, x, w, b, t, False)
-        sm, keep2, impl2 = _steps(api, t, o, axis, _LOG_SOFTMAX if log else _SOFTMAX)
+        teams = PerTeam(make, pool())
     except oc.OneDNNError:
         return None
-    finally:
-        set_t(prev)
-    both = oc.executor(api, lin + sm, 1, keep1 + keep2)
-    return _nan_rows_whole(lambda: both, o, axis, [impl1, impl2])
+    return _nan_rows_whole(teams.get, o, axis, teams.full.onednn_impl)  # type: ignore[attr-defined]
 
 
 def _nan_rows_whole(prim: Callable[[], Run], o: np.ndarray, axis: int, impl: Any) -> Run:
