@@ -715,8 +715,14 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
     if not lossy:
         return None
 
-    def gain(w: np.ndarray) -> float:  # the largest sum of |w| over one output's inputs
-        return float(np.abs(w.astype(np.float64)).reshape(w.shape[0], -1).sum(axis=1).max())
+    def gain(w: np.ndarray) -> float:
+        """The largest sum of |w| over one output's inputs (float64 sums), 64 outputs at a time: a
+        float64 copy of ResNet-18's weights raised its peak RSS by 20 MB, their file pages by 8."""
+        rows = w.reshape(w.shape[0], -1)
+        g = max(float(np.abs(rows[i:i + 64]).sum(axis=1, dtype=np.float64).max())
+                for i in range(0, rows.shape[0], 64))
+        release_file_pages(w)  # a memory-mapped file's pages just read leave the RSS again
+        return g
 
     def most(b: np.ndarray) -> float:
         return float(np.abs(b.astype(np.float64)).max()) if b.size else 0.0
