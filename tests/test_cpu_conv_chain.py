@@ -331,7 +331,7 @@ def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch:
     fused = exe.run(x=xf)["y"]
     ref = evaluate(graph, {"x": xf.astype(np.float64)})["y"]
     np.testing.assert_allclose(fused, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
-    assert made == []  # the fused variant ran
+    assert made == []  # the finite variant ran
     xv = xf.copy()
     xv[0, 1, 4, 5] = np.nan
     xv[-1, 0, 12, 7] = np.inf
@@ -343,7 +343,7 @@ def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch:
     assert made == [False]  # the exact variant, made on the first input holding NaN/Inf
     again = exe.run(x=xf)["y"]
     assert made == [False]
-    np.testing.assert_array_equal(again, fused)  # finite again: the fused variant, same bits
+    np.testing.assert_array_equal(again, fused)  # finite again: the finite variant, same bits
     monkeypatch.setattr(conv_chain, "USE", False)
     slow = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
     assert np.array_equal(np.isnan(got), np.isnan(slow))
@@ -351,7 +351,7 @@ def test_inverted_residual_blocks_are_one_chain(batch: int, c: int, monkeypatch:
 
 
 def test_clips_stay_numpy_passes_where_a_value_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No fused variant where its bound check fails: weights whose row sums could carry an input
+    """No finite variant where its bound check fails: weights whose row sums could carry an input
     below 1.9e19 past 1e30 (an overflow would make Inf, then NaN, that the clip post-op would
     hide), weights fed at run time, or ``FUSE_CLIPS`` off; each ReLU6 is then a NumPy pass."""
     from rlx_cpu import conv_chain

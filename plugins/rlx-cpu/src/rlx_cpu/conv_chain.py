@@ -137,22 +137,22 @@ _FC = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1
 MEAN = True
 _MEAN = "reduce_mean"
 #: True: a clip pair (ReLU6) right after a conv becomes the conv's clip post-op (no NumPy pass) in
-#: a second variant of the chain, run while the chain's input is finite. oneDNN's clip turns NaN
-#: into the lower bound where the IR keeps NaN, so the fused variant may run only where no NaN can
+#: the chain's finite variant, run while the chain's input is finite. oneDNN's clip turns NaN into
+#: the lower bound where the IR keeps NaN, so the finite variant may run only where no NaN can
 #: arise: a finite input and constant finite weights make none unless a value overflows, and
-#: :func:`_fused_clips` bounds every value of the chain (by the input's largest possible
-#: magnitude) far below float32's range before the variant is made. A NaN or Inf in the input
-#: runs the exact variant (NumPy clips, made on first need). MobileNetV2 (zoo, 64x64, b1):
+#: :func:`_finite_plan` bounds every value up to the last NaN-losing step (by the input's largest
+#: possible magnitude) far below float32's range before the variant is made. A NaN or Inf in the
+#: input runs the exact variant (NumPy clips, made on first need). MobileNetV2 (zoo, 64x64, b1):
 #: 35 clips of ~5.7 us each left the chain.
 FUSE_CLIPS = True
 #: True: in the finite variant (see FUSE_CLIPS) max pools are oneDNN's pooling primitive on the
 #: OpenMP team, whose max skips NaN where the IR's keeps it. ResNet-18 224x224 b1: the stem's pool
 #: (64x112x112) took 720 us as the NumPy pass.
 FINITE_POOLS = True
-#: Largest input magnitude the fused variant is checked for: ``x . x`` (the run-time test, one
+#: Largest input magnitude the finite variant is checked for: ``x . x`` (the run-time test, one
 #: BLAS dot) is finite in float32 only for ``|x| < 1.9e19``.
 _X_MAX = 1.9e19
-#: Bound every value must stay under for the fused variant (float32 overflows at 3.4e38).
+#: Bound every value must stay under for the finite variant (float32 overflows at 3.4e38).
 _SAFE = 1e30
 
 
@@ -765,7 +765,7 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
     return _Finite(fuse, pools) if max(top[:max(lossy) + 1]) < _SAFE else None
 
 
-def _fused_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
+def _finite_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
                    steps: Sequence[Mapping[str, Any]], shared: dict[Any, Any], pl: Any,
                    exact: Callable[[], Any]) -> Run | None:
     """The chain's finite variant (clip pairs as conv post-ops, oneDNN's max pools: see
@@ -815,12 +815,12 @@ def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
             exact_teams: list[PerTeam[_Blocked]] = []
 
             def exact() -> PerTeam[_Blocked]:
-                if not exact_teams:  # with fused clips: made on the first input holding NaN/Inf
+                if not exact_teams:  # with a finite variant: made on the first input holding NaN/Inf
                     exact_teams.append(PerTeam(lambda n: _Blocked(api, ins, o, steps, n, shared), pl))
                 return exact_teams[0]
-            fused = _fused_variant(api, ins, o, steps, shared, pl, exact)
-            if fused is not None:
-                fast = fused
+            finite = _finite_variant(api, ins, o, steps, shared, pl, exact)
+            if finite is not None:
+                fast = finite
             else:
                 teams = exact()
 

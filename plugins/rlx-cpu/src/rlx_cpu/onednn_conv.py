@@ -220,6 +220,16 @@ class _Prim:
             return []
         return [(_ARG_SCRATCHPAD, self.scratch_memory(md))]
 
+    def own_scratchpad(self, pd: Any, keep: list[Any]) -> list[tuple[int, Any]]:
+        """The scratchpad exec argument ``pd`` needs in a buffer of its own (kept in ``keep``), if
+        any: for small primitives bound outside the conv scratch (linears, softmax)."""
+        md = self.fns["dnnl_primitive_desc_query_md"](pd, _QUERY_EXEC_ARG_MD, _ARG_SCRATCHPAD)
+        if not md or self.fns["dnnl_memory_desc_get_size"](md) == 0:
+            return []
+        buf = _aligned(self.fns["dnnl_memory_desc_get_size"](md))
+        keep.append(buf)
+        return [(_ARG_SCRATCHPAD, self.memory(md, buf.ctypes.data))]
+
     def check(self, status: int, what: str) -> None:
         if status != 0:
             raise OneDNNError(f"oneDNN {what} failed (status {status})", where="rlx_cpu.onednn_conv",
@@ -589,6 +599,25 @@ def impl_info(api: dict[str, Any], pd: Any) -> str:
     if api["fns"]["dnnl_primitive_desc_query"](pd, _QUERY_IMPL_INFO, 0, ctypes.byref(out)) != 0:
         return "?"
     return (out.value or b"?").decode()
+
+
+Steps = tuple[list[tuple[Any, Any]], list[Any], Any]
+
+
+def made_for(api: dict[str, Any], threads: int, make: Callable[[], Steps]) -> Run:
+    """The primitives ``make()`` binds (``(execute steps, what they point into, implementation
+    names)``), made while OpenMP is set to ``threads`` (oneDNN fixes a primitive's work split when
+    it is made) and run on that many: an :func:`executor` carrying ``onednn_impl``."""
+    get_t, set_t = api["omp"]
+    prev = get_t()
+    set_t(threads)
+    try:
+        steps, keep, impl = make()
+    finally:
+        set_t(prev)
+    run = executor(api, steps, threads, keep)
+    run.onednn_impl = impl  # type: ignore[attr-defined]
+    return run
 
 
 def executor(api: dict[str, Any], steps: list[tuple[Any, Any]], threads: int, keep: Any = None) -> Run:

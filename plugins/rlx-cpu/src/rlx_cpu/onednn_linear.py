@@ -31,21 +31,7 @@ Run = Callable[[], None]
 def _build(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray,
            relu: bool, threads: int) -> Run:
     """The matmul primitive made for ``threads`` OpenMP threads and bound to these buffers."""
-    get_t, set_t = api["omp"]
-    prev = get_t()
-    set_t(threads)
-    try:
-        return _build_for(api, x, w, b, o, relu, threads)
-    finally:
-        set_t(prev)
-
-
-def _build_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray,
-               relu: bool, threads: int) -> Run:
-    steps, keep, impl = steps_for(api, x, w, b, o, relu)
-    run = oc.executor(api, steps, threads, keep)
-    run.onednn_impl = impl  # type: ignore[attr-defined]
-    return run
+    return oc.made_for(api, threads, lambda: steps_for(api, x, w, b, o, relu))
 
 
 def steps_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarray,
@@ -82,11 +68,7 @@ def steps_for(api: dict[str, Any], x: np.ndarray, w: np.ndarray, b: np.ndarray |
              (oc._ARG_DST, p.memory(o_md, o.ctypes.data))]
     if b is not None and b_md is not None:
         pairs.append((oc._ARG_BIAS, p.memory(b_md, b.ctypes.data)))
-    pad = fns["dnnl_primitive_desc_query_md"](pd, oc._QUERY_EXEC_ARG_MD, oc._ARG_SCRATCHPAD)
-    if pad and fns["dnnl_memory_desc_get_size"](pad):
-        sb = oc._aligned(fns["dnnl_memory_desc_get_size"](pad))  # its own: a linear is small
-        keep.append(sb)
-        pairs.append((oc._ARG_SCRATCHPAD, p.memory(pad, sb.ctypes.data)))
+    pairs += p.own_scratchpad(pd, keep)
     return [(prim, _args(pairs, keep))], keep, oc.impl_info(api, pd)
 
 

@@ -51,17 +51,8 @@ def softmax_run(x: np.ndarray, o: np.ndarray, axis: int, log: bool) -> Run | Non
         return None
     alg = _LOG_SOFTMAX if log else _SOFTMAX
 
-    def make(threads: int) -> Run:
-        get_t, set_t = api["omp"]
-        prev = get_t()
-        set_t(threads)
-        try:
-            return _build(api, x, o, axis, alg, threads)
-        finally:
-            set_t(prev)
-
     try:
-        teams = PerTeam(make, pool())
+        teams = PerTeam(lambda n: oc.made_for(api, n, lambda: _steps(api, x, o, axis, alg)), pool())
     except oc.OneDNNError:
         return None
     return _nan_rows_whole(teams.get, o, axis, teams.full.onednn_impl)  # type: ignore[attr-defined]
@@ -82,21 +73,13 @@ def head_run(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.n
         return None
     alg = _LOG_SOFTMAX if log else _SOFTMAX
 
-    def make(threads: int) -> Run:
-        get_t, set_t = api["omp"]
-        prev = get_t()
-        set_t(threads)
-        try:
-            lin, keep1, impl1 = onednn_linear.steps_for(api, x, w, b, t, False)
-            sm, keep2, impl2 = _steps(api, t, o, axis, alg)
-        finally:
-            set_t(prev)
-        run = oc.executor(api, lin + sm, threads, keep1 + keep2)
-        run.onednn_impl = [impl1, impl2]  # type: ignore[attr-defined]
-        return run
+    def both() -> oc.Steps:
+        lin, keep1, impl1 = onednn_linear.steps_for(api, x, w, b, t, False)
+        sm, keep2, impl2 = _steps(api, t, o, axis, alg)
+        return lin + sm, keep1 + keep2, [impl1, impl2]
 
     try:
-        teams = PerTeam(make, pool())
+        teams = PerTeam(lambda n: oc.made_for(api, n, both), pool())
     except oc.OneDNNError:
         return None
     return _nan_rows_whole(teams.get, o, axis, teams.full.onednn_impl)  # type: ignore[attr-defined]
@@ -121,15 +104,7 @@ def _nan_rows_whole(prim: Callable[[], Run], o: np.ndarray, axis: int, impl: Any
     return run
 
 
-def _build(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: int, threads: int) -> Run:
-    steps, keep, impl = _steps(api, x, o, axis, alg)
-    run = oc.executor(api, steps, threads, keep)
-    run.onednn_impl = impl  # type: ignore[attr-defined]
-    return run
-
-
-def _steps(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: int
-           ) -> tuple[list[tuple[Any, Any]], list[Any], str]:
+def _steps(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: int) -> oc.Steps:
     p = oc._Prim(api)
     x_md = p.md_plain(x.shape, oc._strides_elems(x))
     o_md = p.md_plain(o.shape, oc._strides_elems(o))
@@ -141,12 +116,7 @@ def _steps(api: dict[str, Any], x: np.ndarray, o: np.ndarray, axis: int, alg: in
     prim = p.primitive(pd)
     pairs = [(oc._ARG_SRC, p.memory(x_md, x.ctypes.data)), (oc._ARG_DST, p.memory(o_md, o.ctypes.data))]
     keep: list[Any] = [p, x, o]
-    fns = api["fns"]
-    pad = fns["dnnl_primitive_desc_query_md"](pd, oc._QUERY_EXEC_ARG_MD, oc._ARG_SCRATCHPAD)
-    if pad and fns["dnnl_memory_desc_get_size"](pad):  # its own (user mode: see _Prim.attr)
-        sb = oc._aligned(fns["dnnl_memory_desc_get_size"](pad))
-        keep.append(sb)
-        pairs.append((oc._ARG_SCRATCHPAD, p.memory(pad, sb.ctypes.data)))
+    pairs += p.own_scratchpad(pd, keep)
     args = (oc._ExecArg * len(pairs))(*(oc._ExecArg(a, mem) for a, mem in pairs))
     keep.append(args)
     return [(prim, args)], keep, oc.impl_info(api, pd)
