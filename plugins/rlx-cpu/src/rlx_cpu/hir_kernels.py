@@ -385,10 +385,17 @@ def bind_guarded_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, bias: n
     full = np.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), (bsz, h, sq, sk))
     s1, s2 = q.dtype.type(np.asarray(c1).reshape(())), q.dtype.type(np.asarray(c2).reshape(()))
     args = (q, kt, v, full, s1, s2, o)
-    na.guarded_items(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     n = bsz * h
+    # Many tiny heads run with the items innermost (vectorised across them); at fewer than 16 items
+    # or over 16 keys the per-item loops are as fast.
+    fn = (na.guarded_across if n >= ACROSS_MIN_ITEMS and sk <= 16 and max(sq, d, v.shape[3]) <= 32
+          else na.guarded_items)
+    fn(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     work = n * sq * sk * (d + v.shape[3])
     if work < SPLIT_MIN_MACS // 4:
-        fn = na.guarded_items
         return lambda: fn(*args, 0, n)
-    return split_rows(na.guarded_items, n, args, work // 8, whole_in=[q, kt, v, full])
+    return split_rows(fn, n, args, work // 8, whole_in=[q, kt, v, full])
+
+
+#: (batch, head) items from which tiny-head attention runs across the items (``guarded_across``).
+ACROSS_MIN_ITEMS = 16
