@@ -413,3 +413,29 @@ def test_constant_small_power(exponent: float, in_place: bool) -> None:
         err = np.abs(o - want)
     same = (o == want) | (np.isnan(o) & np.isnan(want))
     assert (same | (err <= 4e-7 * scale)).all(), (x[~same], o[~same], want[~same])
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "padding", "bias"])
+@pytest.mark.parametrize("shape", [(8, 4, 8, 8), (17, 4, 5, 8)])
+def test_tiny_head_attention_across_items(shape: tuple[int, int, int, int], mask: str) -> None:
+    """32+ tiny heads run across the items (attention_across; 68 items: two passes, the last
+    partial), every mask kind, against the float64 reference."""
+    b, h, s, d = shape
+    g = GraphBuilder("tiny_attn")
+    q, k, v = (g.input(n, "f32", shape) for n in ("q", "k", "v"))
+    feed = {n: RNG.standard_normal(shape).astype(np.float32) for n in ("q", "k", "v")}
+    if mask in ("padding", "bias"):
+        mshape, mdt = ((b, s), "i64") if mask == "padding" else ((b, 1, s, s), "f32")
+        m = g.input("m", mdt, mshape)
+        feed["m"] = ((RNG.random(mshape) > 0.3).astype(np.int64) if mask == "padding"
+                     else RNG.standard_normal(mshape).astype(np.float32))
+        if mask == "padding":
+            feed["m"][:, 0] = 1  # a fully masked row's softmax is uniform over masked scores
+        g.output(g.op("attention", q, k, v, m, mask=mask), "o")
+    else:
+        g.output(g.op("attention", q, k, v, mask=mask) if mask != "none" else g.op("attention", q, k, v), "o")
+    graph = g.build()
+    got = Session("cpu", use_cache=False).compile(graph).run(feed)["o"]
+    want = evaluate(graph, {n: x.astype(np.float64) if x.dtype == np.float32 else x
+                            for n, x in feed.items()})["o"]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

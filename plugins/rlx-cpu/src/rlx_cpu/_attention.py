@@ -295,3 +295,101 @@ def guarded_across(q, kt, v, bias, c1, c2, o, lo, hi):
             for i in range(sq):
                 for c in range(dv):
                     o[b, hh, i, c] = og[i, c, n]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+def attention_across(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):
+    """:func:`attention_items` for many tiny (batch, head) items, with the items innermost (see
+    :func:`guarded_across`): item ``it`` writes ``o[it // H, it % H]`` whole."""
+    bsz, h, sq, d = q.shape
+    sk = k.shape[2]
+    dt = q.dtype
+    gw = min(ACROSS_ITEMS, max(1, hi - lo))
+    qg = np.empty((sq, d, gw), dt)
+    kg = np.empty((sk, d, gw), dt)
+    vg = np.empty((sk, d, gw), dt)
+    sg = np.empty((sq, sk, gw), dt)
+    eg = np.empty((sq, sk, gw), dt)
+    og = np.empty((sq, d, gw), dt)
+    acc = np.empty(gw, dt)
+    mx = np.empty(gw, dt)
+    tot = np.empty(gw, np.float64)
+    inv = np.empty(gw, dt)
+    bi = np.empty(gw, np.int64)
+    hi_ = np.empty(gw, np.int64)
+    nflat = sq * sk * gw
+    ib = np.empty(nflat, np.int32)
+    t1 = np.empty(nflat, np.float32)
+    t2 = np.empty(nflat, np.float32)
+    for g0 in range(lo, hi, gw):
+        g = min(gw, hi - g0)
+        for n in range(g):
+            b = bi[n] = (g0 + n) // h
+            hh = hi_[n] = (g0 + n) % h
+            for i in range(sq):
+                for c in range(d):
+                    qg[i, c, n] = q[b, hh, i, c] * scale
+            for j in range(sk):
+                for c in range(d):
+                    kg[j, c, n] = k[b, hh, j, c]
+                    vg[j, c, n] = v[b, hh, j, c]
+        for i in range(sq):
+            for j in range(sk):
+                for n in range(g):
+                    acc[n] = 0.0
+                for c in range(d):
+                    qr = qg[i, c]
+                    kr = kg[j, c]
+                    for n in range(g):
+                        acc[n] += qr[n] * kr[n]
+                row = sg[i, j]
+                for n in range(g):
+                    row[n] = acc[n]
+                if mode == MASK_CAUSAL:
+                    if j > i:
+                        for n in range(g):
+                            row[n] = neg
+                elif mode == MASK_PADDING:
+                    for n in range(g):
+                        if pad[bi[n], j] == 0:  # (B, Sk) padding mask, nonzero = attend
+                            row[n] = neg
+                elif mode == MASK_BIAS:
+                    for n in range(g):
+                        row[n] += bias[bi[n], hi_[n], i, j]
+            for n in range(g):
+                mx[n] = sg[i, 0, n]
+            for j in range(1, sk):
+                row = sg[i, j]
+                for n in range(g):
+                    mx[n] = max(mx[n], row[n])
+            for j in range(sk):
+                row = sg[i, j]
+                for n in range(g):
+                    row[n] = row[n] - mx[n]
+        vexp_rows(sg.reshape(nflat), eg.reshape(nflat), ib, t1, t2)
+        for i in range(sq):
+            for n in range(g):
+                tot[n] = 0.0
+            for j in range(sk):
+                e = eg[i, j]
+                for n in range(g):
+                    tot[n] += e[n]
+            for n in range(g):
+                inv[n] = 1.0 / tot[n]
+            for c in range(d):
+                orow = og[i, c]
+                for n in range(g):
+                    orow[n] = 0.0
+                for j in range(sk):
+                    e = eg[i, j]
+                    vr = vg[j, c]
+                    for n in range(g):
+                        orow[n] += e[n] * vr[n]
+                for n in range(g):
+                    orow[n] *= inv[n]
+        for n in range(g):
+            b = (g0 + n) // h
+            hh = (g0 + n) % h
+            for i in range(sq):
+                for c in range(d):
+                    o[b, hh, i, c] = og[i, c, n]
