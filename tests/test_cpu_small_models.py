@@ -439,3 +439,41 @@ def test_tiny_head_attention_across_items(shape: tuple[int, int, int, int], mask
     want = evaluate(graph, {n: x.astype(np.float64) if x.dtype == np.float32 else x
                             for n, x in feed.items()})["o"]
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_masked_attention_reads_its_head_split_transposes_as_views() -> None:
+    """q, k^T and v made by transposes of projections (as exporters split heads) are read as
+    strided views where the projections' buffers live to the chain's end (the planner may reuse a
+    buffer once its transpose has read it: then the copies stay): the transposes join the fused
+    chain and no copy of them runs."""
+    from rlx_core.runtime import bind_inputs
+
+    b, h, s, d = 8, 4, 8, 8
+    g = GraphBuilder("sdpa_split")
+    x = g.input("x", "f32", (b, s, h * d))
+    mask = g.input("mask", "bool", (b, 1, s, s))
+
+    zero = g.param("zero", np.zeros(1, np.float32))
+    bias = g.op("where", mask, zero, g.param("ninf", np.full(1, -np.inf, np.float32)))
+    # The projections first, then the head splits: every projection lives until the attention.
+    proj = [g.op("matmul", x, g.param(n, (RNG.standard_normal((h * d, h * d)) / 8).astype(np.float32)))
+            for n in ("wq", "wk", "wv")]
+    q, k, v = (g.op("transpose", g.op("reshape", y, shape=(b, s, h, d)), perm=(0, 2, 1, 3)) for y in proj)
+    c = g.param("c", np.float32(1.0 / math.sqrt(math.sqrt(d))))
+    kt = g.op("transpose", k, perm=(0, 1, 3, 2))
+    p = g.op("softmax", g.op("matmul", q * c, kt * c) + bias, axis=-1)
+    g.output(g.op("matmul", g.op("where", g.op("not_equal", p, p), zero, p), v), "o")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    feed = {"x": RNG.standard_normal((b, s, h * d)).astype(np.float32),
+            "mask": RNG.random((b, 1, s, s)) > 0.3}
+    feed["mask"][0, 0, 1, :] = False  # a fully masked row: 0 out
+    got = exe.run(feed)["o"]
+    compiled, _, _ = exe._specialise(bind_inputs(exe.graph, feed, "test")[1])
+    names = compiled.kernel_names
+    assert "cpu.attention_guarded" in names and not any("transpose" in n for n in names), names
+    _, counts = compiled.profile(feed)  # the absorbed transposes still count as claims
+    assert counts["cpu.transpose"] == 4, counts
+    want = evaluate(graph, {"x": feed["x"].astype(np.float64), "mask": feed["mask"]})["o"]
+    assert (got[0, :, 1] == 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -122,13 +122,17 @@ class CpuProgram:
         one run in place of the chain's last step; the other steps' runs become ``_skip``, dropped
         after bind-time fusion, their claims counted with the fused run (``profile``)."""
         found = guarded_attention_chains(self.program, self.views)
+        self._guarded: set[int] = set()  # ids of the fused runs, which _drop_skipped names
         if not found:
             return False
         from .hir_kernels import bind_guarded_attention
 
-        for chain_steps, last, operands in found:
+        for chain_steps, last, operands, perms in found:
             one = np.ones((), self.views[operands[0]].dtype)
-            runs[last] = bind_guarded_attention(*[self.views[v] if v else one for v in operands])
+            runs[last] = bind_guarded_attention(*[
+                one if not v else self.views[v] if perm is None else self.views[v].transpose(perm)
+                for v, perm in zip(operands, perms)])
+            self._guarded.add(id(runs[last]))
             for i in chain_steps:
                 if i != last:
                     runs[i] = _skip
@@ -142,7 +146,9 @@ class CpuProgram:
                 pending.extend(k)
                 continue
             runs.append(r)
-            names.append("cpu.attention_guarded" if pending and n == "cpu.matmul" else n)
+            # A skipped step's claims count with the next run (a chain's transposes may come
+            # before other steps: counts stay whole, the name comes from the fused run itself).
+            names.append("cpu.attention_guarded" if id(r) in self._guarded else n)
             kernels.append((*pending, *k))
             pending = []
         self.runs, self.kernel_names, self.run_kernels = tuple(runs), tuple(names), tuple(kernels)
@@ -247,10 +253,16 @@ _GUARD: list[tuple[str, list[str], dict[str, Any]]] = [
     ("not_equal", ["i0", "i0"], {}), ("where", ["t0", "i1", "i0"], {})]
 
 
+Perm = tuple[int, ...] | None
+
+
 def guarded_attention_chains(program: Program, views: Mapping[str, np.ndarray]
-                             ) -> list[tuple[tuple[int, ...], int, tuple[str, ...]]]:
-    """``(chain step indices, index of its last step, (q, kt, v, bias, c1, c2, out))`` (c1, c2:
-    "" for an unscaled side) for every [``mul(q, c1)``], [``mul(kt, c2)``], ``matmul``,
+                             ) -> list[tuple[tuple[int, ...], int, tuple[str, ...], tuple[Perm, ...]]]:
+    """``(chain step indices, index of its last step, (q, kt, v, bias, c1, c2, out), perms)`` (c1,
+    c2: "" for an unscaled side; ``perms[i]``: operand i is read as ``transpose(operand, perm)``,
+    the transposes that made q, kt or v from another step's value being part of the chain, so the
+    kernel reads the head split as a strided view instead of a copy) for every [``mul(q, c1)``],
+    [``mul(kt, c2)``], ``matmul``,
     ``add(bias)``, ``softmax(-1)``, NaN guard, ``matmul(p, v)`` chain of rank-4 f32/f64 values
     whose intermediates nothing else reads, where
     the fused kernel may run at the last step: no step in between writes the bytes of q, kt, v
@@ -262,6 +274,10 @@ def guarded_attention_chains(program: Program, views: Mapping[str, np.ndarray]
     steps = program.kernels
     g = program.graph
     producer = {o: i for i, s in enumerate(steps) for o in s.outputs}
+    # Reshapes the planner made aliases (no step of their own): made by their root's producer.
+    for a, root in program.plan.aliases.items():
+        if a not in producer and root in producer:
+            producer[a] = producer[root]
     readers: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
         for v in dict.fromkeys(s.inputs):
@@ -288,7 +304,22 @@ def guarded_attention_chains(program: Program, views: Mapping[str, np.ndarray]
             return a, b
         return (b, a) if scalar(a) is not None else None
 
-    found: list[tuple[tuple[int, ...], int, tuple[str, ...]]] = []
+    def untransposed(x: str, reader: int) -> tuple[str, Perm, list[int]]:
+        """``(src, perm, steps)``: x is ``transpose(src, perm)`` made by ``steps``, transposes of
+        values of the program only ``reader`` (through them) reads; ``(x, None, [])`` if none."""
+        perm: Perm = None
+        made: list[int] = []
+        while (j := sole(x, reader)) is not None and steps[j].op == "transpose":
+            src = steps[j].inputs[0]
+            p = tuple(int(a) for a in cast("Sequence[int]", steps[j].attrs["perm"]))
+            if src not in producer or src in g.weights or len(p) != 4:
+                break
+            perm = p if perm is None else tuple(p[a] for a in perm)
+            made.append(j)
+            x, reader = src, j
+        return x, perm, made
+
+    found: list[tuple[tuple[int, ...], int, tuple[str, ...], tuple[Perm, ...]]] = []
     for last, pv in enumerate(steps):
         if pv.op != "matmul" or len(pv.inputs) != 2:
             continue
@@ -346,14 +377,24 @@ def guarded_attention_chains(program: Program, views: Mapping[str, np.ndarray]
             np.broadcast_shapes(g.types[bias].shape, (b, h, n_q, tk.shape[3]))  # type: ignore[arg-type]
         except ValueError:
             continue
-        chain = tuple(i for i in (mq, mk, qi, ai, si, gi, last) if i is not None)
-        first = min(chain)
-        if any(np.may_share_memory(views[out], views[x]) for x in (q, kt, v, bias)):
-            continue
-        # Each operand must hold its value from when it is made (or the chain starts) to the end.
-        if any(np.may_share_memory(views[o], views[x]) for x in (q, kt, v, bias)
-               for i in range(max(first, producer.get(x, -1) + 1), last) if i not in chain
-               for o in steps[i].outputs):
-            continue
-        found.append((tuple(sorted(chain)), last, (q, kt, v, bias, c1, c2, out)))
+        core = (mq, mk, qi, ai, si, gi, last)
+        # Through the transposes that made q, kt and v where their sources live long enough, else
+        # as they are.
+        through = [untransposed(q, qi if mq is None else mq), untransposed(kt, qi if mk is None else mk),
+                   untransposed(v, last)]
+        plain: list[tuple[str, Perm, list[int]]] = [(q, None, []), (kt, None, []), (v, None, [])]
+        for read_as in (through, plain):
+            (q_, pq, tq_), (kt_, pk, tk_), (v_, pv_, tv_) = read_as
+            chain = tuple(i for i in (*core, *tq_, *tk_, *tv_) if i is not None)
+            first = min(chain)
+            if any(np.may_share_memory(views[out], views[x]) for x in (q_, kt_, v_, bias)):
+                continue
+            # Each operand must hold its value from when it is made (or the chain starts) to the end.
+            if any(np.may_share_memory(views[o], views[x]) for x in (q_, kt_, v_, bias)
+                   for i in range(max(first, producer.get(x, -1) + 1), last) if i not in chain
+                   for o in steps[i].outputs):
+                continue
+            found.append((tuple(sorted(chain)), last, (q_, kt_, v_, bias, c1, c2, out),
+                          (pq, pk, pv_, None, None, None, None)))
+            break
     return found
