@@ -477,3 +477,22 @@ def test_masked_attention_reads_its_head_split_transposes_as_views() -> None:
     want = evaluate(graph, {"x": feed["x"].astype(np.float64), "mask": feed["mask"]})["o"]
     assert (got[0, :, 1] == 0).all()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(32, 8, 8), (3, 10), (2, 12, 128)])
+def test_short_row_softmax_f32(shape: tuple[int, ...]) -> None:
+    """float32 softmax over short rows (one vectorised exp over all rows): NaN or +inf in a row makes
+    the row NaN, -inf gives 0, values match the float64 reference."""
+    from rlx_cpu.hir_kernels import k_softmax
+
+    x = (RNG.standard_normal(shape) * 5).astype(np.float32)
+    rows = x.reshape(-1, shape[-1])
+    rows[0, 1], rows[1, 2], rows[2, 0], rows[-1, :] = np.nan, np.inf, -np.inf, -1e30
+    o = np.empty_like(x)
+    k_softmax([x], [o], {"axis": -1})()
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        e = np.exp(x64 - x64.max(-1, keepdims=True))
+        want = e / e.sum(-1, keepdims=True)
+    assert (np.isnan(o) == np.isnan(want)).all()
+    np.testing.assert_allclose(o, want, rtol=3e-6, atol=1e-7)

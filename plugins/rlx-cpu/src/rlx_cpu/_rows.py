@@ -10,6 +10,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .vecmath import vexp32
+
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc", "nsz"}, error_model="numpy")
 def layer_norm_rows(x, g, b, o, eps, lo, hi):
@@ -72,3 +74,34 @@ def softmax_rows(x, o, log, lo, hi):
             inv = 1.0 / s
             for c in range(n):
                 o[r, c] = o[r, c] * inv
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+def softmax_rows_f32(x, o, t, ib, s1, s2, lo, hi):
+    """:func:`softmax_rows` (log=False) for float32 with the exp vectorised over all the rows at once
+    (``t``, ``ib``, ``s1``, ``s2``: scratch of ``(hi - lo) * n`` elements): a libm exp an element
+    was most of a short-row softmax (256 rows of 8: 18 -> 3 us)."""
+    n = x.shape[1]
+    k = (hi - lo) * n
+    for r in range(lo, hi):
+        m = x[r, 0]
+        nan = m != m
+        for c in range(1, n):
+            v = x[r, c]
+            if v != v:
+                nan = True
+            elif v > m:
+                m = v
+        if nan:
+            m = np.nan
+        base = (r - lo) * n
+        for c in range(n):
+            t[base + c] = x[r, c] - m
+    vexp32(t[:k], o[lo:hi].reshape(k), ib[:k], s1[:k], s2[:k])
+    for r in range(lo, hi):
+        s = 0.0
+        for c in range(n):
+            s += o[r, c]
+        inv = 1.0 / s
+        for c in range(n):
+            o[r, c] = o[r, c] * inv
