@@ -65,6 +65,17 @@ def _add_graph() -> Any:
 # ---------------------------------------------------------------------------------------------
 # SystemExit / KeyboardInterrupt at import and in hooks
 
+@pytest.fixture(autouse=True)
+def _default_sigint() -> Iterator[None]:
+    """Python's default SIGINT handler, the case these tests are about: a process started with SIGINT
+    ignored (a background job of a non-interactive shell, as a CI wrapper may start the suite) has
+    none, and then a KeyboardInterrupt can only be the user's (two clean-clone runs of this session's
+    CI, started so, crashed a worker here)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("raise_stmt, cause", [("raise SystemExit(3)", "SystemExit: 3"),
                                                ("import sys; sys.exit('bye')", "SystemExit: bye"),
                                                ("raise KeyboardInterrupt", "KeyboardInterrupt")])
@@ -72,14 +83,8 @@ def test_exit_or_interrupt_at_import_is_a_plugin_error(make_plugin: PluginFactor
                                                        cause: str) -> None:
     make_plugin("rlx-quitter", "quitter", raise_stmt + "\n")
     h = Hub()
-    # Python's default SIGINT handler, the case under test: a worker process of the suite may carry
-    # another one from an earlier test (with another handler a KeyboardInterrupt is the user's).
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(PluginError) as e:
-            h.load("quitter")
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with pytest.raises(PluginError) as e:
+        h.load("quitter")
     assert e.value.kind == "import"
     msg = str(e.value)
     assert "rlx-quitter" in msg and "failed to import" in msg and cause in msg
