@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .vecmath import vexp32
+from .vecmath import max_or_nan, vexp32
 
 QBLOCK = 64
 
@@ -158,16 +158,7 @@ def guarded_items(q, kt, v, bias, c1, c2, o, lo, hi):
                     s[j] += qc * ks[c, j]
             for j in range(sk):
                 s[j] += bias[b, hh, i, j]
-            m = s[0]
-            nan = m != m
-            for j in range(1, sk):
-                x = s[j]
-                if x != x:
-                    nan = True
-                elif x > m:
-                    m = x
-            if nan:
-                m = np.nan
+            m = max_or_nan(s)
             for j in range(sk):
                 s[j] = s[j] - m
         vexp_rows(sflat, pflat, ib, t1, t2)
@@ -194,6 +185,62 @@ def guarded_items(q, kt, v, bias, c1, c2, o, lo, hi):
 ACROSS_ITEMS = 64
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _gather_across(q, kt, v, c1, c2, qg, kg, vg, g0, g, h):
+    """Items ``g0:g0+g`` of ``q * c1``, ``kt * c2`` (each rounded as the graph rounds it) and ``v``
+    into buffers with the item innermost: ``qg[i, c, n]``, ``kg[c, j, n]``, ``vg[j, c, n]``."""
+    sq, d = q.shape[2], q.shape[3]
+    sk, dv = kt.shape[3], v.shape[3]
+    for n in range(g):
+        b = (g0 + n) // h
+        hh = (g0 + n) % h
+        for i in range(sq):
+            for c in range(d):
+                qg[i, c, n] = q[b, hh, i, c] * c1
+        for c in range(d):
+            for j in range(sk):
+                kg[c, j, n] = kt[b, hh, c, j] * c2
+        for j in range(sk):
+            for c in range(dv):
+                vg[j, c, n] = v[b, hh, j, c]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, inline="always")
+def _dot_across(qg, kg, i, j, acc, g):
+    """``acc[n] = sum_c qg[i, c, n] * kg[c, j, n]`` for the first ``g`` items (over c in order)."""
+    for n in range(g):
+        acc[n] = 0.0
+    for c in range(qg.shape[1]):
+        qr = qg[i, c]
+        kr = kg[c, j]
+        for n in range(g):
+            acc[n] += qr[n] * kr[n]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, inline="always")
+def _pv_across(eg, vg, og, i, g):
+    """``og[i, c, n] = sum_j eg[i, j, n] * vg[j, c, n]`` for the first ``g`` items."""
+    for c in range(vg.shape[1]):
+        orow = og[i, c]
+        for n in range(g):
+            orow[n] = 0.0
+        for j in range(eg.shape[1]):
+            e = eg[i, j]
+            vr = vg[j, c]
+            for n in range(g):
+                orow[n] += e[n] * vr[n]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scatter_across(og, o, g0, g, h):
+    for n in range(g):
+        b = (g0 + n) // h
+        hh = (g0 + n) % h
+        for i in range(og.shape[0]):
+            for c in range(og.shape[1]):
+                o[b, hh, i, c] = og[i, c, n]
+
+
 @njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
 def guarded_across(q, kt, v, bias, c1, c2, o, lo, hi):
     """:func:`guarded_items` for many tiny heads (8 x 8: decoders of the ONNX zoo at batch 8),
@@ -216,39 +263,24 @@ def guarded_across(q, kt, v, bias, c1, c2, o, lo, hi):
     mx = np.empty(gw, dt)
     nf = np.empty(gw, np.int32)
     tot = np.empty(gw, np.float64)
+    bi = np.empty(gw, np.int64)
+    hi_ = np.empty(gw, np.int64)
     nflat = sq * sk * gw
     ib = np.empty(nflat, np.int32)
     t1 = np.empty(nflat, np.float32)
     t2 = np.empty(nflat, np.float32)
     for g0 in range(lo, hi, gw):
         g = min(gw, hi - g0)
-        for n in range(g):  # gather the items, scaled as the graph scales them
-            b = (g0 + n) // h
-            hh = (g0 + n) % h
-            for i in range(sq):
-                for c in range(d):
-                    qg[i, c, n] = q[b, hh, i, c] * c1
-            for c in range(d):
-                for j in range(sk):
-                    kg[c, j, n] = kt[b, hh, c, j] * c2
-            for j in range(sk):
-                for c in range(dv):
-                    vg[j, c, n] = v[b, hh, j, c]
-            for i in range(sq):
-                for j in range(sk):
-                    sg[i, j, n] = bias[b, hh, i, j]
+        _gather_across(q, kt, v, c1, c2, qg, kg, vg, g0, g, h)
+        for n in range(g):
+            bi[n] = (g0 + n) // h
+            hi_[n] = (g0 + n) % h
         for i in range(sq):
             for j in range(sk):
+                _dot_across(qg, kg, i, j, acc, g)
                 row = sg[i, j]
                 for n in range(g):
-                    acc[n] = 0.0
-                for c in range(d):
-                    qr = qg[i, c]
-                    kr = kg[c, j]
-                    for n in range(g):
-                        acc[n] += qr[n] * kr[n]
-                for n in range(g):
-                    row[n] = acc[n] + row[n]
+                    row[n] = acc[n] + bias[bi[n], hi_[n], i, j]
             for n in range(g):
                 mx[n] = sg[i, 0, n]
                 nf[n] = 0
@@ -280,33 +312,21 @@ def guarded_across(q, kt, v, bias, c1, c2, o, lo, hi):
                 for n in range(g):
                     p = e[n] * tot[n]
                     e[n] = 0.0 if p != p else p  # the exporter's where(isnan(p), 0, p)
-            for c in range(dv):
-                orow = og[i, c]
-                for n in range(g):
-                    orow[n] = 0.0
-                for j in range(sk):
-                    e = eg[i, j]
-                    vr = vg[j, c]
-                    for n in range(g):
-                        orow[n] += e[n] * vr[n]
-        for n in range(g):
-            b = (g0 + n) // h
-            hh = (g0 + n) % h
-            for i in range(sq):
-                for c in range(dv):
-                    o[b, hh, i, c] = og[i, c, n]
+            _pv_across(eg, vg, og, i, g)
+        _scatter_across(og, o, g0, g, h)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
-def attention_across(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):
+def attention_across(q, kt, v, pad, bias, mode, scale, neg, o, lo, hi):
     """:func:`attention_items` for many tiny (batch, head) items, with the items innermost (see
-    :func:`guarded_across`): item ``it`` writes ``o[it // H, it % H]`` whole."""
+    :func:`guarded_across`; ``kt``: the keys transposed, a view): item ``it`` writes
+    ``o[it // H, it % H]`` whole."""
     bsz, h, sq, d = q.shape
-    sk = k.shape[2]
+    sk = kt.shape[3]
     dt = q.dtype
     gw = min(ACROSS_ITEMS, max(1, hi - lo))
     qg = np.empty((sq, d, gw), dt)
-    kg = np.empty((sk, d, gw), dt)
+    kg = np.empty((d, sk, gw), dt)
     vg = np.empty((sk, d, gw), dt)
     sg = np.empty((sq, sk, gw), dt)
     eg = np.empty((sq, sk, gw), dt)
@@ -321,27 +341,16 @@ def attention_across(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):
     ib = np.empty(nflat, np.int32)
     t1 = np.empty(nflat, np.float32)
     t2 = np.empty(nflat, np.float32)
+    one = np.ones(1, dt)[0]  # scaling the keys by 1 is exact: the gather serves both kernels
     for g0 in range(lo, hi, gw):
         g = min(gw, hi - g0)
+        _gather_across(q, kt, v, scale, one, qg, kg, vg, g0, g, h)
         for n in range(g):
-            b = bi[n] = (g0 + n) // h
-            hh = hi_[n] = (g0 + n) % h
-            for i in range(sq):
-                for c in range(d):
-                    qg[i, c, n] = q[b, hh, i, c] * scale
-            for j in range(sk):
-                for c in range(d):
-                    kg[j, c, n] = k[b, hh, j, c]
-                    vg[j, c, n] = v[b, hh, j, c]
+            bi[n] = (g0 + n) // h
+            hi_[n] = (g0 + n) % h
         for i in range(sq):
             for j in range(sk):
-                for n in range(g):
-                    acc[n] = 0.0
-                for c in range(d):
-                    qr = qg[i, c]
-                    kr = kg[j, c]
-                    for n in range(g):
-                        acc[n] += qr[n] * kr[n]
+                _dot_across(qg, kg, i, j, acc, g)
                 row = sg[i, j]
                 for n in range(g):
                     row[n] = acc[n]
@@ -375,21 +384,10 @@ def attention_across(q, k, v, pad, bias, mode, scale, neg, o, lo, hi):
                 for n in range(g):
                     tot[n] += e[n]
             for n in range(g):
-                inv[n] = 1.0 / tot[n]
+                inv[n] = 1.0 / tot[n]  # in the dtype, as attention_items scales its rows
+            _pv_across(eg, vg, og, i, g)
             for c in range(d):
                 orow = og[i, c]
                 for n in range(g):
-                    orow[n] = 0.0
-                for j in range(sk):
-                    e = eg[i, j]
-                    vr = vg[j, c]
-                    for n in range(g):
-                        orow[n] += e[n] * vr[n]
-                for n in range(g):
                     orow[n] *= inv[n]
-        for n in range(g):
-            b = (g0 + n) // h
-            hh = (g0 + n) % h
-            for i in range(sq):
-                for c in range(d):
-                    o[b, hh, i, c] = og[i, c, n]
+        _scatter_across(og, o, g0, g, h)

@@ -365,7 +365,8 @@ def _attention_numba(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     bias = (np.broadcast_to(pad, (bsz, h, sq, k.shape[2])) if mask == "bias" and pad is not None
             else np.broadcast_to(np.zeros((1,) * 4, q.dtype), (1,) * 4))
     args = (q, k, v, keep, bias, mode, q.dtype.type(scale), q.dtype.type(neg), o)
-    if _across(bsz * h, sq, k.shape[2], d, d):
+    if runs_across(bsz * h, sq, k.shape[2], d, d):
+        args = (q, k.swapaxes(2, 3), *args[2:])  # the keys as the across kernels gather them
         na.attention_across(*args, 0, 0)  # compile (or load from the disk cache) at bind time
         return split_rows(na.attention_across, bsz * h, args, bsz * h * sq * k.shape[2] * d // 8,
                           whole_in=[q, k, v, keep, bias], rows_out=[o.reshape(bsz * h, -1)])
@@ -398,7 +399,7 @@ def bind_guarded_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, bias: n
     s1, s2 = q.dtype.type(np.asarray(c1).reshape(())), q.dtype.type(np.asarray(c2).reshape(()))
     args = (q, kt, v, full, s1, s2, o)
     n = bsz * h
-    fn = na.guarded_across if _across(n, sq, sk, d, v.shape[3]) else na.guarded_items
+    fn = na.guarded_across if runs_across(n, sq, sk, d, v.shape[3]) else na.guarded_items
     fn(*args, 0, 0)  # compile (or load from the disk cache) at bind time
     work = n * sq * sk * (d + v.shape[3])
     if work < SPLIT_MIN_MACS // 4:
@@ -412,7 +413,7 @@ ACROSS_MIN_ITEMS = 16
 ACROSS_MAX_KEYS = 16
 
 
-def _across(items: int, sq: int, sk: int, d: int, dv: int) -> bool:
+def runs_across(items: int, sq: int, sk: int, d: int, dv: int) -> bool:
     """Whether attention runs with the items innermost: many tiny heads. With fewer items or more
     keys the per-item loops were as fast or faster (17 keys: even or slower, padding/bias masks)."""
     return items >= ACROSS_MIN_ITEMS and sk <= ACROSS_MAX_KEYS and max(sq, d, dv) <= 32

@@ -19,6 +19,21 @@ _HI = np.float32(88.72283)
 _LO = np.float32(-87.33654)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def max_or_nan(row):
+    """The maximum of a 1-D row, NaN if the row holds one (``max()`` alone skips NaN; a softmax must
+    make such a row NaN, as the NumPy form's max-subtract does)."""
+    m = row[0]
+    nan = m != m
+    for c in range(1, row.shape[0]):
+        v = row[c]
+        if v != v:
+            nan = True
+        elif v > m:
+            m = v
+    return np.nan if nan else m
+
+
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def vexp32(x, out, ibuf, s1, s2):
     n = x.shape[0]
