@@ -247,7 +247,7 @@ def guarded_across(q, kt, v, bias, c1, c2, o, lo, hi):
     with the items as the innermost axis of every buffer. Numba's LLVM vectorises only loops, and
     a loop of 8 keys runs in its scalar remainder (the SLP vectoriser is off in Numba); over up to
     :data:`ACROSS_ITEMS` items each step is one long contiguous loop (32 (batch, head) items of
-    8 x 8: 29 -> 13 us). Same arithmetic as :func:`guarded_items`, in the same order per item."""
+    8 x 8: 29 -> 13-17 us). Same arithmetic as :func:`guarded_items`, in the same order per item."""
     bsz, h, sq, d = q.shape
     sk = kt.shape[3]
     dv = v.shape[3]
