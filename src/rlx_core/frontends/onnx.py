@@ -48,6 +48,8 @@ from ..ir import symexpr
 from ..ir.builder import GraphBuilder, Tensor
 from ..ir.graph import Graph
 from ..ir.types import Dim
+from . import _onnx_proto
+from . import onnx_schemas as _schemas
 
 #: Default-domain opsets this importer accepts. Within them each operator is also checked per
 #: version (:func:`op_version_problem`): a version older or newer than its handler translates exactly
@@ -55,7 +57,7 @@ from ..ir.types import Dim
 #: were reviewed (see _OP_REVIEWED).
 MIN_OPSET, MAX_OPSET = 1, 28
 
-_INSTALL_FIX = "install the ONNX package: pip install onnx"
+_INSTALL_FIX = _onnx_proto.INSTALL_FIX
 
 
 class UnsupportedOnnxError(IRError):
@@ -273,10 +275,8 @@ _SATURATING = frozenset({DType.F8E4M3FN, DType.F8E4M3FNUZ, DType.F8E5M2, DType.F
 
 def _onnx_type_name(code: int) -> str:
     try:
-        import onnx
-
-        return str(onnx.TensorProto.DataType.Name(code))
-    except (ImportError, ValueError):
+        return str(_onnx_proto.pb().TensorProto.DataType.Name(code))
+    except (RLXError, ValueError):
         return str(code)
 
 
@@ -314,15 +314,6 @@ def _elementwise(fn: Callable[..., Any], *arrs: np.ndarray) -> np.ndarray:
 # Loading and validating the file
 
 
-def _require_onnx() -> Any:
-    try:
-        import onnx
-    except ImportError as e:
-        raise SerializationError(f"reading ONNX models needs the onnx package ({e})",
-                                 where="rlx_core.frontends.onnx", fix=_INSTALL_FIX) from None
-    return onnx
-
-
 def read_model(model: Any, *, mapped: dict[str, tuple[str, int, int]] | None = None) -> tuple[Any, str]:
     """Parse ``model`` (a path, bytes or an ``onnx.ModelProto``) and load its external data.
 
@@ -330,7 +321,7 @@ def read_model(model: Any, *, mapped: dict[str, tuple[str, int, int]] | None = N
     ``mapped``: filled with ``name -> (file, offset, length)`` of the main graph's initializers read
     from external data (checked as :func:`resolve_external_data` checks them), for memory maps.
     """
-    onnx = _require_onnx()
+    onnx = _onnx_proto.pb()  # the message classes only: onnx itself loads when a node needs it
     if isinstance(model, onnx.ModelProto):
         proto, source = model, f"ONNX model {model.graph.name or '(unnamed)'!r}"
         _check_model(proto, source)
@@ -433,10 +424,9 @@ def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, sourc
     the current directory. ``base=None`` (a model given as bytes or a ModelProto) refuses external
     data, since there is no folder it could be relative to. ``mapped``: see :func:`read_model`.
     """
-    from onnx import TensorProto
-
+    external = _onnx_proto.pb().TensorProto.EXTERNAL
     for t, what in _walk_tensors(proto):
-        if t.data_location != TensorProto.EXTERNAL:
+        if t.data_location != external:
             continue
         where = f"tensor {t.name!r}, {what} in {source}"
         if base is None:
@@ -450,7 +440,7 @@ def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, sourc
         t.raw_data = _read_external(t, os.fspath(base), where, spot)
         if mapped is not None and what == "initializer of the main graph" and spot:
             mapped[t.name] = spot[0]
-        t.data_location = TensorProto.DEFAULT
+        t.data_location = 0  # TensorProto.DEFAULT
         del t.external_data[:]
 
 
@@ -525,12 +515,7 @@ _MAP_MIN_BYTES = 64 << 10
 def _mappable_dtype(onnx_type: int) -> np.dtype[Any] | None:
     """The NumPy dtype whose little-endian bytes are ONNX's external data of ``onnx_type`` as they
     are (plain fixed-width numbers; None for packed, bool, string and float8/bfloat16 types)."""
-    from onnx import TensorProto as T
-
-    names = {T.FLOAT: "float32", T.DOUBLE: "float64", T.FLOAT16: "float16", T.INT8: "int8", T.UINT8: "uint8",
-             T.INT16: "int16", T.UINT16: "uint16", T.INT32: "int32", T.UINT32: "uint32", T.INT64: "int64",
-             T.UINT64: "uint64"}
-    name = names.get(onnx_type)
+    name = _onnx_proto.RAW_DTYPES.get(onnx_type) if onnx_type != 9 else None  # 9: bool
     dt = _ONNX_TO_DTYPE.get(onnx_type)
     if name is None or dt is None or np.dtype(dt.np) != np.dtype(name):
         return None
@@ -630,6 +615,9 @@ _SINCE_CACHE: dict[tuple[str, int], int | None] = {}
 def _since(op: str, opset: int) -> int | None:
     """The version of default-domain ``op`` in effect at ``opset`` (None: no such operator then)."""
     key = (op, opset)
+    if key not in _SINCE_CACHE and opset <= _schemas.MAX_OPSET:
+        versions = [v for v, _ in _schemas.SCHEMAS.get(op, ()) if v <= opset]
+        _SINCE_CACHE[key] = versions[-1] if versions else None
     if key not in _SINCE_CACHE:
         import onnx.defs
 
@@ -713,6 +701,9 @@ def _schema_attrs(op: str, opset: int) -> frozenset[str]:
     """The attributes default-domain ``op`` defines at ``opset`` (empty when onnx does not know it)."""
     key = (op, opset)
     known = _SCHEMA_ATTRS.get(key)
+    if known is None and opset <= _schemas.MAX_OPSET:
+        attrs = [a for v, a in _schemas.SCHEMAS.get(op, ()) if v <= opset]
+        known = _SCHEMA_ATTRS[key] = frozenset(attrs[-1] if attrs else ())
     if known is None:
         import onnx.defs
 
@@ -1179,14 +1170,12 @@ class _Importer:
 
     # -- attributes and inputs -----------------------------------------------------------------
     def _attrs(self, node: Any) -> dict[str, Any]:
-        from onnx import helper
-
         out: dict[str, Any] = {}
         for a in node.attribute:
             if a.ref_attr_name:
                 raise self.unsupported(f"attribute {a.name!r} refers to a function attribute",
                                        fix="inline the model's functions first (onnx.inliner)")
-            v = helper.get_attribute_value(a)
+            v = _onnx_proto.attribute_value(a)
             if isinstance(v, bytes):
                 v = v.decode("utf-8", "replace")
             out[a.name] = v
@@ -1232,9 +1221,7 @@ class _Importer:
         return raw.view(npdt).reshape(shape)
 
     def _tensor_array(self, t: Any) -> np.ndarray:
-        from onnx import TensorProto, numpy_helper
-
-        if t.data_location == TensorProto.EXTERNAL:
+        if t.data_location == 1:  # TensorProto.EXTERNAL
             # read_model resolves external data from the model's folder; numpy_helper would read it
             # relative to the current directory instead, so never let it see such a tensor.
             raise SerializationError(f"tensor {t.name!r} still refers to external data",
@@ -1247,7 +1234,7 @@ class _Importer:
                                        fix=f"RLX dtypes: {', '.join(d.value for d in DType)}; cast in the "
                                            f"model before exporting")
         try:
-            arr = numpy_helper.to_array(t)
+            arr = _onnx_proto.tensor_array(t)
         except Exception as e:
             raise SerializationError(f"tensor {t.name!r} cannot be decoded ({type(e).__name__}: {e}); the "
                                      f"file is truncated or malformed", where=self.node_where,
