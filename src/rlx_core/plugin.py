@@ -33,7 +33,8 @@ What is here, by role:
   plugin's ``RLX_*`` variables, declared once and returned from the ``rlx_settings`` hook;
 * the on-disk cache: ``cache_subdir``, ``read_entry``, ``write_entry``, ``publish_file``,
   ``seal_file``, ``verify_file``, ``read_sealed``, ``seal_tree``, ``verify_tree``, ``source_stamp``;
-* memory: ``release_file_pages`` (a memory-mapped weight's pages out of the RSS once packed);
+* memory: ``release_file_pages`` (a memory-mapped weight's pages out of the RSS once packed),
+  ``release_library_pages`` (a big shared library's code pages, touched once by its loader);
 * code generation: ``identifier``, ``Namer``, ``safe_comment``, ``comment``, ``string_literal``,
   ``js_value`` (names from model files made safe in generated source); ``Dialect``, ``DIALECTS``,
   ``render_op``, ``render_program``, ``NUMBA_PRELUDE`` (the C-style renderer);
@@ -224,6 +225,7 @@ _LAZY: dict[str, str] = {
     "run_world_conformance": "rlx_core.distributed.conformance:run_world",
     "split_digits": "rlx_core.quant.examples",
     "release_file_pages": "rlx_core.pages",
+    "release_library_pages": "rlx_core.pages",
     "train_mlp": "rlx_core.quant.examples",
     "train_cnn": "rlx_core.quant.examples",
 }
@@ -240,7 +242,7 @@ __all__ = [
     "SignatureError", "PluginError", "PluginConflictError", "BackendNotFoundError", "DispatchError",
     "InputError", "CalibrationError", "SettingError", "Setting", "declare_setting", "cache_subdir",
     "read_entry", "write_entry", "publish_file", "seal_file", "verify_file", "read_sealed", "seal_tree",
-    "release_file_pages",
+    "release_file_pages", "release_library_pages",
     "verify_tree", "source_stamp", "identifier", "Namer", "safe_comment", "comment", "string_literal",
     "js_value", "Dialect", "DIALECTS", "render_op", "render_program", "NUMBA_PRELUDE", "FUSED",
     "FUSIBLE", "encode_fused", "decode_fused", "quantize_graph", "softmax_lut", "pool_geometry",
@@ -341,7 +343,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from rlx_core.ir.types import Attrs, Dim, TensorType, broadcast_shapes, normalize_axis
     from rlx_core.lir import Access, BufferPlan, Program, Step, Transfer, conflicts, lower
     from rlx_core.models.minilm import MiniLM
-    from rlx_core.pages import release_file_pages
+    from rlx_core.pages import release_file_pages, release_library_pages
     from rlx_core.quant import quantize_graph
     from rlx_core.quant.examples import split_digits, train_cnn, train_mlp
     from rlx_core.quant.fixedpoint import softmax_lut

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from rlx_core.plugin import release_library_pages
+
 from . import settings
 
 
@@ -107,6 +109,7 @@ def _load() -> dict[str, Any]:
             path, temporary = _private_copy(src)
             try:
                 lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+                release_library_pages(path)  # 2.4 MB touched by its loader, mostly never run again
             finally:
                 if temporary:  # the mapping stays valid after the file is gone
                     os.unlink(path)
@@ -167,6 +170,7 @@ def _open_dnnl() -> tuple[tuple[int, int, int] | None, str]:
         fns = (lib.dnnl_sgemm, omp.omp_get_max_threads, omp.omp_set_num_threads)
     except (OSError, AttributeError) as e:
         return None, f"could not load oneDNN: {e}"
+    release_library_pages(libs[-1])  # its loader touched 18 MB of code; an sgemm needs little of it
     _DNNL["libs"] = (lib, omp)  # the addresses stay valid while the libraries stay loaded
     a, b, c = (int(ctypes.cast(f, ctypes.c_void_p).value or 0) for f in fns)
     return (a, b, c), ""
