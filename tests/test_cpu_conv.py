@@ -117,10 +117,11 @@ POST = {"none": (False, False, ""), "bias": (True, False, ""), "relu": (True, Fa
 def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool, mode: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """team: one primitive on an OpenMP team (the default); whole / split: RLX_CPU_CONV_OPENMP=0."""
-    from rlx_cpu import parallel
+    from rlx_cpu import conv, parallel
 
     onednn_conv = _onednn()
     split = mode == "split"
+    monkeypatch.setattr(conv, "SMALL_MACS", 0)  # these shapes are tiny: keep them on oneDNN
     monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))  # no load probe: 2 threads throughout
     monkeypatch.setenv("RLX_CPU_CONV_OPENMP", "1" if mode == "team" else "0")
     monkeypatch.setattr(onednn_conv, "MIN_MACS_PER_PIECE", 0 if split else 1 << 62)
@@ -154,6 +155,65 @@ def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: boo
     # output row (s6) has nothing to cut.
     assert built == [POST[tail]] * len(built), "the conv and its tail did not run as one oneDNN primitive"
     assert (len(built) > 1) == (split and shape is not SHAPES[6])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"s{i}" for i in range(len(SHAPES))])
+@pytest.mark.parametrize(("tail", "fed"), [("none", False), ("bias", True), ("relu", False),
+                                           ("add_relu", True)])
+def test_small_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny convs as one Numba call (im2col tables + oneDNN's sgemm + the tail), every shape taken
+    whatever its size or group width; fed weights are read at each run."""
+    from rlx_cpu import conv
+
+    _onednn()
+    monkeypatch.setattr(conv, "SMALL_MACS", 1 << 62)
+    monkeypatch.setattr(conv, "SMALL_MIN_GROUP_OUT", 1)
+    taken: list[bool] = []
+    orig = conv._small_conv
+
+    def counting(*a: Any) -> Any:
+        run = orig(*a)
+        taken.append(run is not None)
+        return run
+    monkeypatch.setattr(conv, "_small_conv", counting)
+    graph, wv = _conv_graph("f32", shape, tail, fed)
+    ref_graph, _ = _conv_graph("f64", shape, tail, fed)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    n, c, s = shape[:3]
+    for rep in range(2):
+        xv = RNG.standard_normal((n, c, s, s))
+        feed, ref_feed = {"x": xv.astype(np.float32)}, {"x": xv}
+        if fed:
+            wr = wv * (1 + rep)
+            feed["w"], ref_feed["w"] = wr.astype(np.float32), wr
+        if tail == "add_relu":
+            rv = RNG.standard_normal(ref_graph.types["r"].shape) * 10
+            feed["r"], ref_feed["r"] = rv.astype(np.float32), rv
+        got = exe.run(**feed)["y"]
+        np.testing.assert_allclose(got, evaluate(ref_graph, ref_feed)["y"], rtol=2e-5, atol=2e-4)
+    assert taken and all(taken), "the conv did not take the small path"
+
+
+def test_small_conv_pads_with_zeros_times_nan_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Zero padding then convolve: a NaN weight over the padding makes that output NaN, as in the
+    reference (oneDNN skips the padding instead, so rlx-cpu checks weights for it there)."""
+    from rlx_cpu import conv
+
+    _onednn()
+    monkeypatch.setattr(conv, "SMALL_MIN_GROUP_OUT", 1)
+    w = RNG.standard_normal((8, 2, 3, 3)).astype(np.float32)
+    w[0, 1, 0, 0] = np.nan
+    g = GraphBuilder("nanpad")
+    x = g.input("x", "f32", (1, 2, 5, 5))
+    g.output(g.op("conv2d", x, g.param("w", w), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1),
+                  groups=1), "y")
+    graph = g.build()
+    xv = RNG.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    got = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+    want = evaluate(graph, {"x": xv})["y"]
+    assert np.isnan(got[0, 0]).all() and np.isnan(want[0, 0]).all()  # padded corners included
+    np.testing.assert_allclose(got[0, 1:], want[0, 1:], rtol=1e-5, atol=1e-5)
 
 
 def test_onednn_conv_pieces_run_on_the_row_pool(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -181,6 +181,14 @@ def onednn(dtype: Any) -> bool:
     return np.dtype(dtype) == np.float32 and _load().get("dnnl") is not None
 
 
+def dnnl_fns() -> tuple[int, int, int]:
+    """(dnnl_sgemm, omp_get_max_threads, omp_set_num_threads) addresses for Numba kernels that call
+    oneDNN themselves; only where :func:`onednn` is true for float32."""
+    fns = _load().get("dnnl")
+    assert fns is not None, "dnnl_fns() without oneDNN: check blas.onednn(np.float32) first"
+    return fns
+
+
 def library(dtype: Any) -> str:
     """Which library runs rlx-cpu's GEMMs of ``dtype`` (for benchmark reports)."""
     st = _load()

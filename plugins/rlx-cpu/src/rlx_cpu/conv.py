@@ -52,6 +52,9 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     # oneDNN skips the zero padding, so a NaN/inf weight that the padding multiplies gives a finite
     # edge where zero-padding-then-convolve (the definition, and the reference) gives NaN: such
     # weights take the im2col path. Constants (read-only) are checked once, run-time weights per run.
+    small = _small_conv(x, w, o, strides, pads, dil, g, bias, residual, act)
+    if small is not None:
+        return small
     fast = None
     padded = any(pads)
     if x.dtype == np.float32 and not (padded and not w.flags.writeable and not np.isfinite(w).all()):
@@ -68,6 +71,55 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     def run_checked() -> None:
         (checked_fast if np.isfinite(w).all() else checked_slow)()
     return run_checked
+
+
+#: Multiply-adds (all images) up to which a float32 conv with at least ``SMALL_MIN_GROUP_OUT`` output
+#: channels a group is one :func:`rlx_cpu._small_conv_nb.conv_small` call (0: never). Measured on
+#: the 2-core CI machine: a ViT patch embedding (98K) 12 -> 4 us, Whisper's conv1d stem (49K each)
+#: 7 -> 3.5 us, a 32->32 grouped conv1d (19K) 10 -> 5 us; a 3->16 4x4/4 stem (197K) is even, a ViT
+#: patch embedding of 8 images (786K) 17 -> 23 us; depthwise convs (one channel a group) stay on
+#: oneDNN (a GEMM of one row per group: 70-80 us).
+SMALL_MACS = 150_000
+SMALL_MIN_GROUP_OUT = 8
+
+
+def _small_conv(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int, int],
+                pads: tuple[int, int, int, int], dil: tuple[int, int], g: int,
+                bias: np.ndarray | None, residual: np.ndarray | None, act: Act) -> Run | None:
+    """The whole conv as one call (:mod:`rlx_cpu._small_conv_nb`) where it is tiny, else None."""
+    name = act if isinstance(act, str) else act[0]
+    n, c, h, wd = x.shape
+    oc, ci, kh, kw = w.shape
+    _, _, ho, wo = o.shape
+    f32 = np.dtype(np.float32)
+    contiguous = x.flags.c_contiguous and o.flags.c_contiguous and w.flags.c_contiguous
+    if (name not in ("", "relu") or not (x.dtype == w.dtype == o.dtype == f32) or not contiguous
+            or oc // g < SMALL_MIN_GROUP_OUT or o.size * ci * kh * kw > SMALL_MACS
+            or (bias is not None and (bias.dtype != f32 or bias.shape != (oc,)))
+            or (residual is not None and (residual.dtype != f32 or residual.shape != o.shape
+                                          or not residual.flags.c_contiguous))):
+        return None
+    from . import blas
+
+    if not blas.onednn(f32):
+        return None
+    from ._small_conv_nb import conv_small
+
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = strides, pads, dil
+    hp, wp = h + pt + pb, wd + pl + pr
+    ch, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
+    koff = (ch * hp * wp + i * dh * wp + j * dw).reshape(-1).astype(np.int64)
+    oh, ow = np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij")
+    poff = (oh * sh * wp + ow * sw).reshape(-1).astype(np.int64)
+    xp = np.zeros(c * hp * wp if any(pads) else 0, np.float32)  # this conv's own: its border stays 0
+    cols = np.empty(c * kh * kw * ho * wo, np.float32)
+    args = (blas.dnnl_fns(), x, xp, np.array(pads, np.int64), koff, poff, w.reshape(oc, ci * kh * kw),
+            np.zeros(oc, np.float32) if bias is None else bias,
+            np.empty((0, 0, 0, 0), np.float32) if residual is None else residual, o, cols, g, name == "relu")
+
+    def run() -> None:
+        conv_small(*args)
+    return run
 
 
 def silu_inplace(o: np.ndarray) -> None:
