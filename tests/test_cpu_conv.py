@@ -107,6 +107,28 @@ POST = {"none": (False, False, ""), "bias": (True, False, ""), "relu": (True, Fa
         "hswish": (True, False, ("hardswish", float(np.float32(1 / 6)), 0.5))}
 
 
+def _check_float32_conv(shape: tuple, tail: str, fed: bool) -> None:
+    """The float32 conv (and ``tail``) against the float64 reference, twice: fed weights change
+    between the runs (they are read, or reordered, every run)."""
+    graph, wv = _conv_graph("f32", shape, tail, fed)
+    ref_graph, _ = _conv_graph("f64", shape, tail, fed)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    n, c, s = shape[:3]
+    for rep in range(2):
+        xv = RNG.standard_normal((n, c, s, s))
+        feed, ref_feed = {"x": xv.astype(np.float32)}, {"x": xv}
+        if fed:
+            wr = wv * (1 + rep)
+            feed["w"], ref_feed["w"] = wr.astype(np.float32), wr
+        if tail == "add_relu":
+            rv = RNG.standard_normal(ref_graph.types["r"].shape) * 10
+            feed["r"], ref_feed["r"] = rv.astype(np.float32), rv
+        got = exe.run(**feed)["y"]
+        np.testing.assert_allclose(got, evaluate(ref_graph, ref_feed)["y"], rtol=2e-5, atol=2e-4)
+        if tail in ("relu", "add_relu"):
+            assert (got == 0).any() and (got > 0).any()  # the ReLU did clamp something
+
+
 # split: every conv cut into pieces on the 2-thread row pool (images, else output channels, else
 # output rows), whatever its size; else only convs of 1M+ multiply-adds a piece are (none here).
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"s{i}" for i in range(len(SHAPES))])
@@ -132,25 +154,7 @@ def test_onednn_conv_matches_float64_reference(shape: tuple, tail: str, fed: boo
         built.append((a[8] is not None, a[9] is not None, a[10]))  # bias, residual, activation
         return orig(*a)
     monkeypatch.setattr(onednn_conv, "_build", counting)
-    graph, wv = _conv_graph("f32", shape, tail, fed)
-    ref_graph, _ = _conv_graph("f64", shape, tail, fed)
-    exe = Session("cpu", use_cache=False).compile(graph)
-    n, c, s = shape[:3]
-    for rep in range(2):  # fed weights change between runs: they are reordered every run
-        xv = RNG.standard_normal((n, c, s, s))
-        feed = {"x": xv.astype(np.float32)}
-        ref_feed = {"x": xv}
-        if fed:
-            wr = wv * (1 + rep)
-            feed["w"], ref_feed["w"] = wr.astype(np.float32), wr
-        if tail == "add_relu":
-            rv = RNG.standard_normal(ref_graph.types["r"].shape) * 10
-            feed["r"], ref_feed["r"] = rv.astype(np.float32), rv
-        got = exe.run(**feed)["y"]
-        want = evaluate(ref_graph, ref_feed)["y"]
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
-        if tail in ("relu", "add_relu"):
-            assert (got == 0).any() and (got > 0).any()  # the ReLU did clamp something
+    _check_float32_conv(shape, tail, fed)
     # Each piece is the conv and its tail as one oneDNN primitive; only a batch of 1 with a single
     # output row (s6) has nothing to cut.
     assert built == [POST[tail]] * len(built), "the conv and its tail did not run as one oneDNN primitive"
@@ -177,21 +181,7 @@ def test_small_conv_matches_float64_reference(shape: tuple, tail: str, fed: bool
         taken.append(run is not None)
         return run
     monkeypatch.setattr(conv, "_small_conv", counting)
-    graph, wv = _conv_graph("f32", shape, tail, fed)
-    ref_graph, _ = _conv_graph("f64", shape, tail, fed)
-    exe = Session("cpu", use_cache=False).compile(graph)
-    n, c, s = shape[:3]
-    for rep in range(2):
-        xv = RNG.standard_normal((n, c, s, s))
-        feed, ref_feed = {"x": xv.astype(np.float32)}, {"x": xv}
-        if fed:
-            wr = wv * (1 + rep)
-            feed["w"], ref_feed["w"] = wr.astype(np.float32), wr
-        if tail == "add_relu":
-            rv = RNG.standard_normal(ref_graph.types["r"].shape) * 10
-            feed["r"], ref_feed["r"] = rv.astype(np.float32), rv
-        got = exe.run(**feed)["y"]
-        np.testing.assert_allclose(got, evaluate(ref_graph, ref_feed)["y"], rtol=2e-5, atol=2e-4)
+    _check_float32_conv(shape, tail, fed)
     assert taken and all(taken), "the conv did not take the small path"
 
 

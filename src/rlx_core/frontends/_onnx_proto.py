@@ -73,45 +73,34 @@ def pb() -> Any:
     return _PB[0]
 
 
+#: AttributeProto type name -> (the field holding the value, is it a repeated field).
+_ATTR_FIELDS: dict[str, tuple[str, bool]] = {
+    "FLOAT": ("f", False), "INT": ("i", False), "STRING": ("s", False), "TENSOR": ("t", False),
+    "GRAPH": ("g", False), "SPARSE_TENSOR": ("sparse_tensor", False), "TYPE_PROTO": ("tp", False),
+    "FLOATS": ("floats", True), "INTS": ("ints", True), "STRINGS": ("strings", True),
+    "TENSORS": ("tensors", True), "GRAPHS": ("graphs", True), "SPARSE_TENSORS": ("sparse_tensors", True),
+    "TYPE_PROTOS": ("type_protos", True)}
+_BY_CODE: dict[int, tuple[str, bool]] = {}
+
+
 def attribute_value(a: Any) -> Any:
     """``onnx.helper.get_attribute_value`` (the same values; the caller refuses references)."""
-    t = a.type
-    if t == 1:
-        return a.f
-    if t == 2:
-        return a.i
-    if t == 3:
-        return a.s
-    if t == 4:
-        return a.t
-    if t == 5:
-        return a.g
-    if t == 6:
-        return list(a.floats)
-    if t == 7:
-        return list(a.ints)
-    if t == 8:
-        return list(a.strings)
-    if t == 9:
-        return list(a.tensors)
-    if t == 10:
-        return list(a.graphs)
-    if t == 11:
-        return a.sparse_tensor
-    if t == 12:
-        return list(a.sparse_tensors)
-    if t == 13:
-        return a.tp
-    if t == 14:
-        return list(a.type_protos)
-    if t == 0:
-        return None
-    raise ValueError(f"Unsupported ONNX attribute type {t} (attribute {a.name!r})")
+    if not _BY_CODE:
+        kinds = pb().AttributeProto.AttributeType
+        _BY_CODE.update({int(kinds.Value(k)): v for k, v in _ATTR_FIELDS.items()})
+    field = _BY_CODE.get(int(a.type))
+    if field is None:
+        if a.type == pb().AttributeProto.UNDEFINED:
+            return None
+        raise ValueError(f"Unsupported ONNX attribute type {a.type} (attribute {a.name!r})")
+    v = getattr(a, field[0])
+    return list(v) if field[1] else v
 
 
 #: ONNX element types read here: code -> little-endian NumPy dtype of raw_data.
+#: (ONNX's wire codes, as rlx_core.frontends.onnx._ONNX_TO_DTYPE keys them.)
 RAW_DTYPES: dict[int, str] = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "?",
-                        10: "<f2", 11: "<f8", 12: "<u4", 13: "<u8"}
+                              10: "<f2", 11: "<f8", 12: "<u4", 13: "<u8"}
 #: Element types whose typed field holds the values themselves: code -> (field, dtype).
 _TYPED: dict[int, tuple[str, str]] = {1: ("float_data", "float32"), 6: ("int32_data", "int32"),
                                       7: ("int64_data", "int64"), 11: ("double_data", "float64")}

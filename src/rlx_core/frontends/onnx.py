@@ -440,7 +440,7 @@ def resolve_external_data(proto: Any, base: str | os.PathLike[str] | None, sourc
         t.raw_data = _read_external(t, os.fspath(base), where, spot)
         if mapped is not None and what == "initializer of the main graph" and spot:
             mapped[t.name] = spot[0]
-        t.data_location = 0  # TensorProto.DEFAULT
+        t.data_location = _onnx_proto.pb().TensorProto.DEFAULT
         del t.external_data[:]
 
 
@@ -515,7 +515,7 @@ _MAP_MIN_BYTES = 64 << 10
 def _mappable_dtype(onnx_type: int) -> np.dtype[Any] | None:
     """The NumPy dtype whose little-endian bytes are ONNX's external data of ``onnx_type`` as they
     are (plain fixed-width numbers; None for packed, bool, string and float8/bfloat16 types)."""
-    name = _onnx_proto.RAW_DTYPES.get(onnx_type) if onnx_type != 9 else None  # 9: bool
+    name = None if onnx_type == _onnx_proto.pb().TensorProto.BOOL else _onnx_proto.RAW_DTYPES.get(onnx_type)
     dt = _ONNX_TO_DTYPE.get(onnx_type)
     if name is None or dt is None or np.dtype(dt.np) != np.dtype(name):
         return None
@@ -1221,7 +1221,7 @@ class _Importer:
         return raw.view(npdt).reshape(shape)
 
     def _tensor_array(self, t: Any) -> np.ndarray:
-        if t.data_location == 1:  # TensorProto.EXTERNAL
+        if t.data_location == _onnx_proto.pb().TensorProto.EXTERNAL:
             # read_model resolves external data from the model's folder; numpy_helper would read it
             # relative to the current directory instead, so never let it see such a tensor.
             raise SerializationError(f"tensor {t.name!r} still refers to external data",

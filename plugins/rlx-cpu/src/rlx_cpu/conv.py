@@ -49,12 +49,12 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
     (:data:`rlx_cpu.onednn_conv.Act`):
     float32 on oneDNN's convolution primitive where rlx-cpu has oneDNN (:mod:`rlx_cpu.onednn_conv`),
     else :func:`conv2d_im2col` and the rest in place afterwards."""
+    small = _small_conv(x, w, o, strides, pads, dil, g, bias, residual, act)
+    if small is not None:  # it pads with zeros as the definition does: NaN weights need no check
+        return small
     # oneDNN skips the zero padding, so a NaN/inf weight that the padding multiplies gives a finite
     # edge where zero-padding-then-convolve (the definition, and the reference) gives NaN: such
     # weights take the im2col path. Constants (read-only) are checked once, run-time weights per run.
-    small = _small_conv(x, w, o, strides, pads, dil, g, bias, residual, act)
-    if small is not None:
-        return small
     fast = None
     padded = any(pads)
     if x.dtype == np.float32 and not (padded and not w.flags.writeable and not np.isfinite(w).all()):
@@ -75,10 +75,11 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int
 
 #: Multiply-adds (all images) up to which a float32 conv with at least ``SMALL_MIN_GROUP_OUT`` output
 #: channels a group is one :func:`rlx_cpu._small_conv_nb.conv_small` call (0: never). Measured on
-#: the 2-core CI machine: a ViT patch embedding (98K) 12 -> 4 us, Whisper's conv1d stem (49K each)
-#: 7 -> 3.5 us, a 32->32 grouped conv1d (19K) 10 -> 5 us; a 3->16 4x4/4 stem (197K) is even, a ViT
-#: patch embedding of 8 images (786K) 17 -> 23 us; depthwise convs (one channel a group) stay on
-#: oneDNN (a GEMM of one row per group: 70-80 us).
+#: the 2-core CI machine (``python bench/small_conv.py``): a ViT patch embedding (98K) 8.3 -> 3.9 us,
+#: Whisper's conv1d stem (49K each) 6.9 -> 3.4 us, a 32->32 grouped conv1d (19K) 7.4 -> 4.7 us; with
+#: the path forced on, a 3->16 4x4/4 stem (197K) was 11 -> 13 us, a ViT patch embedding of 8 images
+#: (786K) 17 -> 23 us, so they stay on oneDNN, as do depthwise convs (a GEMM of one row per group:
+#: 70-80 us).
 SMALL_MACS = 150_000
 SMALL_MIN_GROUP_OUT = 8
 
@@ -97,8 +98,9 @@ def _small_conv(x: np.ndarray, w: np.ndarray, o: np.ndarray, strides: tuple[int,
             or oc // g < SMALL_MIN_GROUP_OUT or o.size * ci * kh * kw > SMALL_MACS
             or (bias is not None and (bias.dtype != f32 or bias.shape != (oc,)))
             or (residual is not None and (residual.dtype != f32 or residual.shape != o.shape
-                                          or not residual.flags.c_contiguous))):
-        return None
+                                          or not residual.flags.c_contiguous))
+            or any(a is not None and np.shares_memory(a, o) for a in (x, w, bias, residual))):
+        return None  # (the GEMM writes o before the tail reads the residual)
     from . import blas
 
     if not blas.onednn(f32):
