@@ -1,8 +1,9 @@
 """rlx-cpu convolutions A/B in one process: ResNet-18 with its convs as one conv chain (activations
 in oneDNN's blocked layout between convs, ``rlx_cpu.conv_chain``: the default) vs each conv alone
 with oneDNN on the row pool (one-thread primitives, NCHW reorders around every conv: the default
-before the chains), optionally vs the chain on OpenMP teams (``--chain-openmp``), each conv on an
-OpenMP team (``--openmp``,
+before the chains), optionally vs the chain of one-thread pieces (``--chain-pieces``), the chain
+on an OpenMP team even where it is tiny (``--chain-team``: ``conv_chain.SOLO_MACS``), each conv on
+an OpenMP team (``--openmp``,
 ``onednn_conv.ROW_POOL = False``) and vs im2col (``--im2col``). All programs are compiled
 first; then blocks of runs alternate A, B, A, B so that drift and other processes' load hit both.
 The first run of each block is dropped (libgomp's worker may still spin from the other side's last
@@ -13,6 +14,7 @@ p50 from its own process (``--ort``).
 
     taskset -c 0,1 python bench/conv_ab.py --batch 1 --batch 8 --rounds 6 --ort
     python bench/conv_ab.py --zoo efficientnet_b0 --batch 1 --batch 8   # a zoo CNN (64x64, tests/_zoo.py)
+    python bench/conv_ab.py --zoo conv1d_audio --batch 1 --chain-team --block 200 --rounds 6
 """
 
 from __future__ import annotations
@@ -31,15 +33,18 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
     from rlx_core.runtime import Session
 
     exes = {}
+    saved = conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE
     for side in sides:
-        conv_chain.USE = side in ("chain", "chain-openmp")  # off: the chain's convs bound one at a time
-        conv_chain.OPENMP = side == "chain-openmp"
+        # off: the chain's convs bound one at a time
+        conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-pieces")
+        conv_chain.OPENMP = side != "chain-pieces"
+        conv_chain.SOLO_MACS = 0 if side == "chain-team" else saved[2]
         onednn_conv.ROW_POOL = side != "openmp"
         onednn_conv.USE = side != "im2col"
         exe = Session("cpu", use_cache=False).compile(graph)
         exe.run(feed)  # binds the kernels with the switches above
         exes[side] = exe
-    conv_chain.USE, conv_chain.OPENMP, onednn_conv.ROW_POOL, onednn_conv.USE = True, False, True, True
+    conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE = saved
     return exes
 
 
@@ -63,8 +68,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--block", type=int, default=8, help="runs per block (the first is dropped)")
     ap.add_argument("--openmp", action="store_true", help="a side: each conv on an OpenMP team")
+    ap.add_argument("--chain-pieces", action="store_true",
+                    help="a side: the chain with one-thread primitives cut into pieces for the row pool "
+                         "(conv_chain.OPENMP off; the default chain is on OpenMP teams)")
     ap.add_argument("--chain-openmp", action="store_true",
-                    help="a side: the chain with each conv on an OpenMP team (conv_chain.OPENMP)")
+                    help="a side: the chain on OpenMP teams (the default chain since 2026-12-02; kept so "
+                         "that older commands in docs/BENCHMARKS.md still run)")
+    ap.add_argument("--chain-team", action="store_true",
+                    help="a side: the chain on an OpenMP team even below conv_chain.SOLO_MACS")
     ap.add_argument("--im2col", action="store_true", help="a side: the im2col path")
     ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process (ResNet-18)")
     ap.add_argument("--zoo", help="a zoo CNN instead of ResNet-18 (tests/_zoo.py; exports cached where "
@@ -72,7 +83,8 @@ def main() -> None:
     a = ap.parse_args()
     from rlx_core import bench
 
-    sides = ["chain", "pool"] + (["chain-openmp"] if a.chain_openmp else [])
+    sides = ["chain", "pool"] + (["chain-pieces"] if a.chain_pieces else [])
+    sides += (["chain-openmp"] if a.chain_openmp else []) + (["chain-team"] if a.chain_team else [])
     sides += (["openmp"] if a.openmp else []) + (["im2col"] if a.im2col else [])
     print(f"cpus {sorted(os.sched_getaffinity(0))}, load {os.getloadavg()}")
     for batch in a.batch or [1]:
@@ -99,8 +111,8 @@ def main() -> None:
                 cpu[s].append((time.process_time() - c0) / len(ts) * 1e3)
                 best[s] = min(best[s], min(ts) * 1e3)
                 p50s[s].append(statistics.median(ts) * 1e3)
-        line = ", ".join(f"{s} {statistics.median(v):.2f} ms (blocks {min(v):.1f}-{max(v):.1f}; "
-                         f"fastest {best[s]:.1f}; CPU {statistics.median(cpu[s]):.1f} ms a run)"
+        line = ", ".join(f"{s} {statistics.median(v):.3f} ms (blocks {min(v):.3f}-{max(v):.3f}; "
+                         f"fastest {best[s]:.3f}; CPU {statistics.median(cpu[s]):.3f} ms a run)"
                          for s, v in p50s.items())
         if a.ort and not a.zoo:
             o = bench.run_one("ort", "resnet18", batch, 128, False)

@@ -162,6 +162,35 @@ def test_team_follows_the_load_with_the_same_bits(monkeypatch: pytest.MonkeyPatc
     np.testing.assert_allclose(pieces[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
 
 
+@pytest.mark.parametrize("solo", [True, False])
+def test_tiny_chain_runs_on_the_calling_thread(solo: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below SOLO_MACS a chain's primitives are made for one thread whatever the pool has (no
+    OpenMP region a primitive); the bits are the team's (oneDNN's split does not change them)."""
+    from rlx_cpu import conv_chain, parallel
+
+    pool = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pool)
+    monkeypatch.setattr(pool, "poll", lambda: None)
+    made: list[int] = []
+
+    class Counted(conv_chain._Blocked):
+        def __init__(self, api: Any, ins: Any, o: Any, steps: Any, threads: int, *a: Any, **k: Any) -> None:
+            made.append(threads)
+            super().__init__(api, ins, o, steps, threads, *a, **k)
+
+    monkeypatch.setattr(conv_chain, "_Blocked", Counted)
+    graph = _net(1)
+    xv = RNG.standard_normal((1, 3, 29, 31)).astype(np.float32)
+    monkeypatch.setattr(conv_chain, "SOLO_MACS", 0)
+    team = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+    assert made and set(made) == {2}, made
+    monkeypatch.setattr(conv_chain, "SOLO_MACS", 10**12 if solo else 1)
+    made.clear()
+    got = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+    assert set(made) == ({1} if solo else {2}), made
+    np.testing.assert_array_equal(got, team)
+
+
 def test_per_op_switch_gives_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import conv_chain
 

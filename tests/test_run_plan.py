@@ -173,6 +173,29 @@ def test_index_checked_graphs_check_every_run() -> None:
     np.testing.assert_array_equal(exe.run(x=xv, i=np.array([-1, 2]))["y"], xv[[-1, 2]])
 
 
+@pytest.mark.parametrize("n", [3, 100])  # below and above inputs_in_range's small-array path
+def test_index_values_checked_on_the_fast_path_at_any_size(n: int) -> None:
+    """The run plan's bounds hold the extent bound for this specialisation (a symbol here); the
+    full check still names the first bad value and its position."""
+    g = GraphBuilder("gat_sym")
+    x = g.input("x", "f32", ("rows", 2))
+    i = g.input("i", "i64", (n,))
+    g.output(g.op("gather", x, i, axis=0), "y")
+    exe = compile_(g.build())
+    for rows in (7, 9):
+        xv = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+        good = np.arange(n) % rows - (n % 2)
+        np.testing.assert_array_equal(exe.run(x=xv, i=good)["y"], xv[good])
+        assert exe._plans
+        bad = good.copy()
+        bad[n - 2] = rows  # one past the end of this specialisation's extent
+        with pytest.raises(InputError, match=rf"index {rows} at position \({n - 2},\)"):
+            exe.run(x=xv, i=bad)
+        bad[n - 2] = -rows - 1
+        with pytest.raises(InputError, match="out of range"):
+            exe.run(x=xv, i=bad)
+
+
 def test_threads_share_plans() -> None:
     exe = compile_(dyn())
     xs = [feed(b) for b in (1, 2, 3, 4)]

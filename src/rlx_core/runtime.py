@@ -24,6 +24,8 @@ from .execution import report_entry as _entry
 from .ir.graph import Graph
 from .ir.indices import check_constants as check_constant_indices
 from .ir.indices import check_inputs as check_index_inputs
+from .ir.indices import input_bounds as index_bounds
+from .ir.indices import inputs_in_range
 from .lir import Program, Transfer, lower
 from .placement import MultiDeviceExecutable, place
 from .records import BufferBinding, FusionRule, KernelClaim, NodeVariant
@@ -350,8 +352,10 @@ def _check_carry(graph: Graph, carry: Mapping[str, str]) -> dict[str, str]:
     return dict(carry)
 
 
-#: (compiled program, its lock, (public name, value) per output, specialisation key)
-_RunPlan = tuple[Any, threading.Lock, tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]
+#: (compiled program, its lock, (public name, value) per output, specialisation key, index inputs
+#: with their extents)
+_RunPlan = tuple[Any, threading.Lock, tuple[tuple[str, str], ...], tuple[tuple[str, int], ...],
+                 tuple[tuple[str, int], ...]]
 
 
 class Executable:
@@ -414,7 +418,7 @@ class Executable:
         their shapes."""
         compiled, program, lock = self._specialise(bindings)
         key = tuple(sorted(bindings.items()))
-        plan = (compiled, lock, tuple(program.outputs), key)
+        plan = (compiled, lock, tuple(program.outputs), key, index_bounds(self.graph, bindings))
         shapes = tuple(arrays[n].shape for n, _ in self._fast_inputs)
         with self._lock:
             if key in self._specs:  # not evicted by another thread meanwhile
@@ -443,14 +447,16 @@ class Executable:
             plan = self._plan(arrays, bindings)
         else:
             arrays = feed
-            if self._binder.index_checks:  # shapes known, values new: index inputs checked every run
+            # Shapes known, values new: index inputs are checked every run (the full check only
+            # to name the bad one).
+            if plan[4] and not inputs_in_range(feed, plan[4]):
                 check_index_inputs(self.graph, feed, dict(plan[3]), where)
             if self._lru:  # a hit keeps its specialisation the most recently used
                 try:
                     self._specs.move_to_end(plan[3])
                 except KeyError:  # evicted by another thread just now: this run still has it
                     pass
-        compiled, lock, outputs, _ = plan
+        compiled, lock, outputs = plan[0], plan[1], plan[2]
         with lock:
             try:
                 raw = compiled.run(arrays)

@@ -58,6 +58,7 @@ import ctypes
 import functools
 import itertools
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -90,13 +91,19 @@ USE = True
 #: True: every conv of a chain is one primitive on an OpenMP team of the pool's active threads
 #: (when ``RLX_CPU_CONV_OPENMP`` is on, the default). False: one-thread primitives, big convs cut
 #: into pieces (images, or output channel blocks) that the row pool's threads take in turn
-#: (``bench/conv_ab.py --chain-openmp`` compares them). Measured 2026-12-02 13:00 UTC, quiet
+#: (``bench/conv_ab.py --chain-pieces`` compares them). Measured 2026-12-02 13:00 UTC, quiet
 #: 2-core EPYC, one process, blocks alternating (p50 ms, pieces -> team): ResNet-18 64x64 b1 3.45
 #: -> 2.07, b8 9.37 -> 8.96; MobileNetV2 b1 0.61 -> 0.50, b8 5.33 -> 2.45; EfficientNet-B0 b1 1.50
 #: -> 1.19, b8 8.20 -> 4.80; RegNetY-400MF b1 1.38 -> 0.80, b8 8.17 -> 4.45 (the pieces left the
 #: depthwise and small convs on one thread; a team splits every conv, and its threads wait for the
 #: next primitive spinning, not through a kernel wake-up). Bit-identical for every thread count.
 OPENMP = True
+#: Multiply-adds of a chain's convs below which its primitives are made for one thread (with the
+#: team on): each primitive of a team opens an OpenMP region, ~0.5 us that a conv this small does
+#: not win back. conv1d_audio's chain (three convs, 163K multiply-adds, b1): 18.7 -> 15.2 us
+#: (``bench/conv_ab.py --zoo conv1d_audio --chain-team``); at b8 (1.3M) the team was faster (34 vs
+#: 40 us), as at MobileNetV3-small b1 (4.4M; noise up to 30% on this 2-core VM).
+SOLO_MACS = 500_000
 #: True: where oneDNN's preferred conv for its own layout is a brgconv kernel (NHWC here) and the
 #: producer's layout (ResNet's stem writes nChw16c) would give an older one, reorder once into the
 #: preferred layout; the convs after it then read it as it is. False: keep the producer's layout
@@ -642,6 +649,18 @@ def _pool_args(attrs: Attrs) -> tuple[int, int, int, int, int, int]:
     return kh, kw, sh, sw, int(p[0]), int(p[1])
 
 
+def _conv_macs(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[Mapping[str, Any]]
+               ) -> int:
+    """The multiply-adds of the chain's convs (what decides whether a team pays for itself)."""
+    shapes = _shapes(x_shape, xs, steps)
+    total = 0
+    for k, st in enumerate(steps):
+        if _is_conv(st):
+            n, oc, ho, wo = shapes[k + 1]
+            total += n * oc * ho * wo * math.prod(xs[st["w"]].shape[1:])
+    return total
+
+
 def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[Mapping[str, Any]]
             ) -> list[tuple[int, ...]]:
     """Every value's shape (value 0: the chain's input)."""
@@ -771,7 +790,6 @@ def _finite_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarra
     """The chain's finite variant (clip pairs as conv post-ops, oneDNN's max pools: see
     :data:`FUSE_CLIPS`), run while ``x . x`` is finite (no NaN or Inf in the input), else the exact
     variant; None where the chain has no such step or its bound check fails."""
-    import math
 
     import numpy as np
 
@@ -806,9 +824,11 @@ def k_conv_chain(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: A
     api = onednn_conv._api() if onednn_conv.USE else None
     if not (USE and SETTING.get()) or api is None or any(a.dtype.name != "float32" for a in ins):
         return _per_op(ins, o, steps)
-    from .parallel import PerTeam, pool
+    from .parallel import SOLO, PerTeam, TeamSize, pool
 
-    pl = pool()
+    pl: TeamSize = pool()
+    if _conv_macs(ins[0].shape, ins, steps) < SOLO_MACS:
+        pl = SOLO
     shared: dict[Any, Any] = {}  # packed constant weights, shared by the thread-count variants
     try:
         if OPENMP and settings.CONV_OPENMP.get():

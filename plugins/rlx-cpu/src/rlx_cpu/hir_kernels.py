@@ -203,7 +203,7 @@ def _one_thread_gemv(x: np.ndarray, wt: np.ndarray, b: np.ndarray, o: np.ndarray
     from . import blas
 
     if (x.ndim != 2 or o.ndim != 2 or x.shape[0] > GEMV_ROWS or b.ndim != 1 or x.dtype != np.float32
-            or not blas.dnnl_loaded()):
+            or x.shape[0] * wt.size <= NUMPY_GEMV_MAX or not blas.dnnl_loaded()):
         return None
     gemm = blas.dnnl_gemm_fn(x, wt, o)
     if gemm is None:
@@ -230,6 +230,11 @@ SPLIT_MIN_MACS = 4_000_000
 #: oneDNN 35 us), and a program of such linears never loads oneDNN, OpenMP or Numba (MLP
 #: 784-512-256-10 at batch 1: 248 instead of 379 MB peak RSS).
 GEMV_ROWS = 2
+#: Multiply-adds up to which a 1-2 row linear stays on NumPy even where oneDNN is loaded: OpenBLAS
+#: runs a GEMV below 2304 x 4 elements of weights on the calling thread (its own threshold, so no
+#: thread spins), ~0.5-0.8 us a call, where the ctypes call to oneDNN with its OpenMP thread-count
+#: swap cost ~4-5 us (conv1d_audio's 32 x 6 classifier).
+NUMPY_GEMV_MAX = 9216
 
 
 #: Rows up to which a linear split over the pool calls oneDNN through ctypes rather than the Numba

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import settings
 
@@ -254,6 +254,26 @@ def poll() -> None:
 T = TypeVar("T")
 
 
+class TeamSize(Protocol):
+    """What :class:`PerTeam` reads of a pool: its threads and how many run now."""
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def active(self) -> int: ...
+
+
+class _Solo:
+    """A team of the calling thread alone (kernels too small for a team to pay off)."""
+
+    threads = 1
+    active = 1
+
+
+SOLO: TeamSize = _Solo()
+
+
 class PerTeam(Generic[T]):
     """One object per OpenMP team size: the pool's full team's made now, the others on first need.
 
@@ -262,7 +282,7 @@ class PerTeam(Generic[T]):
     so a kernel on a team keeps one primitive per thread count the pool runs with: ``get()``
     returns the one for the threads other processes leave now (``RowPool.active``)."""
 
-    def __init__(self, make: Callable[[int], T], pl: RowPool) -> None:
+    def __init__(self, make: Callable[[int], T], pl: TeamSize) -> None:
         self._make = make
         self._pl = pl
         #: the variant for all the pool's threads (made at once: a refused build fails the bind)
