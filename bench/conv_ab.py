@@ -2,7 +2,8 @@
 in oneDNN's blocked layout between convs, ``rlx_cpu.conv_chain``: the default) vs each conv alone
 with oneDNN on the row pool (one-thread primitives, NCHW reorders around every conv: the default
 before the chains), optionally vs the chain of one-thread pieces (``--chain-pieces``), the chain
-on an OpenMP team even where it is tiny (``--chain-team``: ``conv_chain.SOLO_MACS``), each conv on
+on an OpenMP team even where it is tiny (``--chain-team``: ``conv_chain.SOLO_MACS``) or on the
+calling thread whatever its size (``--chain-solo``), each conv on
 an OpenMP team (``--openmp``,
 ``onednn_conv.ROW_POOL = False``) and vs im2col (``--im2col``). All programs are compiled
 first; then blocks of runs alternate A, B, A, B so that drift and other processes' load hit both.
@@ -36,9 +37,9 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
     saved = conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE
     for side in sides:
         # off: the chain's convs bound one at a time
-        conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-pieces")
+        conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-solo", "chain-pieces")
         conv_chain.OPENMP = side != "chain-pieces"
-        conv_chain.SOLO_MACS = 0 if side == "chain-team" else saved[2]
+        conv_chain.SOLO_MACS = {"chain-team": 0, "chain-solo": 1 << 62}.get(side, saved[2])
         onednn_conv.ROW_POOL = side != "openmp"
         onednn_conv.USE = side != "im2col"
         exe = Session("cpu", use_cache=False).compile(graph)
@@ -76,6 +77,8 @@ def main() -> None:
                          "that older commands in docs/BENCHMARKS.md still run)")
     ap.add_argument("--chain-team", action="store_true",
                     help="a side: the chain on an OpenMP team even below conv_chain.SOLO_MACS")
+    ap.add_argument("--chain-solo", action="store_true",
+                    help="a side: the chain on the calling thread alone whatever its size")
     ap.add_argument("--im2col", action="store_true", help="a side: the im2col path")
     ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process (ResNet-18)")
     ap.add_argument("--zoo", help="a zoo CNN instead of ResNet-18 (tests/_zoo.py; exports cached where "
@@ -85,6 +88,7 @@ def main() -> None:
 
     sides = ["chain", "pool"] + (["chain-pieces"] if a.chain_pieces else [])
     sides += (["chain-openmp"] if a.chain_openmp else []) + (["chain-team"] if a.chain_team else [])
+    sides += ["chain-solo"] if a.chain_solo else []
     sides += (["openmp"] if a.openmp else []) + (["im2col"] if a.im2col else [])
     print(f"cpus {sorted(os.sched_getaffinity(0))}, load {os.getloadavg()}")
     for batch in a.batch or [1]:

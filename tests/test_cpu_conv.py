@@ -324,3 +324,42 @@ def test_conv_activation_tail_matches_reference_with_nan_and_inf(
     want = evaluate(ref, {"x": xv})["y"]
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
     assert np.isnan(got).any() and (got < 0).any()
+
+
+@pytest.mark.parametrize(("hw", "k", "pad", "dil", "stride"), [
+    (4, 3, 12, 12, 1),    # DeepLabV3's ASPP on a 4x4 map: only the centre tap reads the input
+    (4, 3, 36, 36, 1),
+    (5, 5, 6, 3, 1),      # the outer ring of a 5x5 is dead, the inner 3x3 live
+    (4, 3, 4, 4, 2),      # strided: the crop keeps each output where it was (end pad rounded up)
+    (7, 3, 1, 1, 1),      # every tap live: nothing cropped
+])
+def test_dead_taps_are_cropped_with_the_same_result(hw: int, k: int, pad: int, dil: int, stride: int) -> None:
+    """A constant conv's taps that only ever read padding are dropped (rlx_cpu.conv.crop_dead_taps);
+    the outputs stay those of the full conv, and a NaN in a dead tap keeps the full conv (the
+    definition multiplies it by the padding: NaN everywhere it reads)."""
+    from rlx_cpu import conv
+
+    w = RNG.standard_normal((8, 6, k, k)).astype(np.float32)
+    ho = (hw + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    for bad in (False, True):
+        wv = w.copy()
+        if bad:
+            wv[0, 0, 0, 0] = np.nan  # a corner tap: dead in every case but the last
+        ro = wv.copy()
+        ro.flags.writeable = False
+        crop = conv.crop_dead_taps((1, 6, hw, hw), ro, (1, 8, ho, ho), (stride, stride), (pad,) * 4,
+                                   (dil, dil))
+        if hw == 7 or bad:
+            assert crop is None
+            continue
+        assert crop is not None and crop[0].shape[2] < k and not crop[0].flags.writeable
+        g = GraphBuilder("dil")
+        x = g.input("x", "f32", (1, 6, hw, hw))
+        g.output(g.op("conv2d", x, g.param("w", wv, "f32"), strides=(stride, stride), pads=(pad,) * 4,
+                      dilations=(dil, dil), groups=1), "y")
+        graph = g.build()
+        xv = RNG.standard_normal((1, 6, hw, hw)).astype(np.float32)
+        got = Session("cpu", use_cache=False).compile(graph).run(x=xv)["y"]
+        ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+        assert got.shape == ref.shape == (1, 8, ho, ho)
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-4)

@@ -1,6 +1,7 @@
 """rlx-cpu's data-movement fast paths give exactly what NumPy's general calls give: a gather with a
-constant one-element index as a bound assignment, concat as one assignment a part, and reduce_mean's
-division by the count in the output's own dtype (bit-equal to ``np.mean``)."""
+constant one-element index as a bound assignment, concat as one assignment a part, reduce_mean's
+division by the count in the output's own dtype (bit-equal to ``np.mean``), and sums over short
+trailing rows as one matrix-vector product (within float32 rounding of the float64 reference)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,27 @@ def test_reduce_mean_equals_numpy_bit_for_bit(dtype: str, shape: tuple[int, ...]
         np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-1)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op", ["reduce_mean", "reduce_sum"])
+@pytest.mark.parametrize("shape,axes", [((1, 960, 4, 4), (2, 3)), ((2, 100, 3), (2,)), ((64, 256), (1,))])
+def test_short_rows_sum_as_one_product(op: str, shape: tuple[int, ...], axes: tuple[int, ...]) -> None:
+    from rlx_cpu import kernels
+
+    g = GraphBuilder("rows")
+    x = g.input("x", "f32", shape)
+    g.output(g.op(op, x, axes=axes, keepdims=True), "y")
+    graph = g.build()
+    exe = _session().compile(graph)
+    xv = RNG.standard_normal(shape).astype(np.float32)
+    xv.reshape(-1)[[5, 77]] = [np.nan, np.inf]  # NaN and Inf reach their rows' results alone
+    got = exe.run(x=xv)["y"]
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    ok = np.isfinite(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-5, atol=1e-5)
+    inner = int(np.prod([shape[a] for a in axes]))
+    run = _run_of(exe, f"cpu.{op}")
+    if not isinstance(run, functools.partial):  # the mean: the sum, then the division
+        run = dict(zip(run.__code__.co_freevars, [c.cell_contents for c in run.__closure__]))["total"]
+    assert run.func is np.dot and inner <= kernels.ROWS_SUM_MAX
