@@ -718,3 +718,38 @@ def test_global_mean_ends_the_chain(nhwc: bool, keepdims: bool, monkeypatch: pyt
             assert (flag == "USE") != ("cpu.reduce_mean" in [n for n, _ in _kernels(other, 3)])
             slow = other.run(x=xv)["y"]
         np.testing.assert_allclose(got[ok], slow[ok], rtol=1e-4, atol=1e-4 * float(np.abs(slow[ok]).max()))
+
+
+def _conv1d_net(batch: int, keepdims: bool, escape: bool) -> Any:
+    """conv1d_audio's shape of graph: convs on (N, C, 1, W), then the reshape to (N, C, W) and the
+    mean over W that importers write for AdaptiveAvgPool1d(1)."""
+    g = GraphBuilder("conv1d_net")
+    x = g.input("x", "f32", (batch, 4, 1, 40))
+    w1 = g.param("w1", RNG.standard_normal((16, 4, 1, 5)) * 0.3, "f32")
+    b1 = g.param("b1", RNG.standard_normal(16), "f32")
+    w2 = g.param("w2", RNG.standard_normal((24, 16, 1, 3)) * 0.3, "f32")
+    b2 = g.param("b2", RNG.standard_normal(24), "f32")
+    y = g.op("relu", g.op("conv2d_bias", x, w1, b1, strides=(1, 2), pads=(0, 2, 0, 2), dilations=(1, 1),
+                          groups=1))
+    y = g.op("conv2d_bias", y, w2, b2, strides=(1, 1), pads=(0, 1, 0, 1), dilations=(1, 1), groups=1)
+    flat = g.op("reshape", y, shape=(batch, 24, 20))
+    g.output(g.op("reduce_mean", flat, axes=(-1,), keepdims=keepdims), "y")
+    if escape:  # the (N, C, W) value is read elsewhere too: nothing to rewrite
+        g.output(flat, "flat")
+    return g.build()
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+@pytest.mark.parametrize("escape", [False, True])
+def test_conv1d_global_mean_ends_the_chain(keepdims: bool, escape: bool) -> None:
+    graph = _conv1d_net(2, keepdims, escape)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xv = RNG.standard_normal((2, 4, 1, 40)).astype(np.float32)
+    got = exe.run(x=xv)
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})
+    for k, v in ref.items():
+        assert got[k].shape == v.shape
+        np.testing.assert_allclose(got[k], v, rtol=2e-5, atol=2e-5 * float(np.abs(v).max()))
+    names = [n for n, _ in _kernels(exe, 2)]
+    assert "cpu.rlx_cpu.conv_chain" in names
+    assert ("cpu.reduce_mean" in names) == escape, names  # the mean is the chain's last step

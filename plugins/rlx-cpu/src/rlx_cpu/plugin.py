@@ -140,9 +140,10 @@ def rlx_ops() -> list[Any]:
 @hookimpl
 def rlx_fusion_rules() -> list[Any]:
     from .conv_chain import RULE as CHAIN_RULE
+    from .conv_chain import SQUEEZED_MEANS
     from .conv_fusion import RULE
 
-    return [RULE, CHAIN_RULE]
+    return [RULE, SQUEEZED_MEANS, CHAIN_RULE]
 
 
 @hookimpl
