@@ -1,0 +1,80 @@
+"""One runtime's p50 over consecutive windows of calls in fresh processes: shows drift after start-up
+and how much a process's own p50 differs from the next one's (on a shared VM the same code can settle
+at two levels), which a single p50 a process hides.
+
+    python bench/warm_windows.py mlp --batch 1 --procs 4            # rlx-cpu, then ORT, alternating
+    python bench/warm_windows.py resnet18 --batch 1 --windows 5 --calls 20
+
+Each process compiles (or opens an ONNX Runtime session on) the ``rlx bench infer`` export of the
+model, makes two warm-up calls, then prints the median of each window of ``--calls`` calls in
+microseconds. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _child(runtime: str, model: str, batch: int, windows: int, calls: int) -> None:
+    from rlx_core import bench
+
+    feed = bench.inputs(model, batch, 128)
+    if runtime == "rlx":
+        from rlx_core.runtime import Session
+
+        exe = Session("cpu").compile(bench.rlx_graph(model))
+
+        def fn() -> None:
+            exe.run(feed)
+    else:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = len(os.sched_getaffinity(0))
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(str(bench.onnx_path(model)), so, providers=["CPUExecutionProvider"])
+
+        def fn() -> None:
+            sess.run(None, feed)
+    fn()
+    fn()
+    out = []
+    for _ in range(windows):
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        out.append(f"{statistics.median(ts) * 1e6:.1f}")
+    print(f"{runtime:4s} {model} b{batch}: " + " ".join(out), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="an `rlx bench infer` model (mlp, resnet18, minilm)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--procs", type=int, default=2, help="processes per runtime (alternating)")
+    ap.add_argument("--windows", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=200, help="calls a window")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        _child(a.child, a.model, a.batch, a.windows, a.calls)
+        return
+    from rlx_core import bench
+
+    bench.onnx_path(a.model)  # export once, outside the timed processes
+    print(f"p50 us per window of {a.calls} calls; load {os.getloadavg()}")
+    for _ in range(a.procs):
+        for rt in ("rlx", "ort"):
+            subprocess.run([sys.executable, __file__, a.model, "--batch", str(a.batch), "--windows",
+                            str(a.windows), "--calls", str(a.calls), "--child", rt], check=True)
+
+
+if __name__ == "__main__":
+    main()
