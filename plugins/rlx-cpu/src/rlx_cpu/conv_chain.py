@@ -634,7 +634,8 @@ def find_squeezed_means(g: Any) -> list[Region]:
         t, y = g.types[r.inputs[0]], g.types[r.outputs[0]]
         readers = cons.get(r.outputs[0], ())
         if (t.dtype != DType.F32 or t.rank != 4 or t.shape[2] != 1 or y.shape != (*t.shape[:2], t.shape[3])
-                or len(readers) != 1 or r.inputs[0] in g.weights):
+                or len(readers) != 1 or r.inputs[0] in g.weights
+                or not all(isinstance(d, int) for d in t.shape)):  # the reshape's shape is concrete
             continue
         m = readers[0]
         axes = m.attrs.get("axes")
