@@ -363,3 +363,37 @@ def test_dead_taps_are_cropped_with_the_same_result(hw: int, k: int, pad: int, d
         ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
         assert got.shape == ref.shape == (1, 8, ho, ho)
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+@pytest.mark.parametrize("mode", ["team", "pieces", "nan_weight", "escape"])
+def test_conv_writes_channels_last_for_its_transpose(dt: str, mode: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """conv2d_bias -> transpose(0, 2, 3, 1) is one rlx_cpu.conv2d_bias_nhwc whose kernels write the
+    NHWC buffer through its strides (oneDNN on a team or in pieces, im2col for f64 or NaN weights);
+    a conv whose output is read elsewhere too keeps its transpose."""
+    if mode == "pieces":
+        monkeypatch.setenv("RLX_CPU_CONV_OPENMP", "0")
+    w = RNG.standard_normal((12, 1, 7, 7)) * 0.2
+    if mode == "nan_weight":
+        w[3, 0, 0, 0] = np.nan  # multiplied by the padding: NaN at that channel's edges
+    g = GraphBuilder("nhwc")
+    x = g.input("x", dt, (2, 12, 9, 10))
+    y = g.op("conv2d_bias", x, g.param("w", w, dt), g.param("b", RNG.standard_normal(12), dt), strides=(1, 1),
+             pads=(3, 3, 3, 3), dilations=(1, 1), groups=12)
+    g.output(g.op("transpose", y, perm=(0, 2, 3, 1)), "y")
+    if mode == "escape":
+        g.output(y, "nchw")
+    graph = g.build()
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xv = RNG.standard_normal((2, 12, 9, 10)).astype(graph.inputs[0].type.dtype.np)
+    got = exe.run(x=xv)
+    ref = evaluate(graph, {"x": xv.astype(np.float64)})
+    for k, v in ref.items():
+        assert got[k].shape == v.shape
+        assert np.array_equal(np.isnan(got[k]), np.isnan(v))
+        ok = ~np.isnan(v)
+        np.testing.assert_allclose(got[k][ok], v[ok], rtol=2e-5, atol=2e-5)
+    kernels = [k.kernel for k in exe.program({}).kernels]
+    assert ("cpu.rlx_cpu.conv2d_bias_nhwc" in kernels) == (mode != "escape"), kernels
+    assert ("cpu.transpose" in kernels) == (mode == "escape"), kernels

@@ -119,6 +119,9 @@ def factories() -> dict[str, Any]:
         from .conv_fusion import k_conv2d_bias_hardswish
 
         out["cpu.rlx_cpu.conv2d_bias_hardswish"] = k_conv2d_bias_hardswish
+        from .conv_fusion import k_conv2d_bias_nhwc
+
+        out["cpu.rlx_cpu.conv2d_bias_nhwc"] = k_conv2d_bias_nhwc
         from .pooling import k_max_pool2d  # one pass instead of pad + a slice and a max a tap
 
         out["cpu.max_pool2d"] = k_max_pool2d
@@ -141,9 +144,9 @@ def rlx_ops() -> list[Any]:
 def rlx_fusion_rules() -> list[Any]:
     from .conv_chain import RULE as CHAIN_RULE
     from .conv_chain import SQUEEZED_MEANS
-    from .conv_fusion import RULE
+    from .conv_fusion import NHWC_RULE, RULE
 
-    return [RULE, SQUEEZED_MEANS, CHAIN_RULE]
+    return [RULE, NHWC_RULE, SQUEEZED_MEANS, CHAIN_RULE]
 
 
 @hookimpl
@@ -245,6 +248,7 @@ def rlx_kernels(device: DeviceInfo) -> list[KernelClaim]:
                KernelClaim("rlx_cpu.conv2d_bias_add_relu", "cpu.rlx_cpu.conv2d_bias_add_relu", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_silu", "cpu.rlx_cpu.conv2d_bias_silu", dtypes=f),
                KernelClaim("rlx_cpu.conv2d_bias_hardswish", "cpu.rlx_cpu.conv2d_bias_hardswish", dtypes=f),
+               KernelClaim("rlx_cpu.conv2d_bias_nhwc", "cpu.rlx_cpu.conv2d_bias_nhwc", dtypes=f),
                KernelClaim("max_pool2d", "cpu.max_pool2d", dtypes=f),
                KernelClaim("rlx_cpu.conv_chain", "cpu.rlx_cpu.conv_chain", dtypes=frozenset({DType.F32})),
                KernelClaim("attention", "cpu.attention", dtypes=f | {DType.BOOL, DType.I32, DType.I64},
