@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,12 +36,9 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, int], tuple[
 
 
 def _burst(fn: Callable[[], Any], calls: int) -> float:
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
+    from rlx_core.bench import measure
+
+    return statistics.median(measure(fn, calls, 0.0, calls)) * 1e6
 
 
 def _ort(xs: tuple[int, ...], w: np.ndarray, b: np.ndarray, st: tuple[int, int], pd: tuple[int, ...],

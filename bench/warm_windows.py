@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 
 def _child(runtime: str, model: str, batch: int, windows: int, calls: int) -> None:
@@ -41,16 +40,7 @@ def _child(runtime: str, model: str, batch: int, windows: int, calls: int) -> No
 
         def fn() -> None:
             sess.run(None, feed)
-    fn()
-    fn()
-    out = []
-    for _ in range(windows):
-        ts = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        out.append(f"{statistics.median(ts) * 1e6:.1f}")
+    out = [f"{statistics.median(bench.measure(fn, calls, 0.0, calls)) * 1e6:.1f}" for _ in range(windows)]
     print(f"{runtime:4s} {model} b{batch}: " + " ".join(out), flush=True)
 
 

@@ -220,3 +220,25 @@ def test_core_rules_come_after_the_backends_own() -> None:
     names = [r.name for r in sess.fusion_rules(backend)]
     assert names == ["acme.fma", "attention", "norms", "elementwise"]
     assert sess.fusion_rules(backend)[0].provider == "acme"
+
+
+def test_sole_reader_is_the_one_reader_of_a_value_not_an_output() -> None:
+    g = GraphBuilder("sole")
+    x = g.input("x", "f32", (3,))
+    a = g.op("exp", x)
+    b = g.op("neg", a)        # a: read by neg alone
+    c = g.op("add", b, b)     # b: read twice (by one node): not a sole read
+    d = g.op("relu", c)
+    e = g.op("sin", d)        # d: read by sin and a graph output
+    g.output(e, "y")
+    g.output(d, "d")
+    f = g.op("cos", x)        # x: read by exp and cos
+    g.output(f, "z")
+    graph = g.build()
+    names = {n.op: n for n in graph.nodes}
+    assert graph.sole_reader(a.name) is names["neg"]
+    assert graph.sole_reader(b.name) is None
+    assert graph.sole_reader(c.name) is names["relu"]
+    assert graph.sole_reader(x.name) is None
+    assert graph.sole_reader("d") is None
+    assert graph.sole_reader("y") is None  # no reader at all

@@ -215,6 +215,12 @@ class Graph:
                 out.setdefault(i, []).append(n)
         return MappingProxyType({k: tuple(v) for k, v in out.items()})
 
+    def sole_reader(self, value: str) -> Node | None:
+        """The node reading ``value`` when it is its only read (one node, one operand) and ``value``
+        is not a graph output: what a fusion may fold into that reader."""
+        users = self.consumers.get(value, ())
+        return users[0] if len(users) == 1 and value not in self.outputs else None
+
     @cached_property
     def symbols(self) -> frozenset[str]:
         syms: set[str] = set()

@@ -102,8 +102,7 @@ class _Converter:
         return self.b.param(self.b.fresh(base.replace(":", "_")), arr)
 
     def sole(self, value: str) -> Node | None:
-        cs = self.g.consumers.get(value, ())
-        return cs[0] if len(cs) == 1 and value not in self.outputs else None
+        return self.g.sole_reader(value)
 
     def output_chain(self, value: str) -> str | None:
         """The graph output ``value`` reaches through identity reshapes (output renames) and nothing

@@ -100,9 +100,9 @@ USE = True
 OPENMP = True
 #: Multiply-adds of a chain's convs below which its primitives are made for one thread (with the
 #: team on): each primitive of a team opens an OpenMP region, ~0.5 us that a conv this small does
-#: not win back. conv1d_audio's chain (three convs, 163K multiply-adds, b1): 18.7 -> 15.2 us
-#: (``bench/conv_ab.py --zoo conv1d_audio --chain-team``); at b8 (1.3M) the team was faster (34 vs
-#: 40 us), as at MobileNetV3-small b1 (4.4M; noise up to 30% on this 2-core VM).
+#: not win back. conv1d_audio (its chain: three convs, 163K multiply-adds) at b1, the whole model:
+#: 22 us on the calling thread, 25 on the team (``bench/conv_ab.py --zoo conv1d_audio --batch 1
+#: --chain-team``); DeepLabV3 (b1) keeps the team: 1.06 ms against 1.33 alone (``--chain-solo``).
 SOLO_MACS = 500_000
 #: True: where oneDNN's preferred conv for its own layout is a brgconv kernel (NHWC here) and the
 #: producer's layout (ResNet's stem writes nChw16c) would give an older one, reorder once into the
@@ -621,23 +621,20 @@ def find_squeezed_means(g: Any) -> list[Region]:
     """A 1-D conv net's global average pool as importers write it: the (N, C, 1, W) conv output
     reshaped to (N, C, W), then ``reduce_mean`` over W. It becomes the mean over (H, W) of the 4-D
     value (the same elements and count), then the reshape to the mean's shape, so the chain rule
-    (stage ``legal``) takes the mean as its last step (:data:`MEAN`): conv1d_audio's separate
-    reduce_mean and the chain's output reorder, ~2-3 us of ~21 at batch 1."""
+    (stage ``legal``) takes the mean as its last step (:data:`MEAN`): conv1d_audio runs as the chain
+    and its linear, without a separate reduce_mean or the chain's output reorder."""
     if not (SETTING.get() and MEAN):
         return []
-    cons = g.consumers
-    outs = set(g.outputs)
     regions: list[Region] = []
     for r in g.nodes:
-        if r.op != "reshape" or r.outputs[0] in outs:
+        m = g.sole_reader(r.outputs[0]) if r.op == "reshape" else None
+        if m is None:
             continue
         t, y = g.types[r.inputs[0]], g.types[r.outputs[0]]
-        readers = cons.get(r.outputs[0], ())
         if (t.dtype != DType.F32 or t.rank != 4 or t.shape[2] != 1 or y.shape != (*t.shape[:2], t.shape[3])
-                or len(readers) != 1 or r.inputs[0] in g.weights
+                or r.inputs[0] in g.weights
                 or not all(isinstance(d, int) for d in t.shape)):  # the reshape's shape is concrete
             continue
-        m = readers[0]
         axes = m.attrs.get("axes")
         if (m.op != _MEAN or len(m.inputs) != 1 or not isinstance(axes, tuple)
                 or [int(a) % 3 for a in axes] != [2] or g.types[m.outputs[0]].dtype != DType.F32):

@@ -193,13 +193,7 @@ def find_conv_tails(g: Any) -> list[Region]:
     are ``s = sigmoid(y)`` and ``y * s`` (SiLU) or the HardSwish chain, or whose only reader is an
     add (of a residual of the same type) whose only reader is a ReLU; the intermediate values must
     not be graph outputs."""
-    cons = g.consumers
-    outs = set(g.outputs)
-
-    def sole_reader(v: str) -> Node | None:
-        users = cons.get(v, ())
-        return users[0] if v not in outs and len(users) == 1 else None
-
+    sole_reader = g.sole_reader
     regions: list[Region] = []
     for n in g.nodes:
         if n.op != "conv2d_bias":
@@ -334,18 +328,13 @@ def find_nhwc_outputs(g: Any) -> list[Region]:
     """One region per ``conv2d_bias`` whose only reader is ``transpose(perm=(0, 2, 3, 1))`` (its value
     not a graph output): ConvNeXt's depthwise 7x7 convs and its stem feed a channels-last LayerNorm
     (a conv chain that ended in such a conv ends one conv earlier). oneDNN then writes the NHWC
-    buffer itself: the depthwise 7x7 on 16 channels of 16x16 took 15.8 us with the NCHW output
-    against 12.8 us writing NHWC, and the 2.5 us transpose after it goes."""
-    cons = g.consumers
-    outs = set(g.outputs)
+    buffer itself and the transpose after it goes: convnext_tiny_cfg new/old 0.78 at b1, 0.81 at b8
+    (``bench/onnx_zoo_ab.py``, docs/BENCHMARKS.md)."""
     regions: list[Region] = []
     for n in g.nodes:
-        if n.op != "conv2d_bias" or n.outputs[0] in outs:
+        t = g.sole_reader(n.outputs[0]) if n.op == "conv2d_bias" else None
+        if t is None or t.op != "transpose" or tuple(t.attrs.get("perm", ())) != _TO_NHWC:
             continue
-        users = cons.get(n.outputs[0], ())
-        if len(users) != 1 or users[0].op != "transpose" or tuple(users[0].attrs.get("perm", ())) != _TO_NHWC:
-            continue
-        t = users[0]
         regions.append(Region((n.name, t.name), (Node(f"{n.name}/nhwc", BIAS_NHWC, n.inputs, t.outputs,
                                                       n.attrs),)))
     return regions

@@ -232,8 +232,8 @@ SPLIT_MIN_MACS = 4_000_000
 GEMV_ROWS = 2
 #: Multiply-adds up to which a 1-2 row linear stays on NumPy even where oneDNN is loaded: OpenBLAS
 #: runs a GEMV below 2304 x 4 elements of weights on the calling thread (its own threshold, so no
-#: thread spins), ~0.5-0.8 us a call, where the ctypes call to oneDNN with its OpenMP thread-count
-#: swap cost ~4-5 us (conv1d_audio's 32 x 6 classifier).
+#: thread spins), where the ctypes call to oneDNN with its OpenMP thread-count swap costs more
+#: (conv1d_audio's 32 x 6 classifier: 4.85 -> 1.83 us a call, ``bench/cpu_call_overhead.py``).
 NUMPY_GEMV_MAX = 9216
 
 

@@ -24,8 +24,9 @@ Factory = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], Attrs], Run]
 
 def copy_run(o: np.ndarray, src: np.ndarray) -> Run:
     """``o[...] = src`` as a bound method: the assignment ``np.copyto`` makes (broadcasting, overlap
-    handled) at ~0.2 us a call instead of ~0.5 through its wrapper; a small model's transposes,
-    slices and expands are mostly that wrapper. Other dtypes keep copyto's same-kind casting."""
+    handled) without its wrapper: a small transpose 0.85 -> 0.58 us a call
+    (``bench/cpu_call_overhead.py``); a small model's transposes, slices and expands are mostly
+    that. Other dtypes keep copyto's same-kind casting."""
     if src.dtype != o.dtype:
         return lambda: np.copyto(o, src)
     return partial(o.__setitem__, Ellipsis, src)
@@ -181,8 +182,9 @@ def reduction(f: Any, with_dtype: bool = True) -> Factory:
             count: Any = np.intp(n)  # as np.mean
             div = np.true_divide
             if o.dtype.kind == "f" and float(o.dtype.type(n)) == n:
-                # The count in the output's dtype: a same-type loop (~0.5 us, not ~1.8 through
-                # float64). Equal to np.mean's float64 quotient rounded to it: double rounding is
+                # The count in the output's dtype: a same-type loop, not a pass through float64
+                # (with the sum: 4.20 -> 2.51 us over (1, 4, 16, 16), bench/cpu_call_overhead.py).
+                # Equal to np.mean's float64 quotient rounded to it: double rounding is
                 # harmless for division when the wide type has >= 2p+2 bits (53 vs 24; 24 vs 11).
                 count = o.dtype.type(n)
 
@@ -195,9 +197,9 @@ def reduction(f: Any, with_dtype: bool = True) -> Factory:
 
 
 #: Elements a row up to which a sum over trailing axes of many rows is one BLAS matrix-vector
-#: product with ones: NumPy's reduce pays ~15 ns a row (DeepLabV3's image pooling, 960 rows of
-#: 16: 15 -> 1.7 us) where the product streams; above it NumPy's pairwise sum is the more
-#: accurate (the product adds in a few float32 partial sums).
+#: product with ones: NumPy's reduce pays per row where the product streams (DeepLabV3's image
+#: pooling, 960 rows of 16: 20.7 -> 4.2 us with the division, bench/cpu_call_overhead.py); above
+#: it NumPy's pairwise sum is the more accurate (the product adds in a few float32 partial sums).
 ROWS_SUM_MAX = 256
 #: Rows from which that product is taken (fewer: NumPy's loop costs less than the BLAS call).
 ROWS_SUM_MIN = 64
@@ -292,7 +294,7 @@ def k_concat(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     if len(xs) > 4 or any(np.may_share_memory(x, o) for x in xs):
         return lambda: np.concatenate(xs, axis=ax, out=o)
     # A few parts (a KV cache and its new step): one assignment each into its slab of the output,
-    # ~0.2 us a part where np.concatenate costs ~0.8 us (no part overlaps the output).
+    # a KV cache step 0.78 -> 0.62 us (bench/cpu_call_overhead.py; no part overlaps the output).
     parts, at = [], 0
     for x in xs:
         parts.append(copy_run(o[(slice(None),) * ax + (slice(at, at + x.shape[ax]),)], x))

@@ -1,0 +1,119 @@
+"""Per-call cost of rlx-cpu's small data-movement kernels against the NumPy call each used to make,
+in one process: the figures docs/BENCHMARKS.md quotes for 2026-12-03's per-call overhead work.
+
+    python bench/cpu_call_overhead.py [--calls 20000] [--rounds 5]
+
+Each row binds the kernel as rlx-cpu does (the factory on fixed arrays) and times it next to the
+earlier form of the same step (written out here: np.copyto, np.concatenate, x.take, the float64
+division, NumPy's reduce, the full index check); median over rounds of each burst's median, in
+microseconds. Both sides must give the same bits (checked first). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def _rows() -> list[tuple[str, Callable[[], Any], Callable[[], Any], Callable[[], tuple[Any, Any]]]]:
+    from rlx_cpu import kernels as k
+
+    from rlx_core import GraphBuilder
+    from rlx_core.ir.indices import check_inputs, input_bounds, inputs_in_range
+    from rlx_core.plugin import Attrs
+
+    rng = np.random.default_rng(0)
+    rows: list[Any] = []
+
+    x = rng.standard_normal((1, 7, 4, 8)).astype(np.float32)
+    src = x.transpose(0, 2, 1, 3)
+    o1, o2 = np.empty((1, 4, 7, 8), np.float32), np.empty((1, 4, 7, 8), np.float32)
+    rows.append(("transpose (1,7,4,8) -> (1,4,7,8)", k.k_transpose([x], [o1], Attrs({"perm": (0, 2, 1, 3)})),
+                 lambda: np.copyto(o2, src), lambda: (o1, o2)))
+
+    past = rng.standard_normal((1, 4, 6, 8)).astype(np.float32)
+    new = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    c1, c2 = np.empty((1, 4, 7, 8), np.float32), np.empty((1, 4, 7, 8), np.float32)
+    rows.append(("concat KV cache (1,4,6,8)+(1,4,1,8)", k.k_concat([past, new], [c1], Attrs({"axis": 2})),
+                 lambda: np.concatenate([past, new], axis=2, out=c2), lambda: (c1, c2)))
+
+    qkv = rng.standard_normal((3, 1, 16, 32)).astype(np.float32)
+    idx = np.array(1)
+    idx.flags.writeable = False  # a constant of the program
+    g1, g2 = np.empty((1, 16, 32), np.float32), np.empty((1, 16, 32), np.float32)
+    rows.append(("gather constant index (3,1,16,32)[1]", k.k_gather([qkv, idx], [g1], Attrs({"axis": 0})),
+                 lambda: qkv.take(idx, 0, g2), lambda: (g1, g2)))
+
+    w = rng.standard_normal((1, 4, 16, 16)).astype(np.float32)
+    m1, m2 = np.empty((1, 1, 16, 16), np.float32), np.empty((1, 1, 16, 16), np.float32)
+    mean = k.reduction(np.mean)([w], [m1], Attrs({"axes": (1,), "keepdims": True}))
+
+    def mean_old() -> None:
+        np.add.reduce(w, axis=(1,), out=m2, keepdims=True, dtype=np.float32)
+        np.true_divide(m2, np.intp(4), out=m2, casting="unsafe")
+    rows.append(("reduce_mean (1,4,16,16) over heads", mean, mean_old, lambda: (m1, m2)))
+
+    p = rng.standard_normal((1, 960, 4, 4)).astype(np.float32)
+    s1, s2 = np.empty((1, 960, 1, 1), np.float32), np.empty((1, 960, 1, 1), np.float32)
+    pool = k.reduction(np.mean)([p], [s1], Attrs({"axes": (2, 3), "keepdims": True}))
+
+    def pool_old() -> None:
+        np.add.reduce(p, axis=(2, 3), out=s2, keepdims=True, dtype=np.float32)
+        np.true_divide(s2, np.intp(16), out=s2, casting="unsafe")
+    rows.append(("global mean (1,960,4,4)", pool, pool_old,
+                 lambda: (np.round(s1, 5), np.round(s2, 5))))  # the product adds in another order
+
+    from rlx_cpu import blas, hir_kernels
+
+    if blas.onednn(np.float32) and blas.dnnl_loaded():  # the earlier path needs oneDNN loaded
+        xl = rng.standard_normal((1, 32)).astype(np.float32)
+        wl = rng.standard_normal((6, 32)).astype(np.float32)
+        wl.flags.writeable = False
+        bl = rng.standard_normal(6).astype(np.float32)
+        l1, l2 = np.empty((1, 6), np.float32), np.empty((1, 6), np.float32)
+        wt = np.ascontiguousarray(wl.T)
+        saved, hir_kernels.NUMPY_GEMV_MAX = hir_kernels.NUMPY_GEMV_MAX, 0
+        try:
+            earlier = hir_kernels._one_thread_gemv(xl, wt, bl, l2)  # oneDNN's sgemm through ctypes
+        finally:
+            hir_kernels.NUMPY_GEMV_MAX = saved
+        rows.append(("linear 32 -> 6, one row", hir_kernels.k_linear([xl, wl, bl], [l1], Attrs({})), earlier,
+                     lambda: (np.round(l1, 4), np.round(l2, 4))))
+
+    gb = GraphBuilder("ids")
+    table = gb.param("table", rng.standard_normal((100, 8)).astype(np.float32))
+    gb.output(gb.op("gather", table, gb.input("ids", "i64", (1, 7)), axis=0), "y")
+    graph = gb.build()
+    feed = {"ids": rng.integers(0, 100, (1, 7))}
+    bounds = input_bounds(graph, {})
+    rows.append(("index input check, 7 token ids", lambda: inputs_in_range(feed, bounds),
+                 lambda: check_inputs(graph, feed, {}, "bench"), lambda: (0, 0)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    from rlx_core.bench import measure
+
+    print(f"{'step':40s} {'earlier us':>10s} {'now us':>8s}")
+    for name, now, old, outs in _rows():
+        now()
+        old()
+        got, want = outs()
+        assert np.array_equal(np.asarray(got), np.asarray(want)), name
+        t_old, t_now = [], []
+        for _ in range(a.rounds):
+            t_old.append(statistics.median(measure(old, a.calls, 0.0, a.calls)) * 1e6)
+            t_now.append(statistics.median(measure(now, a.calls, 0.0, a.calls)) * 1e6)
+        print(f"{name:40s} {statistics.median(t_old):10.2f} {statistics.median(t_now):8.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
