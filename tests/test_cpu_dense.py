@@ -68,6 +68,11 @@ def _compiled(exe: Any, graph: Any, feed: dict[str, np.ndarray]) -> Any:
     return exe._specialise(bind_inputs(graph, feed, "test")[1])[0]
 
 
+def _kernels(c: Any) -> list[str]:
+    """The program's kernels in order, a merged run's (names joined by ``+``) one by one."""
+    return [k for n in c.kernel_names for k in n.split("+")]
+
+
 @pytest.mark.parametrize("batch,sizes", [(1, (64, 48, 32, 10)), (2, (64, 48, 10)), (5, (64, 48, 32, 10)),
                                          (256, (128, 160, 10))])
 def test_mlp_matches_float64_and_fuses_linear_relu(batch: int, sizes: tuple[int, ...]) -> None:
@@ -76,9 +81,9 @@ def test_mlp_matches_float64_and_fuses_linear_relu(batch: int, sizes: tuple[int,
     for _ in range(2):  # a second run: the buffers are reused, nothing carries over
         np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
     c = _compiled(exe, graph, feed)
-    assert c.kernel_names.count("cpu.dense_linear_relu") == len(sizes) - 2, c.kernel_names
-    assert "cpu.maximum" not in c.kernel_names
-    assert c.run_kernels[0] == ("cpu.linear", "cpu.maximum")
+    assert _kernels(c).count("cpu.dense_linear_relu") == len(sizes) - 2, c.kernel_names
+    assert "cpu.maximum" not in _kernels(c)
+    assert c.run_kernels[0][:2] == ("cpu.linear", "cpu.maximum")
     _, counts = c.profile(feed)
     assert counts["cpu.linear"] == len(sizes) - 1 and counts["cpu.maximum"] == len(sizes) - 2
 
@@ -88,7 +93,7 @@ def test_heads_float64_and_zero_first(head: str) -> None:
     graph, feed, ref = _mlp(3, (16, 12, 8), dtype="f64", head=head, zero_first=True)
     exe = Session("cpu").compile(graph)
     np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=1e-12, atol=1e-12)
-    assert "cpu.dense_linear_relu" in _compiled(exe, graph, feed).kernel_names
+    assert "cpu.dense_linear_relu" in _kernels(_compiled(exe, graph, feed))
 
 
 def test_relu_keeps_nan_and_inf_like_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +109,7 @@ def test_setting_off_and_other_programs_take_the_general_path(monkeypatch: pytes
     monkeypatch.setenv("RLX_CPU_DENSE", "0")
     exe = Session("cpu").compile(graph)
     np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
-    assert "cpu.dense_linear_relu" not in _compiled(exe, graph, feed).kernel_names
+    assert "cpu.dense_linear_relu" not in _kernels(_compiled(exe, graph, feed))
     monkeypatch.delenv("RLX_CPU_DENSE")
     # A layer norm (a Numba row kernel) makes it a general program.
     g = GraphBuilder("ln_mlp")
@@ -117,7 +122,7 @@ def test_setting_off_and_other_programs_take_the_general_path(monkeypatch: pytes
     graph2 = g.build()
     exe2 = Session("cpu").compile(graph2)
     exe2.run(feed)
-    assert "cpu.dense_linear_relu" not in _compiled(exe2, graph2, feed).kernel_names
+    assert "cpu.dense_linear_relu" not in _kernels(_compiled(exe2, graph2, feed))
 
 
 def test_linear_read_twice_is_not_fused() -> None:
@@ -134,7 +139,7 @@ def test_linear_read_twice_is_not_fused() -> None:
     ref = xv.astype(np.float64) @ w.T.astype(np.float64)
     np.testing.assert_allclose(out["h"], ref, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(out["r"], np.maximum(ref, 0), rtol=2e-5, atol=2e-6)
-    assert "cpu.dense_linear_relu" not in _compiled(exe, graph, {"x": xv}).kernel_names
+    assert "cpu.dense_linear_relu" not in _kernels(_compiled(exe, graph, {"x": xv}))
 
 
 _CHILD = """
@@ -183,7 +188,7 @@ def test_team_linears_match_float64_and_keep_their_bits(batch: int, monkeypatch:
         np.testing.assert_allclose(runs[-1], ref, rtol=2e-5, atol=2e-6)
     np.testing.assert_array_equal(runs[0], runs[1])
     np.testing.assert_array_equal(runs[0], runs[2])
-    assert _compiled(exe, graph, feed).kernel_names[:2] == ("cpu.dense_linear_relu",) * 2
+    assert _kernels(_compiled(exe, graph, feed))[:2] == ["cpu.dense_linear_relu"] * 2
     monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", "0")  # np.matmul / the row pool's pieces
     np.testing.assert_allclose(Session("cpu").compile(graph).run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
 
@@ -291,12 +296,59 @@ def test_mlp_head_is_onednn_with_team_linears(head: str, batch: int, monkeypatch
         np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-5)
         c = _compiled(exe, graph, feed)
         names = c.kernel_names
-        assert (fused in names) == (team == "1"), names
-        last = c.runs[names.index(fused if fused in names else "cpu." + head)]
-        assert hasattr(last, "onednn_impl") == (team == "1"), names
+        assert (fused in _kernels(c)) == (team == "1"), names
+        # on the team the head ends the run of all the team's primitives (rlx_cpu.dense.merge_teams)
+        assert names[-1] == ("cpu.dense_linear_relu+" + fused if team == "1" else "cpu." + head), names
+        assert hasattr(c.runs[-1], "onednn_impl") == (team == "1"), names
     monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", "1")
     x = feed["x"].copy()
     x[0, 0] = np.nan
     if batch > 1:
         x[1, :] = np.inf
     _same_as_general_path(graph, x, monkeypatch, 2e-5)
+
+
+def test_merge_teams_groups_consecutive_team_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs on the oneDNN team merge while they follow each other; a run with an ``after`` pass
+    ends its group (a later primitive may read what the pass writes); any other run splits."""
+    from rlx_cpu import dense
+
+    def run(name: str, team: bool, after: bool = False) -> Any:
+        def r() -> None:
+            pass
+        r.__name__ = name
+        if team:
+            r.team = object()  # type: ignore[attr-defined]
+        if after:
+            r.after = r  # type: ignore[attr-defined]
+        return r
+    monkeypatch.setattr(dense, "_merged", lambda span: "+".join(r.__name__ for r in span))
+    runs = [run("a", True), run("b", True, after=True), run("c", True), run("d", False), run("e", True),
+            run("f", True), run("g", True)]
+    names = [r.__name__ for r in runs]
+    claims = [(n,) for n in names]
+    got, got_names, got_claims = dense.merge_teams(runs, names, claims)
+    assert got_names == ("a+b", "c", "d", "e+f+g")
+    assert got[0] == "a+b" and got[1] is runs[2] and got[2] is runs[3] and got[3] == "e+f+g"
+    assert got_claims == (("a", "b"), ("c",), ("d",), ("e", "f", "g"))
+
+
+def test_merged_team_run_restores_the_callers_openmp_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call runs all the team's primitives on the thread count each was made for and leaves
+    OpenMP's thread count as the caller had it."""
+    from rlx_cpu import onednn_conv, parallel
+
+    _need_onednn()
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    graph, feed, ref = _mlp(2, (600, 512, 300, 10))
+    exe = Session("cpu").compile(graph)
+    get_t, set_t = onednn_conv._api()["omp"]
+    prev = get_t()
+    set_t(1)
+    try:
+        np.testing.assert_allclose(exe.run(feed)["y"], ref, rtol=2e-5, atol=2e-6)
+        assert get_t() == 1
+    finally:
+        set_t(prev)
+    c = _compiled(exe, graph, feed)
+    assert len(c.runs) == 1 and len(c.runs[0].onednn_impl) == 3, c.kernel_names

@@ -123,7 +123,60 @@ def bind(program: Any, views: Mapping[str, np.ndarray], factories: Mapping[str, 
         names.append(s.kernel)
         claims.append((s.kernel,))
         i += 1
-    return tuple(runs), tuple(names), tuple(claims)
+    return merge_teams(runs, names, claims)
+
+
+def merge_teams(runs: Sequence[Run], names: Sequence[str], claims: Sequence[tuple[str, ...]]
+                ) -> tuple[tuple[Run, ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """Consecutive runs on the oneDNN team (each carrying its ``team``) as one run: one Python
+    call for all their primitives (:func:`rlx_cpu.onednn_conv.sequence`). Python between the
+    primitives runs with the caches the weights just went through (the MLP 784-512-256-10 reads
+    2.1 MB a call, more than one core's L2), so each closure, team lookup and thread-count call
+    costs several times its warm figure. A run with an ``after`` (the softmax's NaN-row pass)
+    ends its group, since a later primitive may read what that pass writes. Names join with
+    ``+`` and claims concatenate, as row chains do."""
+    out: list[Run] = []
+    out_names: list[str] = []
+    out_claims: list[tuple[str, ...]] = []
+    i = 0
+    while i < len(runs):
+        j = i
+        while j < len(runs) and hasattr(runs[j], "team"):
+            j += 1
+            if hasattr(runs[j - 1], "after"):
+                break
+        if j - i < 2:
+            out.append(runs[i])
+            out_names.append(names[i])
+            out_claims.append(claims[i])
+            i += 1
+            continue
+        out.append(_merged(runs[i:j]))
+        out_names.append("+".join(names[i:j]))
+        out_claims.append(tuple(k for c in claims[i:j] for k in c))
+        i = j
+    return tuple(out), tuple(out_names), tuple(out_claims)
+
+
+def _merged(span: Sequence[Any]) -> Run:
+    """One run of the ``span``'s team primitives, per team size, then the last one's ``after``."""
+    from . import onednn_conv as oc
+    from .parallel import PerTeam
+
+    api = oc._api()
+    assert api is not None  # the span's runs were made on it
+    teams = PerTeam(lambda n: oc.sequence(api, [r.team.variant(n) for r in span]), span[0].team.pool)
+    get = teams.get
+    after = getattr(span[-1], "after", None)
+    if after is None:
+        def run() -> None:
+            get()()
+    else:
+        def run() -> None:
+            get()()
+            after()
+    run.onednn_impl = [r.onednn_impl for r in span]  # type: ignore[attr-defined]
+    return run
 
 
 def _head(steps: Sequence[Any], i: int, views: Mapping[str, np.ndarray], outs: set[str],

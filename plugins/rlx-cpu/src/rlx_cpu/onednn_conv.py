@@ -642,6 +642,36 @@ def executor(api: dict[str, Any], steps: list[tuple[Any, Any]], threads: int, ke
             if prev != threads:
                 set_t(prev)
     run.keep = keep  # type: ignore[attr-defined]  # the arrays the memory objects point into
+    run.steps = bound  # type: ignore[attr-defined]  # what sequence() runs of it
+    run.threads = threads  # type: ignore[attr-defined]
+    return run
+
+
+def sequence(api: dict[str, Any], runs: list[Run]) -> Run:
+    """:func:`executor` runs in order as one call: one thread-count save and restore, one stream
+    lookup and no closure per primitive (the MLP 784-512-256-10's three linears and softmax at
+    batch 1: see ``rlx_cpu.dense``). Each keeps the thread count its primitives were made for."""
+    ex = api["fns"]["dnnl_primitive_execute"]
+    get_t, set_t = api["omp"]
+    groups = [(r.threads, r.steps) for r in runs]  # type: ignore[attr-defined]
+    keep = [r.keep for r in runs]  # type: ignore[attr-defined]
+
+    def run() -> None:
+        prev = cur = get_t()
+        try:
+            stream = _stream(api)
+            for threads, bound in groups:
+                if threads != cur:
+                    set_t(threads)
+                    cur = threads
+                for prim, n, args in bound:
+                    st = ex(prim, stream, n, args)
+                    if st != 0:
+                        _failed(st)
+        finally:
+            if cur != prev:
+                set_t(prev)
+    run.keep = keep  # type: ignore[attr-defined]
     return run
 
 

@@ -128,4 +128,5 @@ def linear_team(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarra
     def run() -> None:
         teams.get()()
     run.onednn_impl = teams.full.onednn_impl  # type: ignore[attr-defined]
+    run.team = teams  # type: ignore[attr-defined]  # for rlx_cpu.dense.merge_teams
     return run

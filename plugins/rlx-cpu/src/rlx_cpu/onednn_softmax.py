@@ -55,7 +55,7 @@ def softmax_run(x: np.ndarray, o: np.ndarray, axis: int, log: bool) -> Run | Non
         teams = PerTeam(lambda n: oc.made_for(api, n, lambda: _steps(api, x, o, axis, alg)), pool())
     except oc.OneDNNError:
         return None
-    return _nan_rows_whole(teams.get, o, axis, teams.full.onednn_impl)  # type: ignore[attr-defined]
+    return _nan_rows_whole(teams, o, axis)
 
 
 def head_run(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.ndarray, axis: int,
@@ -82,25 +82,32 @@ def head_run(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: np.ndarray, o: np.n
         teams = PerTeam(lambda n: oc.made_for(api, n, both), pool())
     except oc.OneDNNError:
         return None
-    return _nan_rows_whole(teams.get, o, axis, teams.full.onednn_impl)  # type: ignore[attr-defined]
+    return _nan_rows_whole(teams, o, axis)
 
 
-def _nan_rows_whole(prim: Callable[[], Run], o: np.ndarray, axis: int, impl: Any) -> Run:
-    """``prim()()``, then the NumPy form's NaN rows (see the module's docstring)."""
+def _nan_rows_whole(teams: PerTeam[Run], o: np.ndarray, axis: int) -> Run:
+    """The team's primitives, then the NumPy form's NaN rows (see the module's docstring). The run
+    carries ``team`` and ``after`` (the NaN-row pass) for :func:`rlx_cpu.dense.merge_teams`."""
     flat = o.reshape(-1) if o.flags.c_contiguous else None
     ones = np.ones(o.size, np.float32)
     dot, isnan = np.dot, math.isnan
+    get = teams.get
 
     def nan_rows() -> None:
         bad = np.isnan(o).any(axis=axis, keepdims=True)
         np.copyto(o, np.float32(np.nan), where=bad)
 
-    def run() -> None:
-        prim()()
+    def after() -> None:
         # softmax outputs are finite, log-softmax's at most -inf: the sum is NaN only with a NaN
         if isnan(dot(flat, ones) if flat is not None else np.add.reduce(o, axis=None)):
             nan_rows()
-    run.onednn_impl = impl  # type: ignore[attr-defined]
+
+    def run() -> None:
+        get()()
+        after()
+    run.onednn_impl = teams.full.onednn_impl  # type: ignore[attr-defined]
+    run.team = teams  # type: ignore[attr-defined]
+    run.after = after  # type: ignore[attr-defined]
     return run
 
 

@@ -289,10 +289,22 @@ class PerTeam(Generic[T]):
         self.full: T = make(pl.threads)
         self._variants: dict[int, T] = {pl.threads: self.full}
 
+    @property
+    def pool(self) -> TeamSize:
+        """The pool whose active thread count picks the variant."""
+        return self._pl
+
     def get(self) -> T:
         n = self._pl.active
         v = self._variants.get(n)
         if v is None:  # other processes took cores: a variant for fewer threads, made once
+            v = self._variants[n] = self._make(n)
+        return v
+
+    def variant(self, n: int) -> T:
+        """The variant for ``n`` threads (made on first need), whatever the load now."""
+        v = self._variants.get(n)
+        if v is None:
             v = self._variants[n] = self._make(n)
         return v
 
