@@ -92,12 +92,61 @@ def _rows() -> list[tuple[str, Callable[[], Any], Callable[[], Any], Callable[[]
     bounds = input_bounds(graph, {})
     rows.append(("index input check, 7 token ids", lambda: inputs_in_range(feed, bounds),
                  lambda: check_inputs(graph, feed, {}, "bench"), lambda: (0, 0)))
+    rows += _mlp_rows()
     return rows
+
+
+def _mlp_rows() -> list[Any]:
+    """The MLP 784-512-256-10 (``rlx bench infer mlp``), whole ``Executable.run``: its team runs as
+    one run (``rlx_cpu.dense.merge_teams``) against one run each (the earlier form)."""
+    from rlx_cpu import dense
+
+    from rlx_core.bench import inputs, rlx_graph
+    from rlx_core.runtime import Session
+
+    rows: list[Any] = []
+    graph = rlx_graph("mlp")
+    for batch in (1, 8):
+        feed = inputs("mlp", batch, 1)
+        merged = Session("cpu").compile(graph)
+        merged.run(feed)  # compiled (bound) now, with the merge
+        saved = dense.merge_teams
+        dense.merge_teams = lambda r, n, c: (tuple(r), tuple(n), tuple(c))
+        try:
+            separate = Session("cpu").compile(graph)
+            separate.run(feed)
+        finally:
+            dense.merge_teams = saved
+        got: dict[str, Any] = {}
+
+        def now(e: Any = merged, f: Any = feed, g: dict[str, Any] = got) -> None:
+            g["now"] = e.run(f)["y"]
+
+        def old(e: Any = separate, f: Any = feed, g: dict[str, Any] = got) -> None:
+            g["old"] = e.run(f)["y"]
+        rows.append((f"MLP 784-512-256-10 batch {batch}, merged", now, old,
+                     lambda g=got: (g["now"], g["old"])))
+    return rows
+
+
+def _interleaved(a: Callable[[], Any], b: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(p50 of ``a``, p50 of ``b``) in microseconds over ``calls`` alternating calls of each."""
+    import time
+
+    ta, tb = [], []
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        for f, ts in ((a, ta), (b, tb)) if i % 2 else ((b, tb), (a, ta)):
+            t0 = clock()
+            f()
+            ts.append(clock() - t0)
+    return statistics.median(ta) / 1e3, statistics.median(tb) / 1e3
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--mlp-calls", type=int, default=4000, help="calls a burst for the MLP rows")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     from rlx_core.bench import measure
@@ -110,6 +159,13 @@ def main() -> None:
         assert np.array_equal(np.asarray(got), np.asarray(want)), name
         t_old, t_now = [], []
         for _ in range(a.rounds):
+            if name.startswith("MLP"):
+                # Whole programs differ by ~2%, less than this VM's swing between bursts: calls
+                # alternate one by one (each program's p50 over the same moments).
+                o_, n_ = _interleaved(old, now, a.mlp_calls)
+                t_old.append(o_)
+                t_now.append(n_)
+                continue
             t_old.append(statistics.median(measure(old, a.calls, 0.0, a.calls)) * 1e6)
             t_now.append(statistics.median(measure(now, a.calls, 0.0, a.calls)) * 1e6)
         print(f"{name:40s} {statistics.median(t_old):10.2f} {statistics.median(t_now):8.2f}", flush=True)
