@@ -352,3 +352,26 @@ def test_merged_team_run_restores_the_callers_openmp_threads(monkeypatch: pytest
         set_t(prev)
     c = _compiled(exe, graph, feed)
     assert len(c.runs) == 1 and len(c.runs[0].onednn_impl) == 3, c.kernel_names
+
+
+@pytest.mark.parametrize("team", ["1", "0"])
+def test_dense_program_runs_under_numpy_raise(team: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """np.seterr(all="raise") in the caller never reaches the kernels: the oneDNN team program runs
+    without an errstate (it makes no NumPy arithmetic), the NumPy one inside one; both give the
+    general path's inf/NaN."""
+    from rlx_cpu import parallel
+
+    _need_onednn()
+    monkeypatch.setattr(parallel, "_POOL", parallel.RowPool(2))
+    monkeypatch.setenv("RLX_CPU_DENSE_OPENMP", team)
+    graph, feed, _ = _mlp(4, (600, 512, 10))
+    x = feed["x"].copy()
+    x[0, 0], x[1, :] = np.nan, np.inf
+    exe = Session("cpu").compile(graph)
+    with np.errstate(all="raise"):
+        got = exe.run({"x": x})["y"]
+    assert _compiled(exe, graph, {"x": x})._quiet == (team == "1")
+    monkeypatch.setenv("RLX_CPU_DENSE", "0")
+    want = Session("cpu").compile(graph).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

@@ -213,3 +213,36 @@ def test_run_silences_fp_warnings_and_restores_the_callers_state() -> None:
         y = exe.run({"x": np.array([1.0, -1.0, 0.0, 2.0], np.float32)})["y"]
     assert np.isposinf(y[0]) and np.isneginf(y[1]) and np.isnan(y[2])
     assert np.geterr() == before
+
+
+def test_poll_probes_once_an_interval_else_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between probes a program run reads the clock only (RowPool.due); a probe on another clock
+    than time.monotonic (tests, simulations) is asked at every call."""
+    reads: list[int] = []
+
+    def read(cpus: list[int]) -> float:
+        reads.append(1)
+        return 0.0
+    pl = RowPool(2, LoadProbe([0, 1], 2, 100.0, read))
+    monkeypatch.setattr(parallel, "_POOL", pl)
+    monkeypatch.setattr(parallel, "_NumpyBlas", _NoBlas)
+    calls: list[int] = []
+    orig = pl.poll
+
+    def counted() -> None:
+        calls.append(1)
+        orig()
+    monkeypatch.setattr(pl, "poll", counted)
+    for _ in range(5):
+        parallel.poll()
+    assert len(calls) == 1 and len(reads) == 1
+    pl.due = float("-inf")  # the interval has passed
+    parallel.poll()
+    assert len(calls) == 2
+    pl2 = RowPool(2, LoadProbe([0, 1], 2, 100.0, read, clock=lambda: 0.0))
+    monkeypatch.setattr(parallel, "_POOL", pl2)
+    seen: list[int] = []
+    monkeypatch.setattr(pl2, "poll", lambda: seen.append(1))
+    for _ in range(3):
+        parallel.poll()
+    assert len(seen) == 3

@@ -176,6 +176,7 @@ def _merged(span: Sequence[Any]) -> Run:
             get()()
             after()
     run.onednn_impl = [r.onednn_impl for r in span]  # type: ignore[attr-defined]
+    run.fp_quiet = all(getattr(r, "fp_quiet", False) for r in span)  # type: ignore[attr-defined]
     return run
 
 

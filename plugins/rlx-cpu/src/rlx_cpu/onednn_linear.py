@@ -129,4 +129,5 @@ def linear_team(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, o: np.ndarra
         teams.get()()
     run.onednn_impl = teams.full.onednn_impl  # type: ignore[attr-defined]
     run.team = teams  # type: ignore[attr-defined]  # for rlx_cpu.dense.merge_teams
+    run.fp_quiet = True  # type: ignore[attr-defined]  # no NumPy arithmetic (rlx_cpu.program)
     return run

@@ -91,6 +91,11 @@ class LoadProbe:
         self._next = 0.0
         self._last: tuple[float, float, float] | None = None
 
+    def due(self) -> float:
+        """The ``time.monotonic`` time before which :meth:`poll` only returns ``threads`` (minus
+        infinity with another clock: then every call polls)."""
+        return self._next if self._clock is time.monotonic else -math.inf
+
     def poll(self) -> int:
         now = self._clock()
         if now < self._next:
@@ -147,6 +152,8 @@ class RowPool:
         #: threads dispatches use now (<= ``threads``; fewer while other processes load the CPUs)
         self.active = threads
         self.probe = probe
+        #: the ``time.monotonic`` time before which :meth:`poll` has nothing to do (see poll())
+        self.due = -math.inf if probe is not None else math.inf
         self._blas: _NumpyBlas | None = None
         self._lock = threading.Lock()
         self._queues: list[queue.SimpleQueue[Any]] = []
@@ -173,6 +180,8 @@ class RowPool:
         if self.probe is None:
             return
         active = self.probe.poll()
+        due = getattr(self.probe, "due", None)
+        self.due = due() if due is not None else -math.inf
         if active != self.active:
             self.active = active
             if self._blas is None:
@@ -245,10 +254,17 @@ def pool() -> RowPool:
     return _POOL
 
 
+_monotonic = time.monotonic
+
+
 def poll() -> None:
     """Called at the start of every program run: follow the machine's load (also for programs
-    that never split a kernel: the cap on NumPy's BLAS threads applies to them too)."""
-    (_POOL or pool()).poll()
+    that never split a kernel: the cap on NumPy's BLAS threads applies to them too). Between
+    probes one clock read and no further call: a small model's weights leave this code out of
+    the caches at every run, where each Python frame costs ~1 us (bench/run_path.py)."""
+    p = _POOL or pool()
+    if _monotonic() >= p.due:
+        p.poll()
 
 
 T = TypeVar("T")
