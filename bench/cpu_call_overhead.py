@@ -92,7 +92,36 @@ def _rows() -> list[tuple[str, Callable[[], Any], Callable[[], Any], Callable[[]
     bounds = input_bounds(graph, {})
     rows.append(("index input check, 7 token ids", lambda: inputs_in_range(feed, bounds),
                  lambda: check_inputs(graph, feed, {}, "bench"), lambda: (0, 0)))
+    rows += _classifier_rows(rng)
     rows += _mlp_rows()
+    return rows
+
+
+def _classifier_rows(rng: np.random.Generator) -> list[Any]:
+    """A CNN's classifier at batch 8 in a program that loaded oneDNN: the linear as bound now (the
+    team's matmul primitive, ``rlx_cpu.hir_kernels._team_linear``) against the row pieces of
+    oneDNN's sgemm it ran as before (``_pool_linear``)."""
+    from rlx_cpu import blas, hir_kernels
+
+    from rlx_core.plugin import Attrs
+
+    rows: list[Any] = []
+    for m, k, n, what in ((8, 576, 1024, "mobilenet_v3_small"), (8, 512, 1000, "ResNet-18")):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        w.flags.writeable = False
+        b = rng.standard_normal(n).astype(np.float32)
+        b.flags.writeable = False
+        o1, o2 = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        wt = np.ascontiguousarray(w.T)
+        wt.flags.writeable = False
+        if blas.dnnl_gemm_fn(x, wt, o2) is None:  # also loads oneDNN, as a program of convs has
+            continue
+        earlier = hir_kernels._pool_linear(x, wt, b, o2)
+        now = hir_kernels.k_linear([x, w, b], [o1], Attrs({}))
+        rows.append((f"{what} classifier {m}x{k} -> {n}", now, earlier,
+                     # the two sum in other orders: equal to float32 rounding of the magnitudes
+                     lambda o1=o1, o2=o2: (np.allclose(o1, o2, rtol=1e-5, atol=2e-4), True)))
     return rows
 
 

@@ -67,3 +67,38 @@ def test_classifier_at_batch_8_loads_no_numba() -> None:
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["mods"] == [], got
     assert got["err"] < 1e-4, got
+
+
+@pytest.mark.parametrize("rows", [1, 8, 16, 17])
+def test_few_row_classifier_runs_on_the_team_where_onednn_is_loaded(rows: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to TEAM_ROWS rows, a program that loaded oneDNN (a CNN) runs its classifier as the team's
+    matmul primitive (weights packed once): equal to float64, the same bits on one thread or two;
+    one more row takes the row pieces."""
+    from rlx_cpu import blas, hir_kernels, onednn_conv, parallel
+
+    from rlx_core.runtime import bind_inputs
+
+    if not onednn_conv.available():
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    assert hir_kernels.TEAM_ROWS == 16
+    pool = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pool)
+    monkeypatch.setattr(pool, "poll", lambda: None)  # the test sets the load
+    monkeypatch.setenv("RLX_CPU_DENSE", "0")
+    graph, feed, ref = _classifier(rows)
+    probe = np.ones((2, 4), np.float32)
+    assert blas.dnnl_gemm_fn(probe, np.ones((4, 4), np.float32), np.empty((2, 4), np.float32)) is not None
+    assert blas.dnnl_loaded()  # as after a program of convs
+    exe = Session("cpu", use_cache=False).compile(graph)
+    outs = []
+    for active in (2, 1, 2):
+        pool.active = active
+        y = exe.run(feed)["y"].copy()
+        np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
+        assert np.isnan(y[0]).all() and not np.isnan(y[1:]).any()
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    (run,) = exe._specialise(bind_inputs(graph, feed, "test")[1])[0].runs
+    assert hasattr(run, "team") == (rows <= 16), type(run)

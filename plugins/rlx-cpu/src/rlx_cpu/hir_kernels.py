@@ -158,12 +158,12 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
         x = x.reshape(-1, x.shape[-1])
         o = o.reshape(-1, o.shape[-1])
 
+    team = _team_linear(x, w, b, o)
+    if team is not None:
+        return team
     par = _pool_linear(x, wt, b, o)
     if par is not None:
         return par
-    team = _team_gemv(x, w, b, o)
-    if team is not None:
-        return team
     one = _one_thread_gemv(x, wt, b, o)
     if one is not None:
         return one
@@ -178,14 +178,22 @@ def k_linear(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], attrs: Attrs
     return run
 
 
-def _team_gemv(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
-    """1-2 rows of a big constant float32 linear (a CNN's classifier: 512 x 1000 at batch 1) as the
+#: Rows up to which a big constant float32 linear runs as the dense path's oneDNN matmul primitive
+#: on the OpenMP team (:func:`_team_linear`) where the program loaded oneDNN.
+TEAM_ROWS = 16
+
+
+def _team_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray) -> Any:
+    """A big constant float32 linear of at most :data:`TEAM_ROWS` rows (a CNN's classifier) as the
     dense path's oneDNN matmul primitive on the OpenMP team, where a program of convs loaded oneDNN:
-    the weights are read by both cores (ResNet-18's classifier: 88 us on one thread)."""
+    its weights packed once and each read by one core. The row pieces re-read (and sgemm re-packed)
+    every weight for each piece: mobilenet_v3_small's 576 -> 1024 classifier at batch 8 took
+    410-570 us there and 74-122 us here, ResNet-18's 512 -> 1000 at batch 8 500-540 against 63-65
+    (``python bench/cpu_call_overhead.py``, its classifier rows)."""
     from . import blas, dense, settings
     from .parallel import pool
 
-    if (x.ndim != 2 or x.shape[0] > GEMV_ROWS or w.flags.writeable
+    if (x.ndim != 2 or o.ndim != 2 or x.shape[0] > TEAM_ROWS or w.flags.writeable
             or x.shape[0] * w.size < dense.TEAM_MIN_MACS or not settings.DENSE_OPENMP.get()
             or not blas.dnnl_loaded() or pool().threads < 2):
         return None
