@@ -12,6 +12,9 @@ once, so all see the same moments of a shared machine):
   between the kernels runs cache-cold.
 * a one-op graph (``x + x`` on 8 floats), ``Executable.run`` and the program's ``run``: warm (called
   back to back) and cold (after a 3 MB sum evicts the caches), the same layers without the model.
+* single operations of that path, cold (each after the same 3 MB sum, an empty call's time
+  subtracted): the input's NumPy assignment (784 floats), rlx-cpu's load poll, a ctypes call into
+  OpenMP (``omp_get_max_threads``), ``a.flags.c_contiguous``, a one-entry dict.
 
 A benchmark, not a test; docs/BENCHMARKS.md quotes it.
 """
@@ -84,13 +87,33 @@ def tiny(calls: int) -> dict[str, float]:
     return {**{f"{k} warm": v for k, v in warm.items()}, **{f"{k} cold": v for k, v in cold.items()}}
 
 
+def cold_ops(calls: int) -> dict[str, float]:
+    from rlx_cpu import onednn_conv
+    from rlx_cpu.parallel import poll
+
+    v, a = np.empty((1, 784), np.float32), np.ones((1, 784), np.float32)
+    o = np.ones((1, 10), np.float32)
+    ops: dict[str, Callable[[], Any]] = {"empty call": lambda: None,
+                                         "view[...] = a": lambda: v.__setitem__(Ellipsis, a),
+                                         "poll()": poll, "a.flags.c_contiguous": lambda: a.flags.c_contiguous,
+                                         "dict": lambda: {"y": o}}
+    api = onednn_conv._api()
+    if api is not None:
+        ops["ctypes omp_get_max_threads"] = api["omp"][0]
+    big = np.ones(3_000_000 // 4, np.float32)
+    got = _rounds(ops, calls // 2, before=big.sum)
+    base = got.pop("empty call")
+    return {k: v - base for k, v in got.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--calls", type=int, default=6000)
     a = ap.parse_args()
     for title, row in ((f"MLP 784-512-256-10 batch {a.batch}", mlp(a.batch, a.calls)),
-                       ("one add on 8 floats", tiny(a.calls))):
+                       ("one add on 8 floats", tiny(a.calls)),
+                       ("cold, one by one, empty call subtracted", cold_ops(a.calls))):
         print(f"{title}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
 
 

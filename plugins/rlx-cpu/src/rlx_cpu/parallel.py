@@ -261,7 +261,8 @@ def poll() -> None:
     """Called at the start of every program run: follow the machine's load (also for programs
     that never split a kernel: the cap on NumPy's BLAS threads applies to them too). Between
     probes one clock read and no further call: a small model's weights leave this code out of
-    the caches at every run, where each Python frame costs ~1 us (bench/run_path.py)."""
+    the caches at every run, where each Python frame costs several times its warm figure
+    (``python bench/run_path.py``)."""
     p = _POOL or pool()
     if _monotonic() >= p.due:
         p.poll()

@@ -89,7 +89,8 @@ class CpuProgram:
             self.runs, self.kernel_names, self.run_kernels = dense.bind(program, views, factories)
             self._slots: dict[str, list[tuple[list[int], int]]] = {}
             # Runs that call no NumPy ufunc (oneDNN through ctypes) need no floating-point error
-            # state: setting and resetting it cost ~3 us a run once the weights left the caches.
+            # state: setting and resetting it cost ~3 us a run once the weights left the caches (the MLP
+            # at batch 1 before this: bench/run_path.py, "runs, warnings off" minus "runs alone").
             self._quiet = all(getattr(r, "fp_quiet", False) for r in self.runs)
             return
         self._quiet = False
