@@ -188,8 +188,8 @@ def _team_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, o: np.ndarray) -> 
     dense path's oneDNN matmul primitive on the OpenMP team, where a program of convs loaded oneDNN:
     its weights packed once and each read by one core. The row pieces re-read (and sgemm re-packed)
     every weight for each piece: mobilenet_v3_small's 576 -> 1024 classifier at batch 8 took
-    410-570 us there and 74-122 us here, ResNet-18's 512 -> 1000 at batch 8 500-540 against 63-65
-    (``python bench/cpu_call_overhead.py``, its classifier rows)."""
+    316-520 us there and 72-73 us here, ResNet-18's 512 -> 1000 at batch 8 281-445 against 57-59
+    (``python bench/cpu_call_overhead.py``, its classifier rows, two runs)."""
     from . import blas, dense, settings
     from .parallel import pool
 

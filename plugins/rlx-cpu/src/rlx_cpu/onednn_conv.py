@@ -624,24 +624,8 @@ def executor(api: dict[str, Any], steps: list[tuple[Any, Any]], threads: int, ke
     """A run of ``steps`` on ``threads`` OpenMP threads with its lookups made once: what a bound
     primitive calls every run (:func:`_execute` for one-off runs; ~0.3 us a call less, a tenth of
     a small linear's)."""
-    ex = api["fns"]["dnnl_primitive_execute"]
-    get_t, set_t = api["omp"]
     bound = [(prim, len(args), args) for prim, args in steps]
-
-    def run() -> None:
-        prev = get_t()
-        if prev != threads:
-            set_t(threads)
-        try:
-            stream = _stream(api)
-            for prim, n, args in bound:
-                st = ex(prim, stream, n, args)
-                if st != 0:
-                    _failed(st)
-        finally:
-            if prev != threads:
-                set_t(prev)
-    run.keep = keep  # type: ignore[attr-defined]  # the arrays the memory objects point into
+    run = _grouped(api, [(threads, bound)], keep)  # keep: the arrays the memory objects point into
     run.steps = bound  # type: ignore[attr-defined]  # what sequence() runs of it
     run.threads = threads  # type: ignore[attr-defined]
     return run
@@ -651,10 +635,14 @@ def sequence(api: dict[str, Any], runs: list[Run]) -> Run:
     """:func:`executor` runs in order as one call: one thread-count save and restore, one stream
     lookup and no closure per primitive (the MLP 784-512-256-10's three linears and softmax at
     batch 1: see ``rlx_cpu.dense``). Each keeps the thread count its primitives were made for."""
+    groups = [(r.threads, r.steps) for r in runs]  # type: ignore[attr-defined]
+    return _grouped(api, groups, [r.keep for r in runs])  # type: ignore[attr-defined]
+
+
+def _grouped(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int, Any]]]], keep: Any) -> Run:
+    """A run of each group's bound primitives on its thread count, the caller's count restored."""
     ex = api["fns"]["dnnl_primitive_execute"]
     get_t, set_t = api["omp"]
-    groups = [(r.threads, r.steps) for r in runs]  # type: ignore[attr-defined]
-    keep = [r.keep for r in runs]  # type: ignore[attr-defined]
 
     def run() -> None:
         prev = cur = get_t()
@@ -668,6 +656,9 @@ def sequence(api: dict[str, Any], runs: list[Run]) -> Run:
                     st = ex(prim, stream, n, args)
                     if st != 0:
                         _failed(st)
+            # No dnnl_stream_wait: with the OpenMP runtime (the only one rlx-cpu loads: libgomp)
+            # a CPU primitive has finished when execute returns, and oneDNN's CPU stream wait
+            # returns at once (cpu_stream.hpp: it waits only with the threadpool runtime).
         finally:
             if cur != prev:
                 set_t(prev)
@@ -682,7 +673,8 @@ def _failed(status: int) -> None:
 
 def _execute(api: dict[str, Any], steps: list[tuple[Any, Any]], threads: int, keep: Any = None) -> None:
     """Run ``steps`` on ``threads`` OpenMP threads (``keep``: the arrays the memory objects point
-    into, referenced here so that the run closure holds them)."""
+    into, referenced here so that the run closure holds them). Its own loop, not an executor: conv
+    pieces call it at every run, where making a closure a call would cost more."""
     fns = api["fns"]
     get_t, set_t = api["omp"]
     prev = get_t()
@@ -694,9 +686,6 @@ def _execute(api: dict[str, Any], steps: list[tuple[Any, Any]], threads: int, ke
             st = ex(prim, stream, len(args), args)
             if st != 0:
                 _failed(st)
-        # No dnnl_stream_wait: with the OpenMP runtime (the only one rlx-cpu loads: libgomp above)
-        # a CPU primitive has finished when execute returns, and oneDNN's CPU stream wait returns
-        # at once (cpu_stream.hpp: it waits only with the threadpool runtime); ~0.25 us a call.
     finally:
         if prev != threads:
             set_t(prev)
