@@ -127,8 +127,12 @@ def _classifier_rows(rng: np.random.Generator) -> list[Any]:
 
 def _mlp_rows() -> list[Any]:
     """The MLP 784-512-256-10 (``rlx bench infer mlp``), whole ``Executable.run``: its team runs as
-    one run (``rlx_cpu.dense.merge_teams``) against one run each (the earlier form)."""
-    from rlx_cpu import dense
+    one run (``rlx_cpu.dense.merge_teams``) against one run each (the earlier form); the merged
+    run as one call of the compiled dispatch loop (``rlx_cpu._dispatch``) against the Python loop
+    of ctypes calls (``RLX_CPU_NATIVE_DISPATCH=0``), where the extension is built."""
+    import os
+
+    from rlx_cpu import dense, native, settings
 
     from rlx_core.bench import inputs, rlx_graph
     from rlx_core.runtime import Session
@@ -146,16 +150,27 @@ def _mlp_rows() -> list[Any]:
             separate.run(feed)
         finally:
             dense.merge_teams = saved
-        got: dict[str, Any] = {}
-
-        def now(e: Any = merged, f: Any = feed, g: dict[str, Any] = got) -> None:
-            g["now"] = e.run(f)["y"]
-
-        def old(e: Any = separate, f: Any = feed, g: dict[str, Any] = got) -> None:
-            g["old"] = e.run(f)["y"]
-        rows.append((f"MLP 784-512-256-10 batch {batch}, merged", now, old,
-                     lambda g=got: (g["now"], g["old"])))
+        rows.append(_pair(f"MLP 784-512-256-10 batch {batch}, merged", merged, separate, feed))
+        if native.why_not() is None:
+            os.environ[settings.NATIVE_DISPATCH.name] = "0"
+            try:
+                python_loop = Session("cpu").compile(graph)
+                python_loop.run(feed)
+            finally:
+                del os.environ[settings.NATIVE_DISPATCH.name]
+            rows.append(_pair(f"MLP 784-512-256-10 batch {batch}, native", merged, python_loop, feed))
     return rows
+
+
+def _pair(name: str, now_exe: Any, old_exe: Any, feed: dict[str, Any]) -> Any:
+    got: dict[str, Any] = {}
+
+    def now() -> None:
+        got["now"] = now_exe.run(feed)["y"]
+
+    def old() -> None:
+        got["old"] = old_exe.run(feed)["y"]
+    return (name, now, old, lambda: (got["now"], got["old"]))
 
 
 def _interleaved(a: Callable[[], Any], b: Callable[[], Any], calls: int) -> tuple[float, float]:

@@ -30,6 +30,12 @@ fi
 if [ "$(uname -m)" = x86_64 ] && command -v ldconfig >/dev/null 2>&1; then
   ldconfig -p | grep -q libgomp.so.1 || need_apt+=(libgomp1)
 fi
+# rlx-cpu's compiled dispatch loop (rlx_cpu._dispatch, optional: without these it runs a Python loop).
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' >/dev/null 2>&1; then
+  need_apt+=(python3-dev)
+fi
 if ((${#need_apt[@]})); then
   command -v apt-get >/dev/null 2>&1 || die "missing ${need_apt[*]} and no apt-get to install them"
   log "installing system packages: ${need_apt[*]}"

@@ -176,8 +176,64 @@ def _merged(span: Sequence[Any]) -> Run:
             get()()
             after()
     run.onednn_impl = [r.onednn_impl for r in span]  # type: ignore[attr-defined]
+    run.teams = teams  # type: ignore[attr-defined]
+    run.span = span  # type: ignore[attr-defined]
+    run.tail = after  # type: ignore[attr-defined]
     run.fp_quiet = all(getattr(r, "fp_quiet", False) for r in span)  # type: ignore[attr-defined]
     return run
+
+
+IOCall = Callable[[Mapping[str, Any]], dict[str, np.ndarray] | None]
+
+
+def io_call(runs: Sequence[Any], inputs: Sequence[tuple[str, np.ndarray]],
+            outs: Sequence[tuple[str, np.ndarray]]) -> IOCall | None:
+    """A program's whole run as one call of the compiled loop (``rlx_cpu._dispatch.run_io``: the
+    input copied in, the merged team run, the output copied out), for a program of one input, one
+    output and one merged team run (an MLP); None for any other, or without the extension. The
+    call returns None for an input it does not take as is (another dtype or shape, not
+    C-contiguous): the program's general run copies that one. Why: at batch 1 the MLP's Python
+    around its kernels ran cache-cold, the input's NumPy assignment and the output's copy alone
+    several microseconds (``bench/run_path.py``)."""
+    if len(runs) != 1 or len(inputs) != 1 or len(outs) != 1:
+        return None
+    merged = runs[0]
+    span = getattr(merged, "span", None)
+    (name, into), (oname, frm) = inputs[0], outs[0]
+    if (span is None or not getattr(merged, "fp_quiet", False) or not into.flags.c_contiguous
+            or not frm.flags.c_contiguous or np.shares_memory(into, frm)):
+        return None
+    from . import native
+
+    if native.why_not() is not None:
+        return None
+    from . import onednn_conv as oc
+    from ._dispatch import run_io
+    from .parallel import PerTeam, poll
+
+    api = oc._api()
+    assert api is not None  # the span's runs were made on it
+    plans = PerTeam(lambda n: oc.sequence_plan(api, [r.team.variant(n) for r in span], (into, frm)),
+                    span[0].team.pool)
+    get, tail, stream = plans.get, merged.tail, oc._stream_address
+    dt, shape, out_dt, out_shape = into.dtype, into.shape, frm.dtype, frm.shape
+
+    def call(feed: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        a = feed[name]
+        if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape:
+            return None
+        out = np.empty(out_shape, out_dt)
+        poll()
+        try:
+            st = run_io(get(), stream(api), a, out)
+        except (BufferError, ValueError):  # not C-contiguous (NumPy's buffer export raises ValueError;
+            return None  # dtype and shape matched, so the byte counts did)
+        if st != 0:
+            oc._failed(st)
+        if tail is not None:
+            tail(out)
+        return {oname: out}
+    return call
 
 
 def _head(steps: Sequence[Any], i: int, views: Mapping[str, np.ndarray], outs: set[str],

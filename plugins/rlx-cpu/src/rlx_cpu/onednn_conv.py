@@ -40,7 +40,7 @@ import numpy as np
 
 from rlx_core.plugin import RLXError, release_file_pages
 
-from . import settings
+from . import native, settings
 from .parallel import PerTeam, RowPool, pool
 
 Run = Callable[[], None]
@@ -635,12 +635,33 @@ def sequence(api: dict[str, Any], runs: list[Run]) -> Run:
     """:func:`executor` runs in order as one call: one thread-count save and restore, one stream
     lookup and no closure per primitive (the MLP 784-512-256-10's three linears and softmax at
     batch 1: see ``rlx_cpu.dense``). Each keeps the thread count its primitives were made for."""
-    groups = [(r.threads, r.steps) for r in runs]  # type: ignore[attr-defined]
-    return _grouped(api, groups, [r.keep for r in runs])  # type: ignore[attr-defined]
+    return _grouped(api, *_groups(runs))
+
+
+def sequence_plan(api: dict[str, Any], runs: list[Run], io: tuple[np.ndarray, np.ndarray]) -> Any | None:
+    """:func:`sequence`'s primitives as a plan for ``_dispatch.run_io`` that also copies the
+    program's input in and its output out (``io``), or None without the extension."""
+    return native_plan(api, *_groups(runs), io=io)
+
+
+def _groups(runs: list[Run]) -> tuple[list[tuple[int, list[tuple[Any, int, Any]]]], list[Any]]:
+    return ([(r.threads, r.steps) for r in runs],  # type: ignore[attr-defined]
+            [r.keep for r in runs])  # type: ignore[attr-defined]
 
 
 def _grouped(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int, Any]]]], keep: Any) -> Run:
-    """A run of each group's bound primitives on its thread count, the caller's count restored."""
+    """A run of each group's bound primitives on its thread count, the caller's count restored:
+    one call of the compiled loop (:func:`native_plan`) where there is one, else a Python loop."""
+    plan = native_plan(api, groups, keep)
+    if plan is not None:
+        from ._dispatch import run as run_plan
+
+        def native() -> None:
+            st = run_plan(plan, _stream_address(api))
+            if st != 0:
+                _failed(st)
+        native.keep = keep  # type: ignore[attr-defined]
+        return native
     ex = api["fns"]["dnnl_primitive_execute"]
     get_t, set_t = api["omp"]
 
@@ -664,6 +685,42 @@ def _grouped(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int, A
                 set_t(prev)
     run.keep = keep  # type: ignore[attr-defined]
     return run
+
+
+def native_plan(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int, Any]]]], keep: Any,
+                io: tuple[np.ndarray, np.ndarray] | None = None) -> Any | None:
+    """``groups`` as a :class:`rlx_cpu._dispatch.Plan` (one C call runs them all, with the same
+    thread-count handling as the Python loop), or None without the extension. ``io``: the
+    program's input and output buffers (C-contiguous), for ``_dispatch.run_io``. The plan holds
+    ``groups``, ``keep`` and ``io``: every primitive, argument array and buffer it points into."""
+    if native.why_not() is not None:
+        return None
+    from ._dispatch import Plan
+
+    get_t, set_t = api["omp"]
+    words = [_address(api["fns"]["dnnl_primitive_execute"]), _address(get_t), _address(set_t)]
+    if io is None:
+        words += [0, 0, 0, 0]
+    else:
+        into, frm = io
+        assert into.flags.c_contiguous and frm.flags.c_contiguous
+        words += [into.ctypes.data, into.nbytes, frm.ctypes.data, frm.nbytes]
+    for threads, bound in groups:
+        for prim, n, args in bound:
+            words += [threads, prim.value, n, ctypes.addressof(args)]
+    return Plan(np.array(words, np.int64), (groups, keep, io))
+
+
+def _address(fn: Any) -> int:
+    return int(ctypes.cast(fn, _VP).value or 0)
+
+
+def _stream_address(api: dict[str, Any]) -> int:
+    """This thread's stream (:func:`_stream`) as an address."""
+    a = getattr(_TLS, "address", None)
+    if a is None:
+        a = _TLS.address = _stream(api).value
+    return a
 
 
 def _failed(status: int) -> None:

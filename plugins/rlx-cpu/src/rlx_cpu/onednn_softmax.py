@@ -93,14 +93,19 @@ def _nan_rows_whole(teams: PerTeam[Run], o: np.ndarray, axis: int) -> Run:
     dot, isnan = np.dot, math.isnan
     get = teams.get
 
-    def nan_rows() -> None:
-        bad = np.isnan(o).any(axis=axis, keepdims=True)
-        np.copyto(o, np.float32(np.nan), where=bad)
+    def nan_rows(arr: np.ndarray) -> None:
+        bad = np.isnan(arr).any(axis=axis, keepdims=True)
+        np.copyto(arr, np.float32(np.nan), where=bad)
 
-    def after() -> None:
+    def after(arr: np.ndarray | None = None) -> None:
+        """The NaN-row pass on the output, or on ``arr``: a C-contiguous copy of it (a program's
+        run of :func:`rlx_cpu._dispatch.run_io` copies the output out before this pass)."""
         # softmax outputs are finite, log-softmax's at most -inf: the sum is NaN only with a NaN
-        if isnan(dot(flat, ones) if flat is not None else np.add.reduce(o, axis=None)):
-            nan_rows()
+        if arr is None:
+            if isnan(dot(flat, ones) if flat is not None else np.add.reduce(o, axis=None)):
+                nan_rows(o)
+        elif isnan(dot(arr.reshape(-1), ones)):
+            nan_rows(arr)
 
     def run() -> None:
         get()()

@@ -171,7 +171,14 @@ def rlx_probe_devices() -> list[DeviceInfo]:
                        reuse_distance=_reuse_distance(),
                        details={"machine": platform.machine(), "processor": platform.processor() or "?",
                                 "cores": str(os.cpu_count()), "threads": str(_pool_threads()),
-                                "threads_from": _threads_from()})]
+                                "threads_from": _threads_from(), "dispatch": _dispatch()})]
+
+
+def _dispatch() -> str:
+    from .native import why_not
+
+    why = why_not()
+    return "compiled (rlx_cpu._dispatch)" if why is None else f"Python loop: {why}"
 
 
 def _threads_from() -> str:

@@ -77,7 +77,13 @@ POOL_NUMPY = declare_setting(
     "Conv chains' max pools (oneDNN's blocked layout) run as NumPy while Numba is not loaded, so a CNN "
     "without other Numba kernels loads no Numba/LLVM (ResNet-18: ~117 MB less peak RSS; 0: the Numba "
     "kernel).", owner=OWNER)
+NATIVE_DISPATCH = declare_setting(
+    "RLX_CPU_NATIVE_DISPATCH", "bool", True,
+    "A run of oneDNN primitives (an MLP's linears and softmax, merged; with the input's and output's "
+    "copies where it is the whole program) is one call of rlx-cpu's compiled dispatch loop where the "
+    "rlx_cpu._dispatch extension was built at install (0: a Python loop of ctypes calls, as before; "
+    "`rlx doctor --json` gives which runs, in the cpu device's details).", owner=OWNER)
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
-                           DENSE_OPENMP, CONV_CHAIN, CONV_OPENMP, POOL_NUMPY]
+                           DENSE_OPENMP, CONV_CHAIN, CONV_OPENMP, POOL_NUMPY, NATIVE_DISPATCH]
