@@ -50,8 +50,8 @@ class _Fake:
             self.threads = n
         self.fns = (_EXEC(execute), _GET(get), _SET(put))
 
-    def words(self, steps: list[tuple[int, int, int, int]], io: tuple[int, int, int, int] = (0, 0, 0, 0)
-              ) -> np.ndarray:
+    def words(self, steps: list[tuple[int, int, int, int]],
+              io: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)) -> np.ndarray:
         addrs = [ctypes.cast(f, ctypes.c_void_p).value for f in self.fns]
         return np.array([*addrs, *io, *(w for s in steps for w in s)], np.int64)
 
@@ -86,12 +86,13 @@ def test_plan_stops_at_the_first_failure_with_its_status() -> None:
 
 
 @pytest.mark.parametrize("words,why", [
-    (np.zeros(9, np.int64), "7 \\+ 4 \\* n"),
-    (np.zeros(11, np.int32), "7 \\+ 4 \\* n"),
-    (np.zeros(7, np.int64), "address is 0"),
-    (np.array([1, 1, 1, 0, -1, 0, 0], np.int64), "negative byte count"),
-    (np.array([1, 1, 1, 0, 0, 0, 0, 0, 5, 1, 0], np.int64), "threads >= 1"),
-    (np.array([1, 1, 1, 0, 0, 0, 0, 1, 5, -1, 0], np.int64), "nargs"),
+    (np.zeros(9, np.int64), "8 \\+ 4 \\* n"),
+    (np.zeros(12, np.int32), "8 \\+ 4 \\* n"),
+    (np.zeros(8, np.int64), "address is 0"),
+    (np.array([1, 1, 1, 0, -1, 0, 0, 0], np.int64), "negative byte count"),
+    (np.array([1, 1, 1, 0, 0, 0, 0, 2], np.int64), "nan_scan is 0, 4 or 8"),
+    (np.array([1, 1, 1, 0, 0, 0, 0, 0, 0, 5, 1, 0], np.int64), "threads >= 1"),
+    (np.array([1, 1, 1, 0, 0, 0, 0, 0, 1, 5, -1, 0], np.int64), "nargs"),
 ])
 def test_plan_refuses_malformed_words(words: np.ndarray, why: str) -> None:
     d = _dispatch()
@@ -126,7 +127,7 @@ def test_run_io_copies_in_runs_and_copies_out() -> None:
         frm[:] = into[:4] * 2
         return plain(prim, stream, n, args) if prim != 99 else 5
     fake.fns = (_EXEC(execute), *fake.fns[1:])
-    io = (into.ctypes.data, into.nbytes, frm.ctypes.data, frm.nbytes)
+    io = (into.ctypes.data, into.nbytes, frm.ctypes.data, frm.nbytes, 0)
     plan = d.Plan(fake.words([(1, 11, 0, 0)], io), (fake, into, frm))
     src, out = np.arange(6, dtype=np.float32) + 1, np.full(4, -1, np.float32)
     assert d.run_io(plan, 3, src, out) == 0
@@ -148,6 +149,25 @@ def test_run_io_copies_in_runs_and_copies_out() -> None:
     assert (out == -1).all()
     with pytest.raises(ValueError, match="no input and output buffers"):
         d.run_io(d.Plan(fake.words([]), fake), 3, src, out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_run_io_reports_a_nan_in_the_output(dtype: Any) -> None:
+    """With nan_scan (the output's itemsize) run_io returns -1 when the copied-out output holds a
+    NaN (the caller's NaN-row pass runs then), 0 otherwise; infinities are no NaN."""
+    d = _dispatch()
+    into, frm = np.zeros(3, dtype), np.zeros(5, dtype)
+    fake = _Fake()
+    io = (into.ctypes.data, into.nbytes, frm.ctypes.data, frm.nbytes, frm.itemsize)
+    plan = d.Plan(fake.words([(1, 11, 0, 0)], io), (fake, into, frm))
+    src, out = np.zeros(3, dtype), np.zeros(5, dtype)
+    frm[:] = [1, np.inf, -np.inf, 0, 2]
+    assert d.run_io(plan, 1, src, out) == 0
+    for i in range(5):
+        frm[:] = 0
+        frm[i] = np.nan
+        assert d.run_io(plan, 1, src, out) == -1
+        assert np.isnan(out[i])
 
 
 def test_a_failing_primitive_raises_onednn_error(monkeypatch: pytest.MonkeyPatch) -> None:

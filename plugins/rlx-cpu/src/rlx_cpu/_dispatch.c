@@ -36,6 +36,7 @@ typedef struct {
     int64_t into_nbytes;
     const char *from; /* the program's output buffer (run_io copies it out last), or NULL */
     int64_t from_nbytes;
+    int64_t nan_scan; /* run_io: 0, or 4 / 8 to report a NaN among out's float32 / float64 values */
     Py_ssize_t n;
     step_t *steps;
     PyObject *keep; /* owns what the pointers point into */
@@ -48,9 +49,9 @@ static void plan_dealloc(Plan *self) {
 }
 
 /* Plan(words, keep): words = [execute, get_threads, set_threads, into, into_nbytes, from,
- * from_nbytes, (threads, primitive, nargs, args) * n] as a C-contiguous buffer of int64 (into and
- * from: 0 for a plan that run_io may not be given). */
-#define HEADER 7
+ * from_nbytes, nan_scan, (threads, primitive, nargs, args) * n] as a C-contiguous buffer of int64
+ * (into and from: 0 for a plan that run_io may not be given). */
+#define HEADER 8
 static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *words_obj, *keep;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
@@ -62,7 +63,7 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (PyObject_GetBuffer(words_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (view.itemsize != 8 || view.len < HEADER * 8 || (view.len / 8 - HEADER) % 4 != 0) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "Plan words: 7 + 4 * n int64 values");
+        PyErr_SetString(PyExc_ValueError, "Plan words: 8 + 4 * n int64 values");
         return NULL;
     }
     const int64_t *w = (const int64_t *)view.buf;
@@ -85,6 +86,13 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->into_nbytes = w[4];
     self->from = (const char *)(intptr_t)w[5];
     self->from_nbytes = w[6];
+    self->nan_scan = w[7];
+    if (self->nan_scan != 0 && self->nan_scan != 4 && self->nan_scan != 8) {
+        PyBuffer_Release(&view);
+        Py_DECREF(self);
+        PyErr_SetString(PyExc_ValueError, "Plan: nan_scan is 0, 4 or 8");
+        return NULL;
+    }
     if (self->into_nbytes < 0 || self->from_nbytes < 0) {
         PyBuffer_Release(&view);
         Py_DECREF(self);
@@ -160,10 +168,24 @@ static PyObject *run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) 
     return PyLong_FromLong(status);
 }
 
+/* Any NaN among the n bytes at p, read as float32 (size 4) or float64 (size 8)? */
+static int has_nan(const char *p, int64_t n, int64_t size) {
+    int bad = 0;
+    if (size == 4) {
+        const float *f = (const float *)p;
+        for (int64_t i = 0; i < n / 4; i++) bad |= f[i] != f[i];
+    } else {
+        const double *f = (const double *)p;
+        for (int64_t i = 0; i < n / 8; i++) bad |= f[i] != f[i];
+    }
+    return bad;
+}
+
 /* run_io(plan, stream, src, out) -> status: src's bytes into the plan's input buffer, the steps,
  * then the plan's output buffer into out (both C-contiguous, of exactly the buffers' sizes). Out
  * is written only when every primitive succeeded. One call for what a program's run does around
- * its kernels: the input's copy and the output's. */
+ * its kernels: the input's copy and the output's. With nan_scan, -1 when out holds a NaN (the
+ * caller's NaN-row pass then runs; a softmax head's output has none otherwise). */
 static PyObject *run_io(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 4 || !Py_IS_TYPE(args[0], &PlanType)) {
@@ -194,7 +216,10 @@ static PyObject *run_io(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_BEGIN_ALLOW_THREADS
     memmove(self->into, src.buf, (size_t)src.len);
     status = steps(self, stream);
-    if (status == 0) memmove(out.buf, self->from, (size_t)out.len);
+    if (status == 0) {
+        memmove(out.buf, self->from, (size_t)out.len);
+        if (self->nan_scan && has_nan(out.buf, out.len, self->nan_scan)) status = -1;
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);

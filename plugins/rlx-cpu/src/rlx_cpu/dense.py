@@ -213,9 +213,10 @@ def io_call(runs: Sequence[Any], inputs: Sequence[tuple[str, np.ndarray]],
 
     api = oc._api()
     assert api is not None  # the span's runs were made on it
-    plans = PerTeam(lambda n: oc.sequence_plan(api, [r.team.variant(n) for r in span], (into, frm)),
-                    span[0].team.pool)
-    get, tail, stream = plans.get, merged.tail, oc._stream_address
+    tail = merged.tail  # the softmax head's NaN-row pass: run only where the C scan found a NaN
+    plans = PerTeam(lambda n: oc.sequence_plan(api, [r.team.variant(n) for r in span], (into, frm),
+                                               tail is not None), span[0].team.pool)
+    get, stream = plans.get, oc._stream_address
     dt, shape, out_dt, out_shape = into.dtype, into.shape, frm.dtype, frm.shape
 
     def call(feed: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
@@ -229,8 +230,8 @@ def io_call(runs: Sequence[Any], inputs: Sequence[tuple[str, np.ndarray]],
         except (BufferError, ValueError):  # not C-contiguous (NumPy's buffer export raises ValueError;
             return None  # dtype and shape matched, so the byte counts did)
         if st != 0:
-            oc._failed(st)
-        if tail is not None:
+            if st != -1:
+                oc._failed(st)
             tail(out)
         return {oname: out}
     return call

@@ -638,10 +638,12 @@ def sequence(api: dict[str, Any], runs: list[Run]) -> Run:
     return _grouped(api, *_groups(runs))
 
 
-def sequence_plan(api: dict[str, Any], runs: list[Run], io: tuple[np.ndarray, np.ndarray]) -> Any | None:
+def sequence_plan(api: dict[str, Any], runs: list[Run], io: tuple[np.ndarray, np.ndarray],
+                  nan_scan: bool) -> Any | None:
     """:func:`sequence`'s primitives as a plan for ``_dispatch.run_io`` that also copies the
-    program's input in and its output out (``io``), or None without the extension."""
-    return native_plan(api, *_groups(runs), io=io)
+    program's input in and its output out (``io``; ``nan_scan``: and reports a NaN in it), or None
+    without the extension."""
+    return native_plan(api, *_groups(runs), io=io, nan_scan=io[1].itemsize if nan_scan else 0)
 
 
 def _groups(runs: list[Run]) -> tuple[list[tuple[int, list[tuple[Any, int, Any]]]], list[Any]]:
@@ -688,10 +690,11 @@ def _grouped(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int, A
 
 
 def native_plan(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int, Any]]]], keep: Any,
-                io: tuple[np.ndarray, np.ndarray] | None = None) -> Any | None:
+                io: tuple[np.ndarray, np.ndarray] | None = None, nan_scan: int = 0) -> Any | None:
     """``groups`` as a :class:`rlx_cpu._dispatch.Plan` (one C call runs them all, with the same
     thread-count handling as the Python loop), or None without the extension. ``io``: the
-    program's input and output buffers (C-contiguous), for ``_dispatch.run_io``. The plan holds
+    program's input and output buffers (C-contiguous), for ``_dispatch.run_io``; ``nan_scan``
+    (the output's itemsize, 4 or 8): run_io returns -1 when the output holds a NaN. The plan holds
     ``groups``, ``keep`` and ``io``: every primitive, argument array and buffer it points into."""
     if native.why_not() is not None:
         return None
@@ -700,11 +703,11 @@ def native_plan(api: dict[str, Any], groups: list[tuple[int, list[tuple[Any, int
     get_t, set_t = api["omp"]
     words = [_address(api["fns"]["dnnl_primitive_execute"]), _address(get_t), _address(set_t)]
     if io is None:
-        words += [0, 0, 0, 0]
+        words += [0, 0, 0, 0, 0]
     else:
         into, frm = io
         assert into.flags.c_contiguous and frm.flags.c_contiguous
-        words += [into.ctypes.data, into.nbytes, frm.ctypes.data, frm.nbytes]
+        words += [into.ctypes.data, into.nbytes, frm.ctypes.data, frm.nbytes, nan_scan]
     for threads, bound in groups:
         for prim, n, args in bound:
             words += [threads, prim.value, n, ctypes.addressof(args)]
