@@ -113,7 +113,8 @@ from rlx_core.runtime import Session
 g = load_onnx(sys.argv[1])
 x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
 y = Session("cpu").compile(g).run({"x": x})["y"]
-print(json.dumps({"onnx": "onnx" in sys.modules, "y": np.asarray(y, np.float64).tolist()}))
+print(json.dumps({"onnx": "onnx" in sys.modules, "ml_dtypes": "ml_dtypes" in sys.modules,
+                  "y": np.asarray(y, np.float64).tolist()}))
 """
 
 
@@ -133,6 +134,8 @@ def test_loading_and_running_a_model_leaves_onnx_unimported(tmp_path: Path) -> N
     want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     out = _child(p)
     assert out["onnx"] is False
+    # float32 weights are typed without ml_dtypes (only bf16/float8/int4 tensors need it: ~1 MB RSS)
+    assert out["ml_dtypes"] is False
     np.testing.assert_allclose(np.asarray(out["y"]), want, rtol=1e-5, atol=1e-6)
     # Protobuf's pure-Python runtime does not share classes with onnx's: onnx itself reads the file.
     py = _child(p, PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="python")

@@ -104,8 +104,11 @@ class DType(enum.Enum):
         except Exception:
             npd = None
         if npd is not None:
+            # ml_dtypes' types match only a dtype of ml_dtypes: NumPy's own are found without
+            # importing it (~1 MB of RSS and 5 ms for every ONNX model's float32 weights).
+            lowp = npd.type.__module__.startswith("ml_dtypes")
             for dt in cls:
-                if dt.np == npd:
+                if (dt in _ML_NAMES) == lowp and dt.np == npd:
                     return dt
         names = ", ".join(d.value for d in cls)
         raise DTypeError(f"unknown dtype {value!r}", fix=f"use one of: {names}")
