@@ -88,6 +88,7 @@ def test_plan_stops_at_the_first_failure_with_its_status() -> None:
 @pytest.mark.parametrize("words,why", [
     (np.zeros(9, np.int64), "8 \\+ 4 \\* n"),
     (np.zeros(12, np.int32), "8 \\+ 4 \\* n"),
+    (np.zeros(8, np.float64), "8 \\+ 4 \\* n"),
     (np.zeros(8, np.int64), "address is 0"),
     (np.array([1, 1, 1, 0, -1, 0, 0, 0], np.int64), "negative byte count"),
     (np.array([1, 1, 1, 0, 0, 0, 0, 2], np.int64), "nan_scan is 0, 4 or 8"),

@@ -61,7 +61,11 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, "OO:Plan", &words_obj, &keep)) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(words_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (view.itemsize != 8 || view.len < HEADER * 8 || (view.len / 8 - HEADER) % 4 != 0) {
+    /* 64-bit integers only: a float64 buffer has the same item size */
+    const char *fmt = view.format != NULL ? view.format : "B";
+    char code = fmt[0] != '\0' ? fmt[strlen(fmt) - 1] : 'B';
+    if (view.itemsize != 8 || strchr("lqLQ", code) == NULL || view.len < HEADER * 8
+        || (view.len / 8 - HEADER) % 4 != 0) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "Plan words: 8 + 4 * n int64 values");
         return NULL;
