@@ -5,7 +5,10 @@ before the chains), optionally vs the chain of one-thread pieces (``--chain-piec
 on an OpenMP team even where it is tiny (``--chain-team``: ``conv_chain.SOLO_MACS``) or on the
 calling thread whatever its size (``--chain-solo``), each conv on
 an OpenMP team (``--openmp``,
-``onednn_conv.ROW_POOL = False``) and vs im2col (``--im2col``). All programs are compiled
+``onednn_conv.ROW_POOL = False``), vs im2col (``--im2col``), vs the chain with its stem on oneDNN's
+conv instead of rlx-cpu's direct kernel (``--onednn-stem``: ``conv_chain.SMALL_CONV`` off) and with
+that and ReLUs in the NaN-keeping elu form (``--elu-relu``: ``conv_chain.FINITE_RELU`` off too);
+``--no-pool`` leaves out the per-conv side. All programs are compiled
 first; then blocks of runs alternate A, B, A, B so that drift and other processes' load hit both.
 The first run of each block is dropped (libgomp's worker may still spin from the other side's last
 conv). Prints each side's median
@@ -35,9 +38,13 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
 
     exes = {}
     saved = conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE
+    stem = conv_chain.SMALL_CONV, conv_chain.FINITE_RELU
     for side in sides:
         # off: the chain's convs bound one at a time
-        conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-solo", "chain-pieces")
+        conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-solo", "chain-pieces",
+                                  "onednn-stem", "elu-relu")
+        conv_chain.SMALL_CONV = stem[0] and side not in ("onednn-stem", "elu-relu")
+        conv_chain.FINITE_RELU = stem[1] and side != "elu-relu"
         conv_chain.OPENMP = side != "chain-pieces"
         conv_chain.SOLO_MACS = {"chain-team": 0, "chain-solo": 1 << 62}.get(side, saved[2])
         onednn_conv.ROW_POOL = side != "openmp"
@@ -46,6 +53,7 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
         exe.run(feed)  # binds the kernels with the switches above
         exes[side] = exe
     conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE = saved
+    conv_chain.SMALL_CONV, conv_chain.FINITE_RELU = stem
     return exes
 
 
@@ -80,13 +88,20 @@ def main() -> None:
     ap.add_argument("--chain-solo", action="store_true",
                     help="a side: the chain on the calling thread alone whatever its size")
     ap.add_argument("--im2col", action="store_true", help="a side: the im2col path")
+    ap.add_argument("--onednn-stem", action="store_true",
+                    help="a side: the chain with oneDNN's conv for the stem (conv_chain.SMALL_CONV off)")
+    ap.add_argument("--elu-relu", action="store_true",
+                    help="a side: as --onednn-stem, and every ReLU post-op in the NaN-keeping elu form "
+                         "(conv_chain.FINITE_RELU off)")
+    ap.add_argument("--no-pool", action="store_true", help="leave out the side of convs bound one at a time")
     ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process (ResNet-18)")
     ap.add_argument("--zoo", help="a zoo CNN instead of ResNet-18 (tests/_zoo.py; exports cached where "
                                   "the tests cache them)")
     a = ap.parse_args()
     from rlx_core import bench
 
-    sides = ["chain", "pool"] + (["chain-pieces"] if a.chain_pieces else [])
+    sides = ["chain"] + ([] if a.no_pool else ["pool"]) + (["chain-pieces"] if a.chain_pieces else [])
+    sides += (["onednn-stem"] if a.onednn_stem else []) + (["elu-relu"] if a.elu_relu else [])
     sides += (["chain-openmp"] if a.chain_openmp else []) + (["chain-team"] if a.chain_team else [])
     sides += ["chain-solo"] if a.chain_solo else []
     sides += (["openmp"] if a.openmp else []) + (["im2col"] if a.im2col else [])

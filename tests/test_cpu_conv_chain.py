@@ -428,11 +428,13 @@ def test_clips_stay_numpy_passes_where_a_value_could_overflow(monkeypatch: pytes
     assert clips(_mobilenet(1)) == 5
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e11])
+@pytest.mark.parametrize("scale", [1.0, 1e11, 1e27])
 def test_max_pool_is_onednn_in_the_finite_variant_where_the_bound_holds(scale: float) -> None:
     """A max pool after a conv is oneDNN's (in the finite variant) where the conv cannot overflow for
-    an input below 1.9e19; weights near 1e10 (row sums ~1e12) keep the NaN-wins pass. A NaN in the
-    input wins either way (the exact variant runs)."""
+    the inputs the run-time check lets through: any below 1.9e19 (scale 1), or with the ReLU
+    post-op in the variant a norm below the bound's limit, which must allow an RMS of
+    ``RELU_RMS`` (1e11: row sums ~1e12, limit ~1e18); weights near 1e26 keep the NaN-wins pass. A
+    NaN in the input wins either way (the exact variant runs)."""
     g = GraphBuilder("pool")
     x = g.input("x", "f32", (2, 16, 12, 10))
     w = (RNG.standard_normal((16, 16, 3, 3)) * scale / 12).astype(np.float32)
@@ -444,7 +446,7 @@ def test_max_pool_is_onednn_in_the_finite_variant_where_the_bound_holds(scale: f
     exe = Session("cpu", use_cache=False).compile(graph)
     (impls,) = [getattr(r, "onednn_impl", None) for n, r in _kernels(exe, 2) if "conv_chain" in n]
     assert impls is not None
-    assert any(i.startswith("max_pool2d:") for i in impls) == (scale > 1), impls
+    assert any(i.startswith("max_pool2d:") for i in impls) == (scale > 1e20), impls
     for nan in (False, True):
         xv = RNG.standard_normal((2, 16, 12, 10)).astype(np.float32)
         if nan:
@@ -452,6 +454,74 @@ def test_max_pool_is_onednn_in_the_finite_variant_where_the_bound_holds(scale: f
         got = exe.run(x=xv)["y"]
         ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
         assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(ref).any() == nan
+        ok = ~np.isnan(ref)
+        np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
+
+
+def _relu_net(scale: float) -> Any:
+    g = GraphBuilder("relus")
+    x = g.input("x", "f32", (2, 16, 12, 10))
+    y = x
+    for i in range(2):
+        w = (RNG.standard_normal((16, 16, 3, 3)) * scale).astype(np.float32)
+        b = g.param(f"b{i}", np.zeros(16, np.float32))
+        y = g.op("relu", g.op("conv2d_bias", y, g.param(f"w{i}", w), b, strides=(1, 1), pads=(1, 1, 1, 1),
+                              dilations=(1, 1), groups=1))
+        if i == 0:
+            y = g.op("max_pool2d", y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    g.output(y, "y")
+    return g.build()
+
+
+@pytest.mark.parametrize("scale", [0.1, 1e9])
+def test_relu_post_op_in_the_finite_variant(scale: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the finite variant a conv's ReLU is oneDNN's relu post-op (NaN becomes 0: no exp per
+    negative output): the same bits as the NaN-keeping form for a finite input; an input holding
+    NaN, or one whose norm passes the bound's limit (weights ~1e9: row sums ~1e11, limit ~1e8; an
+    input of 1e9s), runs the exact variant, where NaN propagates as the reference's does."""
+    from rlx_cpu import conv_chain, parallel
+
+    pool = parallel.RowPool(2)
+    monkeypatch.setattr(parallel, "_POOL", pool)
+    monkeypatch.setattr(pool, "poll", lambda: None)  # one team size whatever the machine's load
+    made: list[tuple[bool, float]] = []  # variants made: (ReLU post-op, input norm limit)
+    orig = conv_chain._Blocked.__init__
+
+    def counting(self: Any, *a: Any, **k: Any) -> None:
+        f = k.get("finite")
+        made.append((bool(f and f.relus), f.limit if f else 0.0))
+        orig(self, *a, **k)
+    monkeypatch.setattr(conv_chain._Blocked, "__init__", counting)
+    graph = _relu_net(scale)
+    exe = Session("cpu", use_cache=False).compile(graph)
+    assert [n for n, _ in _kernels(exe, 2)] == ["cpu.rlx_cpu.conv_chain"]
+    assert made and all(relus for relus, _ in made), made
+    limit = made[0][1]
+    assert limit == conv_chain._X_MAX if scale < 1 else 1e7 < limit < 1e9
+    made.clear()
+    xf = RNG.standard_normal((2, 16, 12, 10)).astype(np.float32)
+    got = exe.run(x=xf)["y"]
+    ref = evaluate(graph, {"x": xf.astype(np.float64)})["y"]
+    np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+    assert made == []  # the finite variant ran
+    monkeypatch.setattr(conv_chain, "FINITE_RELU", False)
+    assert np.array_equal(Session("cpu", use_cache=False).compile(graph).run(x=xf)["y"], got)
+    assert made and not any(relus for relus, _ in made)
+    monkeypatch.setattr(conv_chain, "FINITE_RELU", True)
+    made.clear()
+    for bad in ("nan", "big"):
+        xv = xf.copy()
+        if bad == "nan":
+            xv[1, 3, 5, 5] = np.nan
+        elif scale > 1:
+            xv *= np.float32(1e9)  # finite, norm ~6e10: past the limit
+        else:
+            continue
+        m = len(made)
+        got = exe.run(x=xv)["y"]
+        ref = evaluate(graph, {"x": xv.astype(np.float64)})["y"]
+        assert made[m:] in ([], [(False, 0.0)]) and made == [(False, 0.0)]  # the exact variant, once
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(ref).any() == (bad == "nan")
         ok = ~np.isnan(ref)
         np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * float(np.abs(ref[ok]).max()))
 

@@ -129,6 +129,12 @@ _POOL = "max_pool2d"
 #: (oneDNN's clip post-op turns NaN into the lower bound: used only where no NaN can arise,
 #: see :data:`FUSE_CLIPS`).
 _CLIPS = ("maximum", "minimum")
+#: True: a conv of the chain's NCHW input with few channels and a big kernel (ResNet's stem) runs on
+#: rlx-cpu's direct kernel (:mod:`rlx_cpu.small_conv`, ``RLX_CPU_SMALL_CONV``), writing the layout
+#: the next conv reads. ResNet-18's stem (3->64 7x7 s2, 224x224, two threads): 1502 vs 1707 us at
+#: b1, 10.8 vs 13.1 ms at b8 (``python bench/small_conv.py``; the model: ``bench/conv_ab.py
+#: --onednn-stem``).
+SMALL_CONV = True
 #: Members a region needs: a single conv gains nothing (its own reorders are all it has).
 MIN_MEMBERS = 2
 #: Squeeze-excitation step: ``x * gate(fc2(act(fc1(reduce_mean_hw(x)))))`` with 1x1-conv FCs, as one
@@ -156,6 +162,19 @@ FUSE_CLIPS = True
 #: OpenMP team, whose max skips NaN where the IR's keeps it. ResNet-18 224x224 b1: the stem's pool
 #: (64x112x112) took 720 us as the NumPy pass.
 FINITE_POOLS = True
+#: True: in the finite variant a conv's ReLU is oneDNN's own relu post-op (``max(y, 0)``, which
+#: turns NaN into 0) instead of the NaN-keeping form (elu with alpha 0, then ``1 * y + 0``), which
+#: evaluates an exp for every negative output. Only where the bound holds for inputs of RMS up to
+#: :data:`RELU_RMS`: every ReLU conv then reads values the bound covers, so a ReLU post-op joins the
+#: NaN-losing steps whose input must stay far below float32's range. Measured 2026-12-03 (2-core
+#: Ice Lake VM, ``bench/conv_ab.py``-style blocks alternating in one process, p50 / fastest): the
+#: stem conv of ResNet-18 224x224 b1 (3->64, 7x7 s2) 1735 / 1482 us with the exp, 1443 / 1258
+#: with relu, 1429 / 1251 without any activation.
+FINITE_RELU = True
+#: Input RMS the finite variant with ReLU post-ops must cover (raw 8-bit pixels: at most 255);
+#: where the weights' bound allows less, ReLUs keep the NaN-keeping form.
+RELU_RMS = 256.0
+_RELU_OPS = ("rlx_cpu.conv2d_bias_relu", "rlx_cpu.conv2d_bias_add_relu")
 #: Largest input magnitude the finite variant is checked for: ``x . x`` (the run-time test, one
 #: BLAS dot) is finite in float32 only for ``|x| < 1.9e19``.
 _X_MAX = 1.9e19
@@ -728,11 +747,13 @@ def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[
 
 class _Finite:
     """What the finite variant does with oneDNN's NaN-losing forms (:data:`FUSE_CLIPS`,
-    :data:`FINITE_POOLS`): conv step -> (lo, hi) of the clip pair fused as its post-op, and
-    whether max pools are oneDNN primitives."""
+    :data:`FINITE_POOLS`, :data:`FINITE_RELU`): conv step -> (lo, hi) of the clip pair fused as its
+    post-op, whether max pools and ReLUs are oneDNN's, and the largest input norm ``||x||_2``
+    (which bounds every ``|x|``) the bound holds for."""
 
-    def __init__(self, fuse: dict[int, tuple[float, float]], pools: bool) -> None:
-        self.fuse, self.pools = fuse, pools
+    def __init__(self, fuse: dict[int, tuple[float, float]], pools: bool, relus: bool = False,
+                 limit: float = _X_MAX) -> None:
+        self.fuse, self.pools, self.relus, self.limit = fuse, pools, relus, limit
 
 
 def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) -> _Finite | None:
@@ -745,7 +766,10 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
     its largest |bias| (and the residual's bound); ReLU, SiLU, hard-swish, pools, means and gates
     in [0, 1] never grow a magnitude; a clip pair bounds its output by its bounds whatever its
     input. Only values up to the last NaN-losing step's input must stay below :data:`_SAFE`: a NaN
-    made after it runs through the same exact steps in both variants."""
+    made after it runs through the same exact steps in both variants. With ReLU post-ops as
+    NaN-losing steps (:data:`FINITE_RELU`) the input's norm is bounded at run time by the largest
+    ``M`` that keeps them below it, taken only where that allows inputs of RMS :data:`RELU_RMS`;
+    else the plan is as without them (``M`` = :data:`_X_MAX`, the dot's own overflow)."""
     import numpy as np
 
     readers: dict[int, int] = {}
@@ -767,7 +791,8 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
     pools = FINITE_POOLS and any(st["op"] == _POOL for st in steps)
     if pools:
         lossy += [st["src"] for st in steps if st["op"] == _POOL]
-    if not lossy:
+    relu = [k + 1 for k, st in enumerate(steps) if FINITE_RELU and st["op"] in _RELU_OPS]
+    if not lossy and not relu:
         return None
 
     def gain(w: np.ndarray) -> float:
@@ -783,19 +808,20 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
         return float(np.abs(b.astype(np.float64)).max()) if b.size else 0.0
 
     a, c = [1.0], [0.0]
-    top = [_X_MAX]  # per value: the largest bound at M = _X_MAX of it and of what its step made
+    #: per value: the bounds (a, c) of it and of what its step made inside (an SE's FCs)
+    bounds: list[list[tuple[float, float]]] = [[(1.0, 0.0)]]
     for st in steps:
         sa, sc = a[st["src"]], c[st["src"]]
         op = st["op"]
         keys = ("w", "b", "w2", "b2") if op == _SE else ("w", "b") if _is_conv(st) else ()
         if any(ins[st[key]].flags.writeable for key in keys):
             return None  # fed weights may hold NaN at run time
-        inner = 0.0
+        inner: list[tuple[float, float]] = []
         if op == _SE:
             w1, b1, w2, b2 = (ins[st[key]] for key in keys)
             h = (sa * gain(w1), sc * gain(w1) + most(b1))  # FC1 (its ReLU/SiLU never grows it)
             z = (h[0] * gain(w2), h[1] * gain(w2) + most(b2))  # FC2, before the gate
-            inner = max(h[0] * _X_MAX + h[1], z[0] * _X_MAX + z[1])
+            inner = [h, z]
             gate = st["gate"]
             gm = 1.0 if gate[0] == "sigmoid" else max(abs(float(gate[3])), abs(float(gate[4])))
             na, nc = sa * gm, sc * gm
@@ -816,8 +842,25 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
             return None
         a.append(na)
         c.append(nc)
-        top.append(max(na * _X_MAX + nc, inner))
-    return _Finite(fuse, pools) if max(top[:max(lossy) + 1]) < _SAFE else None
+        bounds.append([(na, nc), *inner])
+
+    def limit(upto: int) -> float:
+        """The largest input magnitude that keeps values 0..upto below _SAFE."""
+        lim = math.inf
+        for ab, cb in itertools.chain.from_iterable(bounds[:upto + 1]):
+            if cb >= _SAFE:
+                return 0.0
+            if ab > 0:
+                lim = min(lim, (_SAFE - cb) / ab)
+        return lim
+
+    if relu:
+        lim = limit(max(lossy + relu))
+        if lim >= RELU_RMS * math.sqrt(ins[0].size):
+            return _Finite(fuse, pools, True, min(lim, _X_MAX))
+    if not lossy:
+        return None
+    return _Finite(fuse, pools) if limit(max(lossy)) > _X_MAX else None
 
 
 def _finite_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
@@ -841,10 +884,10 @@ def _finite_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarra
     except (OneDNNError, _Unsupported):
         return None
     xf = x.reshape(-1)
-    dot, isfinite = np.dot, math.isfinite
+    dot, most = np.dot, plan.limit * plan.limit  # ``x . x`` in float32: inf from |x| ~1.8e19 on
 
     def run() -> None:
-        if isfinite(dot(xf, xf)):
+        if dot(xf, xf) < most:  # also False for NaN
             teams.get().run()
         else:
             exact().get().run()
@@ -1123,6 +1166,8 @@ class _Blocked:
         self.fuse = dict(finite.fuse) if finite else {}
         #: max pools as oneDNN primitives (see FINITE_POOLS)
         self.onednn_pools = bool(finite and finite.pools)
+        #: ReLUs as oneDNN's relu post-op (see FINITE_RELU)
+        self.fast_relu = bool(finite and finite.relus)
         if finite and split > 1:
             raise _Unsupported("the finite variant is for the OpenMP team's chains (no conv pieces)")
         #: scratch areas of conv pieces (see _piece_area): (memory, area), each area's bytes
@@ -1160,7 +1205,7 @@ class _Blocked:
         self.sp_nb = 0
         # value -> (md, memory, scratch offset or None for arrays of the program)
         vals: dict[int, tuple[Any, Any, int | None]] = {}
-        x_md = p.md_plain(x.shape, _strides_elems(x))
+        x_md = self._x_md = p.md_plain(x.shape, _strides_elems(x))
         vals[0] = (x_md, p.memory(x_md, x.ctypes.data), None)
         # value -> ("s", scratch offset) or ("p", pointer into the program's arena)
         where: dict[int, tuple[str, int]] = {0: ("p", x.ctypes.data)}
@@ -1305,7 +1350,7 @@ class _Blocked:
             strides, pads, dil, g = _conv_args(at)
             res = st.get("res")
             pd, w_md, w_user = self._conv_pd(src_md, w, b, shapes[k + 1], strides, pads, dil, g,
-                                             res is not None, _act(st["op"], at), clip=self.fuse.get(k))
+                                             res is not None, self._act(st["op"], at), clip=self.fuse.get(k))
             want = q(pd, XMD, _ARG_SRC)
             src_at = where[st["src"]]
             if not eq(want, src_md):  # a layout change the conv would not read itself
@@ -1329,9 +1374,23 @@ class _Blocked:
                 if res is not None:
                     reorder(vals[res][0], dst_md, vals[res][1], dst_mem)
             dst_at = ("p", o.ctypes.data) if off_d is None else ("s", off_d)
+            small = self._small_conv(k, steps, at, src_md, dst_md, off_d, x, ins, shapes, arena)
+            if small is not None:
+                self.entries.append(small)
+                self.impls.append(small.impl)  # type: ignore[attr-defined]
+                if small.nhwc:  # type: ignore[attr-defined]
+                    assert off_d is not None
+                    oshape = shapes[k + 1]
+                    dst_md = p.md_plain(oshape, (oshape[1] * oshape[2] * oshape[3], 1, oshape[3] * oshape[1],
+                                                 oshape[1]))
+                    dst_mem = scratch_mem(dst_md, off_d)
+                free_after(k, st["src"])
+                vals[k + 1] = (dst_md, dst_mem, off_d)
+                where[k + 1] = dst_at
+                continue
             pieces = None if self.split < 2 else self._pieces(
                 scratch_mem, src_md, src_at, dst_md, dst_at, w, b, shapes[k + 1], strides, pads, dil, g,
-                res is not None, _act(st["op"], at), shared, reorder)
+                res is not None, self._act(st["op"], at), shared, reorder)
             if pieces is not None:
                 self.entries.append(pieces)
                 self.impls.append(pieces.impl)  # type: ignore[attr-defined]
@@ -1358,6 +1417,88 @@ class _Blocked:
         p.scratch_nb = top
         self.where = -1
         self.views: dict[int, Any] = {}
+
+    def _small_conv(self, k: int, steps: Sequence[Mapping[str, Any]], at: Attrs, src_md: Any, dst_md: Any,
+                    off_d: int | None, x: np.ndarray, ins: Sequence[np.ndarray],
+                    shapes: Sequence[tuple[int, ...]], arena: _Arena) -> Run | None:
+        """The conv as rlx-cpu's direct kernel (:mod:`rlx_cpu.small_conv`) where it takes it: the
+        chain's own NCHW input with at most ``MAX_CHANNELS`` channels (a stem), a kernel of at least
+        ``MIN_TAPS`` taps, output channels a multiple of ``OC_MULTIPLE`` (where it is the faster:
+        :mod:`rlx_cpu.small_conv`), one group, no dilation or residual, an activation it has, on the
+        OpenMP team (the chain of one-thread pieces keeps oneDNN's, whose bits its one-thread
+        variant must match); None otherwise. It writes NHWC where the next conv reading its
+        output (through max pools) prefers that (ResNet's layer1: two reorders fewer, one of them
+        for the residual), else oneDNN's nChw16c (``run.nhwc`` says which)."""
+        from . import small_conv as sc
+
+        st = steps[k]
+        oshape = shapes[k + 1]
+
+        if not (SMALL_CONV and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
+                and st["src"] == 0
+                and st.get("res") is None and sc.why_not() is None and self.api.get("gomp")):
+            return None
+        w, b = ins[st["w"]], ins[st["b"]]
+        strides, pads, dil, g = _conv_args(at)
+        lay = _layout(self.p.fns, dst_md)
+        if (g != 1 or dil != (1, 1) or w.shape[1] > sc.MAX_CHANNELS or w.shape[0] % sc.OC_MULTIPLE
+                or w.shape[2] * w.shape[3] < sc.MIN_TAPS or x.ndim != 4
+                or not x.flags.c_contiguous or w.flags.writeable or lay is None or lay[0] != 16 or lay[2]
+                or not self.p.fns["dnnl_memory_desc_equal"](src_md, self._x_md)):
+            return None
+        act = self._act(st["op"], at)
+        if not isinstance(act, str) or act not in sc.ACT:
+            return None
+        nhwc = self._next_conv_wants_nhwc(k, steps, ins, shapes)
+        try:
+            conv = sc.SmallConv(x.shape, w, b, oshape, strides, pads, act, self.fuse.get(k), self.api["gomp"],
+                                sc.ISA, nhwc)
+        except ValueError:
+            return None
+        pad_off = arena.alloc(conv.pad_nbytes, k)
+        arena.free(pad_off, k)
+        xa = x.ctypes.data
+
+        def run() -> None:
+            base = self.buf.ctypes.data + self.shift
+            conv.run(xa, base + pad_off, base + off_d, self.threads)
+        run.impl = conv.impl  # type: ignore[attr-defined]
+        run.nhwc = nhwc  # type: ignore[attr-defined]
+        self.keep.append(conv)
+        return run
+
+    def _next_conv_wants_nhwc(self, k: int, steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray],
+                              shapes: Sequence[tuple[int, ...]]) -> bool:
+        """Whether the first conv reading step ``k``'s output (directly or through max pools)
+        prefers an NHWC source in oneDNN (its brgconv kernels here)."""
+        from .onednn_conv import _ARG_SRC, OneDNNError
+        from .onednn_conv import _QUERY_EXEC_ARG_MD as XMD
+
+        v = k + 1
+        for k2 in range(k + 1, len(steps)):
+            st2 = steps[k2]
+            if v not in (st2["src"], st2.get("res")):
+                continue
+            if st2["op"] == _POOL and st2["src"] == v:
+                v = k2 + 1
+                continue
+            if not _is_conv(st2) or st2["src"] != v:
+                return False
+            at2 = _step_attrs(st2)
+            strides, pads, dil, g = _conv_args(at2)
+            try:
+                pd, _, _ = self._conv_pd(self.p.md_any(shapes[v]), ins[st2["w"]], ins[st2["b"]],
+                                         shapes[k2 + 1], strides, pads, dil, g, st2.get("res") is not None,
+                                         self._act(st2["op"], at2))
+            except (OneDNNError, _Unsupported):  # no preference then: oneDNN's own layout
+                return False
+            lay = _layout(self.p.fns, self.p.fns["dnnl_primitive_desc_query_md"](pd, XMD, _ARG_SRC))
+            return bool(lay is not None and lay[2])
+        return False
+
+    def _act(self, op: str, attrs: Attrs) -> Any:
+        act = _act(op, attrs)
+        return "relu_drops_nan" if act == "relu" and self.fast_relu else act
 
     def _pool_pd(self, src_md: Any, dst_md: Any, at: Attrs) -> Any:
         """oneDNN's max pooling (forward inference) from ``src_md`` into ``dst_md``, same layout."""

@@ -45,7 +45,8 @@ from .parallel import PerTeam, RowPool, pool
 
 Run = Callable[[], None]
 #: The activation after the conv: "", "relu", "silu", or ("hardswish", alpha, beta) for
-#: ``y * min(max(alpha * y + beta, 0), 1)``.
+#: ``y * min(max(alpha * y + beta, 0), 1)``; "relu_drops_nan" is oneDNN's own relu, which turns NaN
+#: into 0 (for values that cannot hold one: ``rlx_cpu.conv_chain.FINITE_RELU``).
 Act = str | tuple[str, float, float]
 
 # oneDNN v3 C API constants (oneapi/dnnl/dnnl_types.h, dnnl_common_types.h).
@@ -55,6 +56,7 @@ _CPU = 1  # dnnl_cpu
 _IN_ORDER = 1  # dnnl_stream_in_order
 _FWD_INFERENCE = 0x60  # dnnl_forward_inference
 _CONV_DIRECT = 0x1  # dnnl_convolution_direct
+_ELTWISE_RELU = 0x20  # dnnl_eltwise_relu
 _ELTWISE_ELU, _ELTWISE_LINEAR, _ELTWISE_SWISH = 0x22, 0x26, 0x2C  # dnnl_eltwise_elu, _linear, _swish (v3)
 _ELTWISE_HARDSWISH = 0x34  # dnnl_eltwise_hardswish
 _ELTWISE_CLIP = 0x2E  # dnnl_eltwise_clip: min(max(x, alpha), beta)
@@ -154,7 +156,13 @@ def _api() -> dict[str, Any] | None:
         if fns["dnnl_engine_create"](ctypes.byref(engine), _CPU, 0) != 0:
             _STATE["why"] = "oneDNN could not create a CPU engine"
             return None
-        _STATE.update(ok=True, fns=fns, engine=engine, omp=(get_t, set_t))
+        # GOMP_parallel and the team queries: rlx-cpu's own kernels (rlx_cpu.small_conv) run on this team
+        try:
+            gomp = tuple(int(ctypes.cast(f, _VP).value or 0) for f in (
+                omp.GOMP_parallel, omp.omp_get_thread_num, omp.omp_get_num_threads))
+        except AttributeError:
+            gomp = None
+        _STATE.update(ok=True, fns=fns, engine=engine, omp=(get_t, set_t), gomp=gomp)
         return _STATE
 
 
@@ -581,6 +589,8 @@ def _post_ops(p: _Prim, add: bool, act: Act, clip: tuple[float, float] | None = 
         # negatives become -0, which the linear 1 * y + 0 makes +0.
         p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_ELU, 0.0, 0.0), "append_eltwise")
         p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_LINEAR, 1.0, 0.0), "append_eltwise")
+    elif name == "relu_drops_nan":  # max(y, 0): one instruction, NaN becomes 0
+        p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_RELU, 0.0, 0.0), "append_eltwise")
     elif name == "silu":  # swish with alpha 1: x * sigmoid(x)
         p.check(fns["dnnl_post_ops_append_eltwise"](ops, _ELTWISE_SWISH, 1.0, 0.0), "append_eltwise")
     elif name == "hardswish":  # x * min(max(alpha * x + beta, 0), 1); NaN stays NaN (tested)

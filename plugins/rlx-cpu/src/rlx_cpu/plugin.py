@@ -171,7 +171,8 @@ def rlx_probe_devices() -> list[DeviceInfo]:
                        reuse_distance=_reuse_distance(),
                        details={"machine": platform.machine(), "processor": platform.processor() or "?",
                                 "cores": str(os.cpu_count()), "threads": str(_pool_threads()),
-                                "threads_from": _threads_from(), "dispatch": _dispatch()})]
+                                "threads_from": _threads_from(), "dispatch": _dispatch(),
+                                "small_conv": _small_conv()})]
 
 
 def _dispatch() -> str:
@@ -179,6 +180,13 @@ def _dispatch() -> str:
 
     why = why_not()
     return "compiled (rlx_cpu._dispatch)" if why is None else f"Python loop: {why}"
+
+
+def _small_conv() -> str:
+    from .small_conv import why_not
+
+    why = why_not()
+    return "rlx_cpu._smallconv (AVX-512)" if why is None else f"oneDNN: {why}"
 
 
 def _threads_from() -> str:
