@@ -6,7 +6,7 @@ on an OpenMP team even where it is tiny (``--chain-team``: ``conv_chain.SOLO_MAC
 calling thread whatever its size (``--chain-solo``), each conv on
 an OpenMP team (``--openmp``,
 ``onednn_conv.ROW_POOL = False``), vs im2col (``--im2col``), vs the chain with its stem on oneDNN's
-conv instead of rlx-cpu's direct kernel (``--onednn-stem``: ``conv_chain.SMALL_CONV`` off) and with
+conv instead of rlx-cpu's direct kernel (``--onednn-stem``: ``conv_chain.STEM_CONV`` off) and with
 that and ReLUs in the NaN-keeping elu form (``--elu-relu``: ``conv_chain.FINITE_RELU`` off too);
 ``--no-pool`` leaves out the per-conv side. All programs are compiled
 first; then blocks of runs alternate A, B, A, B so that drift and other processes' load hit both.
@@ -38,12 +38,12 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
 
     exes = {}
     saved = conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE
-    stem = conv_chain.SMALL_CONV, conv_chain.FINITE_RELU
+    stem = conv_chain.STEM_CONV, conv_chain.FINITE_RELU
     for side in sides:
         # off: the chain's convs bound one at a time
         conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-solo", "chain-pieces",
                                   "onednn-stem", "elu-relu")
-        conv_chain.SMALL_CONV = stem[0] and side not in ("onednn-stem", "elu-relu")
+        conv_chain.STEM_CONV = stem[0] and side not in ("onednn-stem", "elu-relu")
         conv_chain.FINITE_RELU = stem[1] and side != "elu-relu"
         conv_chain.OPENMP = side != "chain-pieces"
         conv_chain.SOLO_MACS = {"chain-team": 0, "chain-solo": 1 << 62}.get(side, saved[2])
@@ -53,7 +53,7 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
         exe.run(feed)  # binds the kernels with the switches above
         exes[side] = exe
     conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE = saved
-    conv_chain.SMALL_CONV, conv_chain.FINITE_RELU = stem
+    conv_chain.STEM_CONV, conv_chain.FINITE_RELU = stem
     return exes
 
 
@@ -89,7 +89,7 @@ def main() -> None:
                     help="a side: the chain on the calling thread alone whatever its size")
     ap.add_argument("--im2col", action="store_true", help="a side: the im2col path")
     ap.add_argument("--onednn-stem", action="store_true",
-                    help="a side: the chain with oneDNN's conv for the stem (conv_chain.SMALL_CONV off)")
+                    help="a side: the chain with oneDNN's conv for the stem (conv_chain.STEM_CONV off)")
     ap.add_argument("--elu-relu", action="store_true",
                     help="a side: as --onednn-stem, and every ReLU post-op in the NaN-keeping elu form "
                          "(conv_chain.FINITE_RELU off)")

@@ -1,124 +1,103 @@
-"""rlx-cpu's direct kernel for convs with few input channels (``rlx_cpu._smallconv``) vs oneDNN's
-conv, both on two OpenMP threads in one process, calls alternating: the stems of ResNet (7x7 s2),
-MobileNet (3x3 s2), VGG (3x3 s1) and ConvNeXt (4x4 s4) at 224x224 and the zoo's 64x64, NCHW input,
-ReLU after (oneDNN's relu post-op). ``small`` writes oneDNN's nChw16c, ``small-nhwc`` NHWC. What
-``rlx_cpu.small_conv.MIN_TAPS`` / ``OC_MULTIPLE`` were chosen from. A benchmark, not a test.
+"""Tiny float32 convolutions on rlx-cpu: the one-call path (``rlx_cpu.conv._small_conv``: im2col by
+offset tables + oneDNN's sgemm + the tail) vs oneDNN's convolution primitive, and vs a single-node
+ONNX Runtime session, on the conv shapes of the zoo models this path is for.
 
-    python bench/small_conv.py
-    python bench/small_conv.py --threads 1
+    python bench/small_conv.py [--calls 2000] [--rounds 5]
+
+Both rlx-cpu sides are bound in this process (``conv.SMALL_MACS = 0`` forces oneDNN); bursts of
+``--calls`` calls alternate between them (and ORT), so drift and other processes' load hit each
+alike; each figure is the median over rounds of a burst's median, in microseconds. Shapes over
+``SMALL_MACS`` are listed too (the path is off there: both rlx columns then time oneDNN). A
+benchmark, not a test: numbers depend on the machine and its other load.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import time
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-CASES = {  # name: (input shape, weight shape, stride, pad)
-    "resnet 7x7 s2 224 b1": ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
-    "resnet 7x7 s2 224 b8": ((8, 3, 224, 224), (64, 3, 7, 7), 2, 3),
-    "resnet 7x7 s2 64 b1": ((1, 3, 64, 64), (64, 3, 7, 7), 2, 3),
-    "5x5 s2 224 ->64": ((1, 3, 224, 224), (64, 3, 5, 5), 2, 2),
-    "mobilenet 3x3 s2 224 ->32": ((1, 3, 224, 224), (32, 3, 3, 3), 2, 1),
-    "mobilenet 3x3 s2 64 ->32": ((1, 3, 64, 64), (32, 3, 3, 3), 2, 1),
-    "mobilenet_v3 3x3 s2 224 ->16": ((1, 3, 224, 224), (16, 3, 3, 3), 2, 1),
-    "vgg 3x3 s1 224 ->64": ((1, 3, 224, 224), (64, 3, 3, 3), 1, 1),
-    "3x3 s2 224 ->64": ((1, 3, 224, 224), (64, 3, 3, 3), 2, 1),
-    "convnext 4x4 s4 224 ->96": ((1, 3, 224, 224), (96, 3, 4, 4), 4, 0),
+#: name -> (x shape, w shape, strides, pads (t, l, b, r), groups)
+CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, int], tuple[int, int, int, int], int]] = {
+    "ViT patch 3->32 8x8/8 on 32x32": ((1, 3, 32, 32), (32, 3, 8, 8), (8, 8), (0, 0, 0, 0), 1),
+    "ViT patch, 8 images": ((8, 3, 32, 32), (32, 3, 8, 8), (8, 8), (0, 0, 0, 0), 1),
+    "Whisper conv1d 16->32 k3 L32": ((1, 16, 1, 32), (32, 16, 1, 3), (1, 1), (0, 1, 0, 1), 1),
+    "Whisper conv1d 32->32 k3/2 L32": ((1, 32, 1, 32), (32, 32, 1, 3), (1, 2), (0, 1, 0, 1), 1),
+    "conv1d 1->16 k5/2 L400": ((1, 1, 1, 400), (16, 1, 1, 5), (1, 2), (0, 2, 0, 2), 1),
+    "conv1d 16->32 k5/2 L100": ((1, 16, 1, 100), (32, 16, 1, 5), (1, 2), (0, 2, 0, 2), 1),
+    "conv1d 32->32 k3 groups 4 L25": ((1, 32, 1, 25), (32, 8, 1, 3), (1, 1), (0, 1, 0, 1), 4),
+    "ConvNeXt stem 3->16 4x4/4 on 64x64": ((1, 3, 64, 64), (16, 3, 4, 4), (4, 4), (0, 0, 0, 0), 1),
+    "ConvNeXt down 16->32 2x2/2 on 16x16": ((1, 16, 16, 16), (32, 16, 2, 2), (2, 2), (0, 0, 0, 0), 1),
+    "depthwise 7x7, 16 ch on 16x16": ((1, 16, 16, 16), (16, 1, 7, 7), (1, 1), (3, 3, 3, 3), 16),
 }
 
 
-def _onednn(api: dict[str, Any], shape: tuple[int, ...], wshape: tuple[int, ...], s: int, pad: int
-            ) -> tuple[Callable[[], None], Any, str]:
-    from rlx_cpu import onednn_conv as oc
+def _burst(fn: Callable[[], Any], calls: int) -> float:
+    from rlx_core.bench import measure
 
-    fns = api["fns"]
-    p = oc._Prim(api)
-    n, c, h, w = shape
-    o, _, kh, kw = wshape
-    ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // s + 1
-    src = p.md_plain(shape, (c * h * w, h * w, w, 1))
-    bias = np.zeros(o, np.float32)
-    bmd = p.md_plain(bias.shape, (1,))
-    attr = p.attr()
-    ops = oc._VP()
-    p.check(fns["dnnl_post_ops_create"](ctypes.byref(ops)), "post_ops_create")
-    p.owned.append(("dnnl_post_ops_destroy", ops))
-    p.check(fns["dnnl_post_ops_append_eltwise"](ops, oc._ELTWISE_RELU, 0.0, 0.0), "append_eltwise")
-    p.check(fns["dnnl_primitive_attr_set_post_ops"](attr, ops), "set_post_ops")
-    pd = oc._VP()
-    p.check(fns["dnnl_convolution_forward_primitive_desc_create"](
-        ctypes.byref(pd), api["engine"], oc._FWD_INFERENCE, oc._CONV_DIRECT, src, p.md_any(wshape), bmd,
-        p.md_any((n, o, ho, wo)), oc._dims((s, s)), oc._dims((0, 0)), oc._dims((pad, pad)),
-        oc._dims((pad, pad)), attr), "conv")
-    p.owned.append(("dnnl_primitive_desc_destroy", pd))
-    q, xmd = fns["dnnl_primitive_desc_query_md"], oc._QUERY_EXEC_ARG_MD
-    keep: list[Any] = [p, bias]
-
-    def buf(md: Any) -> Any:
-        a = oc._aligned(int(fns["dnnl_memory_desc_get_size"](md)) + 64)
-        a[:] = np.random.default_rng(0).random(a.size, np.float32) - 0.5
-        keep.append(a)
-        return p.memory(md, a.ctypes.data)
-    args = [(oc._ARG_SRC, buf(q(pd, xmd, oc._ARG_SRC))), (oc._ARG_WEIGHTS, buf(q(pd, xmd, oc._ARG_WEIGHTS))),
-            (oc._ARG_DST, buf(q(pd, xmd, oc._ARG_DST))), (oc._ARG_BIAS, p.memory(bmd, bias.ctypes.data))]
-    args += p.own_scratchpad(pd, keep)
-    prim = p.primitive(pd)
-    arr = (oc._ExecArg * len(args))(*(oc._ExecArg(a, m) for a, m in args))
-    ex, stream = fns["dnnl_primitive_execute"], oc._stream(api)
-    return lambda: ex(prim, stream, len(args), arr), keep, oc.impl_info(api, pd)
+    return statistics.median(measure(fn, calls, 0.0, calls)) * 1e6
 
 
-def _small(api: dict[str, Any], shape: tuple[int, ...], wshape: tuple[int, ...], s: int, pad: int, nhwc: bool,
-           threads: int) -> tuple[Callable[[], None], Any]:
-    from rlx_cpu import onednn_conv as oc
-    from rlx_cpu import small_conv as sc
-
-    n, c, h, w = shape
-    o, _, kh, kw = wshape
-    ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // s + 1
-    rng = np.random.default_rng(0)
-    x = rng.random(shape, np.float32)
-    wt = rng.random(wshape, np.float32)
-    conv = sc.SmallConv(shape, wt, np.zeros(o, np.float32), (n, o, ho, wo), (s, s), (pad,) * 4, "relu", None,
-                        api["gomp"], sc.AUTO, nhwc)
-    xp, y = oc._aligned(conv.pad_nbytes + 64), oc._aligned(4 * n * o * ho * wo)
-    return lambda: conv.run(x.ctypes.data, xp.ctypes.data, y.ctypes.data, threads), (x, conv, xp, y)
+def _ort(xs: tuple[int, ...], w: np.ndarray, b: np.ndarray, st: tuple[int, int], pd: tuple[int, ...],
+         g: int) -> Callable[[], Any] | None:
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(st), pads=list(pd), group=g)
+    graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, xs)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feed = {"x": np.zeros(xs, np.float32)}
+    return lambda: sess.run(None, feed)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=2000, help="calls a burst")
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    from rlx_cpu import onednn_conv, small_conv
+    from rlx_cpu import conv
 
-    api = onednn_conv._api()
-    why = small_conv.why_not()
-    if api is None or why is not None:
-        raise SystemExit(f"nothing to compare here: {why or 'no oneDNN'}")
-    api["omp"][1](a.threads)
-    for name, (shape, wshape, s, pad) in CASES.items():
-        one, keep1, impl = _onednn(api, shape, wshape, s, pad)
-        sides: dict[str, Callable[[], None]] = {"onednn": one}
-        keep = [keep1]
-        for label, nhwc in (("small", False), ("small-nhwc", True)):
-            fn, k = _small(api, shape, wshape, s, pad, nhwc, a.threads)
-            sides[label] = fn
-            keep.append(k)
-        reps = 40 if shape[0] > 1 or shape[2] > 100 else 400
-        ts: dict[str, list[float]] = {k: [] for k in sides}
-        for _ in range(reps):
-            for k, f in sides.items():
-                t = time.perf_counter()
-                f()
-                ts[k].append(time.perf_counter() - t)
-        print(f"{name:30s} oneDNN {impl:16s} " + "  ".join(
-            f"{k} p50 {np.median(v) * 1e6:7.0f} us (fastest {min(v) * 1e6:6.0f})" for k, v in ts.items()),
-            flush=True)
+    rng = np.random.default_rng(0)
+    print(f"{'conv':38s} {'MACs':>7s} {'oneDNN us':>10s} {'one call us':>12s} {'ORT node us':>12s} "
+          f"{'one call / oneDNN':>18s}")
+    for name, (xs, ws, st, pd, g) in CASES.items():
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        w.flags.writeable = False
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        ho = (xs[2] + pd[0] + pd[2] - ws[2]) // st[0] + 1
+        wo = (xs[3] + pd[1] + pd[3] - ws[3]) // st[1] + 1
+        outs = [np.empty((xs[0], ws[0], ho, wo), np.float32) for _ in range(2)]
+        keep = conv.SMALL_MACS
+        conv.SMALL_MACS = 0
+        onednn = conv.conv2d_float(x, w, outs[0], st, pd, (1, 1), g, b)
+        conv.SMALL_MACS = keep
+        small = conv.conv2d_float(x, w, outs[1], st, pd, (1, 1), g, b)
+        onednn()
+        small()
+        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+        peer = _ort(xs, np.asarray(w), b, st, pd, g)
+        sides = [onednn, small] + ([peer] if peer else [])
+        for fn in sides:
+            _burst(fn, 50)
+        got: list[list[float]] = [[] for _ in sides]
+        for _ in range(a.rounds):
+            for fn, acc in zip(sides, got):
+                acc.append(_burst(fn, a.calls))
+        med = [statistics.median(v) for v in got]
+        macs = outs[0].size * ws[1] * ws[2] * ws[3]
+        ort_us = f"{med[2]:12.1f}" if peer else f"{'-':>12s}"
+        print(f"{name:38s} {macs / 1e3:6.0f}K {med[0]:10.1f} {med[1]:12.1f} {ort_us} {med[1] / med[0]:18.2f}")
 
 
 if __name__ == "__main__":

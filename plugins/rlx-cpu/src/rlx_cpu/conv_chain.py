@@ -130,11 +130,11 @@ _POOL = "max_pool2d"
 #: see :data:`FUSE_CLIPS`).
 _CLIPS = ("maximum", "minimum")
 #: True: a conv of the chain's NCHW input with few channels and a big kernel (ResNet's stem) runs on
-#: rlx-cpu's direct kernel (:mod:`rlx_cpu.small_conv`, ``RLX_CPU_SMALL_CONV``), writing the layout
-#: the next conv reads. ResNet-18's stem (3->64 7x7 s2, 224x224, two threads): 1502 vs 1707 us at
-#: b1, 10.8 vs 13.1 ms at b8 (``python bench/small_conv.py``; the model: ``bench/conv_ab.py
-#: --onednn-stem``).
-SMALL_CONV = True
+#: rlx-cpu's direct kernel (:mod:`rlx_cpu.stem_conv`, ``RLX_CPU_STEM_CONV``), writing the layout
+#: the next conv reads. ResNet-18's stem (3->64 7x7 s2, 224x224, two threads): 1.50-1.72 vs
+#: 1.71-2.71 ms at b1, 10.8-12.6 vs 13.1-14.0 ms at b8 (``python bench/stem_conv.py``, two runs;
+#: the model: ``bench/conv_ab.py --onednn-stem``).
+STEM_CONV = True
 #: Members a region needs: a single conv gains nothing (its own reorders are all it has).
 MIN_MEMBERS = 2
 #: Squeeze-excitation step: ``x * gate(fc2(act(fc1(reduce_mean_hw(x)))))`` with 1x1-conv FCs, as one
@@ -1374,11 +1374,11 @@ class _Blocked:
                 if res is not None:
                     reorder(vals[res][0], dst_md, vals[res][1], dst_mem)
             dst_at = ("p", o.ctypes.data) if off_d is None else ("s", off_d)
-            small = self._small_conv(k, steps, at, src_md, dst_md, off_d, x, ins, shapes, arena)
-            if small is not None:
-                self.entries.append(small)
-                self.impls.append(small.impl)  # type: ignore[attr-defined]
-                if small.nhwc:  # type: ignore[attr-defined]
+            stem = self._stem_conv(k, steps, at, src_md, dst_md, off_d, x, ins, shapes, arena)
+            if stem is not None:
+                self.entries.append(stem)
+                self.impls.append(stem.impl)  # type: ignore[attr-defined]
+                if stem.nhwc:  # type: ignore[attr-defined]
                     assert off_d is not None
                     oshape = shapes[k + 1]
                     dst_md = p.md_plain(oshape, (oshape[1] * oshape[2] * oshape[3], 1, oshape[3] * oshape[1],
@@ -1418,23 +1418,23 @@ class _Blocked:
         self.where = -1
         self.views: dict[int, Any] = {}
 
-    def _small_conv(self, k: int, steps: Sequence[Mapping[str, Any]], at: Attrs, src_md: Any, dst_md: Any,
+    def _stem_conv(self, k: int, steps: Sequence[Mapping[str, Any]], at: Attrs, src_md: Any, dst_md: Any,
                     off_d: int | None, x: np.ndarray, ins: Sequence[np.ndarray],
                     shapes: Sequence[tuple[int, ...]], arena: _Arena) -> Run | None:
-        """The conv as rlx-cpu's direct kernel (:mod:`rlx_cpu.small_conv`) where it takes it: the
+        """The conv as rlx-cpu's direct kernel (:mod:`rlx_cpu.stem_conv`) where it takes it: the
         chain's own NCHW input with at most ``MAX_CHANNELS`` channels (a stem), a kernel of at least
         ``MIN_TAPS`` taps, output channels a multiple of ``OC_MULTIPLE`` (where it is the faster:
-        :mod:`rlx_cpu.small_conv`), one group, no dilation or residual, an activation it has, on the
+        :mod:`rlx_cpu.stem_conv`), one group, no dilation or residual, an activation it has, on the
         OpenMP team (the chain of one-thread pieces keeps oneDNN's, whose bits its one-thread
         variant must match); None otherwise. It writes NHWC where the next conv reading its
         output (through max pools) prefers that (ResNet's layer1: two reorders fewer, one of them
         for the residual), else oneDNN's nChw16c (``run.nhwc`` says which)."""
-        from . import small_conv as sc
+        from . import stem_conv as sc
 
         st = steps[k]
         oshape = shapes[k + 1]
 
-        if not (SMALL_CONV and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
+        if not (STEM_CONV and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
                 and st["src"] == 0
                 and st.get("res") is None and sc.why_not() is None and self.api.get("gomp")):
             return None

@@ -156,7 +156,7 @@ def _api() -> dict[str, Any] | None:
         if fns["dnnl_engine_create"](ctypes.byref(engine), _CPU, 0) != 0:
             _STATE["why"] = "oneDNN could not create a CPU engine"
             return None
-        # GOMP_parallel and the team queries: rlx-cpu's own kernels (rlx_cpu.small_conv) run on this team
+        # GOMP_parallel and the team queries: rlx-cpu's own kernels (rlx_cpu.stem_conv) run on this team
         try:
             gomp = tuple(int(ctypes.cast(f, _VP).value or 0) for f in (
                 omp.GOMP_parallel, omp.omp_get_thread_num, omp.omp_get_num_threads))

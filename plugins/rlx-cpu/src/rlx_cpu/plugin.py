@@ -172,7 +172,7 @@ def rlx_probe_devices() -> list[DeviceInfo]:
                        details={"machine": platform.machine(), "processor": platform.processor() or "?",
                                 "cores": str(os.cpu_count()), "threads": str(_pool_threads()),
                                 "threads_from": _threads_from(), "dispatch": _dispatch(),
-                                "small_conv": _small_conv()})]
+                                "stem_conv": _stem_conv()})]
 
 
 def _dispatch() -> str:
@@ -182,11 +182,11 @@ def _dispatch() -> str:
     return "compiled (rlx_cpu._dispatch)" if why is None else f"Python loop: {why}"
 
 
-def _small_conv() -> str:
-    from .small_conv import why_not
+def _stem_conv() -> str:
+    from .stem_conv import why_not
 
     why = why_not()
-    return "rlx_cpu._smallconv (AVX-512)" if why is None else f"oneDNN: {why}"
+    return "rlx_cpu._stemconv (AVX-512)" if why is None else f"oneDNN: {why}"
 
 
 def _threads_from() -> str:

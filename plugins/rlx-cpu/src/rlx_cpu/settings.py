@@ -83,14 +83,14 @@ NATIVE_DISPATCH = declare_setting(
     "copies where it is the whole program) is one call of rlx-cpu's compiled dispatch loop where the "
     "rlx_cpu._dispatch extension was built at install (0: a Python loop of ctypes calls, as before; "
     "`rlx doctor --json` gives which runs, in the cpu device's details).", owner=OWNER)
-SMALL_CONV = declare_setting(
-    "RLX_CPU_SMALL_CONV", "bool", True,
+STEM_CONV = declare_setting(
+    "RLX_CPU_STEM_CONV", "bool", True,
     "A conv chain's convs with few input channels (a CNN's stem, such as ResNet's 3->64 7x7) run on "
-    "rlx-cpu's own direct kernel (the optional rlx_cpu._smallconv extension, AVX-512 CPUs) instead of "
+    "rlx-cpu's own direct kernel (the optional rlx_cpu._stemconv extension, AVX-512 CPUs) instead of "
     "oneDNN's, on the same OpenMP team (0: oneDNN's, as before; `rlx doctor --json` gives which, in "
     "the cpu device's details).", owner=OWNER)
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
                            DENSE_OPENMP, CONV_CHAIN, CONV_OPENMP, POOL_NUMPY, NATIVE_DISPATCH,
-                           SMALL_CONV]
+                           STEM_CONV]

@@ -1,4 +1,4 @@
-"""rlx-cpu's direct kernel for convs with few input channels (rlx_cpu._smallconv): checked against a
+"""rlx-cpu's direct kernel for convs with few input channels (rlx_cpu._stemconv): checked against a
 float64 reference (NaN and Inf included), for every thread count bit for bit, and as a conv chain's
 stem against the oneDNN path. The portable tiles run on any machine; the AVX-512 tiles where the CPU
 has them (they are the only ones the chain picks by itself)."""
@@ -23,18 +23,18 @@ def _built() -> Iterator[None]:
     from rlx_cpu import onednn_conv
 
     if onednn_conv._api() is None:
-        pytest.skip("oneDNN is not installed (the chain's small convs run on its OpenMP team)")
+        pytest.skip("oneDNN is not installed (the chain's stem convs run on its OpenMP team)")
     try:
-        from rlx_cpu import _smallconv  # noqa: F401
+        from rlx_cpu import _stemconv  # noqa: F401
     except ImportError as e:  # CI builds it: a missing build is a failure, not a skip
-        pytest.fail(f"rlx_cpu._smallconv was not built: {e}")
+        pytest.fail(f"rlx_cpu._stemconv was not built: {e}")
     yield
 
 
 def _isas() -> list[int]:
-    from rlx_cpu import _smallconv, small_conv
+    from rlx_cpu import _stemconv, stem_conv
 
-    return [small_conv.GENERIC] + ([small_conv.AVX512] if _smallconv.isa() == "avx512" else [])
+    return [stem_conv.GENERIC] + ([stem_conv.AVX512] if _stemconv.isa() == "avx512" else [])
 
 
 def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, s: tuple[int, int], p: tuple[int, int, int, int],
@@ -59,14 +59,14 @@ def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, s: tuple[int, int], 
 
 def _run(x: np.ndarray, w: np.ndarray, b: np.ndarray, s: tuple[int, int], p: tuple[int, int, int, int],
          act: str, clip: tuple[float, float] | None, isa: int, threads: int) -> np.ndarray:
-    from rlx_cpu import onednn_conv, small_conv
+    from rlx_cpu import onednn_conv, stem_conv
 
     api = onednn_conv._api()
     assert api is not None and api["gomp"]
     n, c, h, wd = x.shape
     oc, _, kh, kw = w.shape
     oshape = (n, oc, (h + p[0] + p[2] - kh) // s[0] + 1, (wd + p[1] + p[3] - kw) // s[1] + 1)
-    conv = small_conv.SmallConv(x.shape, w, b, oshape, s, p, act, clip, api["gomp"], isa)
+    conv = stem_conv.SmallConv(x.shape, w, b, oshape, s, p, act, clip, api["gomp"], isa)
     xp = np.full(conv.pad_nbytes // 4, np.nan, np.float32)  # the kernel writes every byte it reads
     y = np.full((n, oc // 16, oshape[2], oshape[3], 16), np.nan, np.float32)
     conv.run(x.ctypes.data, xp.ctypes.data, y.ctypes.data, threads)
@@ -122,21 +122,21 @@ def test_nan_and_inf_propagate_as_the_reference() -> None:
 
 
 def test_refuses_what_it_does_not_take() -> None:
-    from rlx_cpu import _smallconv, onednn_conv, small_conv
+    from rlx_cpu import _stemconv, onednn_conv, stem_conv
 
     api = onednn_conv._api()
     assert api is not None
     x_shape = (1, 3, 8, 8)
     def bind(oc: int, act: str) -> Any:
         w, b = np.ones((oc, 3, 3, 3), np.float32), np.zeros(oc, np.float32)
-        return small_conv.SmallConv(x_shape, w, b, (1, oc, 6, 6), (1, 1), (0, 0, 0, 0), act, None,
-                                    api["gomp"], small_conv.GENERIC)
+        return stem_conv.SmallConv(x_shape, w, b, (1, oc, 6, 6), (1, 1), (0, 0, 0, 0), act, None,
+                                    api["gomp"], stem_conv.GENERIC)
 
     with pytest.raises(ValueError):  # output channels not in whole blocks of 16
         bind(24, "")
     with pytest.raises(ValueError):  # an activation it has no form for
         bind(16, "silu")
-    conv_a, pack_a, pad_a = _smallconv.addresses()
+    conv_a, pack_a, pad_a = _stemconv.addresses()
     fn = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * 6), ctypes.c_float, ctypes.c_float,
                           *([ctypes.c_void_p] * 3), ctypes.c_int)(conv_a)
     conv = bind(16, "")
@@ -149,9 +149,9 @@ def test_refuses_what_it_does_not_take() -> None:
         assert fn(x.ctypes.data, xp.ctypes.data, conv.w.ctypes.data, conv.b.ctypes.data, y.ctypes.data,
                   dims.ctypes.data, 0.0, 0.0, *api["gomp"], 2) == -1
     assert (y == 7.0).all()  # nothing written
-    if _smallconv.isa() != "avx512":  # AUTO picks no tiles on such a CPU: the chain keeps oneDNN's conv
+    if _stemconv.isa() != "avx512":  # AUTO picks no tiles on such a CPU: the chain keeps oneDNN's conv
         dims = conv.dims.copy()
-        dims[16] = small_conv.AUTO
+        dims[16] = stem_conv.AUTO
         assert fn(x.ctypes.data, xp.ctypes.data, conv.w.ctypes.data, conv.b.ctypes.data, y.ctypes.data,
                   dims.ctypes.data, 0.0, 0.0, *api["gomp"], 2) == -1
 
@@ -188,11 +188,11 @@ def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest
     """ResNet's stem (3->64 7x7 s2 + ReLU, max pool, a 3x3 conv) is one chain whose first conv is
     the kernel (the AVX-512 tiles where the CPU has them, else oneDNN's conv; the portable tiles when
     a test asks for them): equal to the float64 reference and close to oneDNN's conv, NaN included;
-    RLX_CPU_SMALL_CONV=0 and fed weights keep oneDNN's."""
-    from rlx_cpu import _smallconv, conv_chain, small_conv
+    RLX_CPU_STEM_CONV=0 and fed weights keep oneDNN's."""
+    from rlx_cpu import _stemconv, conv_chain, stem_conv
 
     if isa == "generic":
-        monkeypatch.setattr(small_conv, "ISA", small_conv.GENERIC)
+        monkeypatch.setattr(stem_conv, "ISA", stem_conv.GENERIC)
     graph = _stem(batch)
     xf = RNG.standard_normal((batch, 3, 40, 36)).astype(np.float32)
     made: list[Any] = []
@@ -204,16 +204,16 @@ def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest
     monkeypatch.setattr(conv_chain._Blocked, "_plan", plan)
     exe = Session("cpu", use_cache=False).compile(graph)
     impls = _impls(exe, graph, {"x": xf})
-    used = isa == "generic" or _smallconv.isa() == "avx512"
-    assert (impls[0] == f"small_conv:{'generic' if isa == 'generic' else 'avx512'}") == used, impls
-    if used and _smallconv.isa() == "avx512":  # NHWC out, as the 3x3 conv's brgconv reads it: no
+    used = isa == "generic" or _stemconv.isa() == "avx512"
+    assert (impls[0] == f"stem_conv:{'generic' if isa == 'generic' else 'avx512'}") == used, impls
+    if used and _stemconv.isa() == "avx512":  # NHWC out, as the 3x3 conv's brgconv reads it: no
         # reorder but the chain's output's
         assert made and all(len(b.entries) == len(b.impls) + 1 for b in made), [b.impls for b in made]
     monkeypatch.setattr(conv_chain._Blocked, "_plan", orig)
-    monkeypatch.setattr(conv_chain, "SMALL_CONV", False)
+    monkeypatch.setattr(conv_chain, "STEM_CONV", False)
     onednn = Session("cpu", use_cache=False).compile(graph)
-    assert not _impls(onednn, graph, {"x": xf})[0].startswith("small_conv"), _impls(onednn, graph, {"x": xf})
-    monkeypatch.setattr(conv_chain, "SMALL_CONV", True)
+    assert not _impls(onednn, graph, {"x": xf})[0].startswith("stem_conv"), _impls(onednn, graph, {"x": xf})
+    monkeypatch.setattr(conv_chain, "STEM_CONV", True)
     for nan in (False, True):
         xv = xf.copy()
         if nan:
@@ -227,28 +227,28 @@ def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest
         scale = float(np.abs(ref[ok]).max())
         np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-4, atol=2e-4 * scale)
         np.testing.assert_allclose(got[ok], base[ok], rtol=2e-4, atol=2e-4 * scale)
-    monkeypatch.setenv("RLX_CPU_SMALL_CONV", "0")
-    assert small_conv.why_not() == "RLX_CPU_SMALL_CONV=0"
+    monkeypatch.setenv("RLX_CPU_STEM_CONV", "0")
+    assert stem_conv.why_not() == "RLX_CPU_STEM_CONV=0"
     off = _impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
-    assert not off[0].startswith("small_conv"), off
-    monkeypatch.delenv("RLX_CPU_SMALL_CONV")
-    for oc, k in ((32, 7), (64, 3)):  # where oneDNN's is the faster (small_conv.OC_MULTIPLE, MIN_TAPS)
+    assert not off[0].startswith("stem_conv"), off
+    monkeypatch.delenv("RLX_CPU_STEM_CONV")
+    for oc, k in ((32, 7), (64, 3)):  # where oneDNN's is the faster (stem_conv.OC_MULTIPLE, MIN_TAPS)
         other = _stem(batch, oc, k=k)
         impls = _impls(Session("cpu", use_cache=False).compile(other), other, {"x": xf})
-        assert not impls[0].startswith("small_conv"), impls
+        assert not impls[0].startswith("stem_conv"), impls
     fed = _stem(batch, fed=True)
     w = RNG.standard_normal((64, 3, 7, 7)).astype(np.float32)
     impls = _impls(Session("cpu", use_cache=False).compile(fed), fed, {"x": xf, "w": w})
-    assert not any(i.startswith("small_conv") for i in impls), impls
+    assert not any(i.startswith("stem_conv") for i in impls), impls
 
 
 def test_probe_says_which_conv_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_cpu import _smallconv, plugin
+    from rlx_cpu import _stemconv, plugin
 
     (dev,) = plugin.rlx_probe_devices()
-    avx512 = _smallconv.isa() == "avx512"
-    want = "rlx_cpu._smallconv (AVX-512)" if avx512 else "oneDNN: this CPU has no AVX-512"
-    assert dev.details["small_conv"].startswith(want), dev.details
-    monkeypatch.setenv("RLX_CPU_SMALL_CONV", "0")
+    avx512 = _stemconv.isa() == "avx512"
+    want = "rlx_cpu._stemconv (AVX-512)" if avx512 else "oneDNN: this CPU has no AVX-512"
+    assert dev.details["stem_conv"].startswith(want), dev.details
+    monkeypatch.setenv("RLX_CPU_STEM_CONV", "0")
     (dev,) = plugin.rlx_probe_devices()
-    assert dev.details["small_conv"] == "oneDNN: RLX_CPU_SMALL_CONV=0"
+    assert dev.details["stem_conv"] == "oneDNN: RLX_CPU_STEM_CONV=0"

@@ -1,4 +1,4 @@
-/* rlx_cpu._smallconv: a direct convolution for a few input channels, written in oneDNN's nChw16c.
+/* rlx_cpu._stemconv: a direct convolution for a few input channels, written in oneDNN's nChw16c.
  *
  * Why: a CNN's stem conv (ResNet's 3->64 7x7 stride 2) has so few input channels that oneDNN's
  * kernels for it run at under half the core's FMA rate (ResNet-18 224x224 b1: 1.5 ms of the chain's
@@ -78,7 +78,7 @@ static void pad_rows(void *arg) {
 }
 
 /* One tile: RW output pixels of row oh from column ow0, NB blocks of 16 channels of group g
- * (weights packed by rlx_small_conv_pack: per group, (c, kh, kw, NB, 16)), input column stride SW
+ * (weights packed by rlx_stem_conv_pack: per group, (c, kh, kw, NB, 16)), input column stride SW
  * (0: the runtime stride). RW, NB and SW are constants where it is inlined, so that the
  * accumulators live in registers and the taps' offsets are immediates. */
 static inline __attribute__((always_inline)) void tile(const job_t *j, const float *xn, float *yn,
@@ -209,7 +209,7 @@ static int best_isa(void) {
 
 /* The kernel (called through ctypes). dims: D_COUNT words (see the enum); isa: ISA_AUTO or one
  * that best_isa allows. Returns 0, or -1 for arguments it does not take (nothing written). */
-int rlx_small_conv(const float *x, float *xp, const float *w, const float *bias, float *y,
+int rlx_stem_conv(const float *x, float *xp, const float *w, const float *bias, float *y,
                    const int64_t *dims, float lo, float hi, void *gomp_parallel, void *thread_num,
                    void *num_threads, int threads) {
     job_t j;
@@ -244,10 +244,10 @@ int rlx_small_conv(const float *x, float *xp, const float *w, const float *bias,
     return 0;
 }
 
-/* Packs OIHW weights (dims[D_ISA]: the ISA they are for) into the groups rlx_small_conv reads:
+/* Packs OIHW weights (dims[D_ISA]: the ISA they are for) into the groups rlx_stem_conv reads:
  * per group of up to 4 (AVX-512) or 1 block of 16 output channels, (c, kh, kw, blocks, 16).
  * Returns 0, or -1 where oc is not a multiple of 16. */
-int rlx_small_conv_pack(const float *w, float *wpk, const int64_t *dims) {
+int rlx_stem_conv_pack(const float *w, float *wpk, const int64_t *dims) {
     const int64_t *d = dims;
     if (d[D_OC] % 16 != 0 || d[D_OC] < 16) return -1;
     int isa = d[D_ISA] == ISA_AUTO ? best_isa() : (int)d[D_ISA];
@@ -263,8 +263,8 @@ int rlx_small_conv_pack(const float *w, float *wpk, const int64_t *dims) {
     return 0;
 }
 
-/* Bytes of the padded input copy rlx_small_conv needs (xp), or -1. */
-int64_t rlx_small_conv_pad_nbytes(const int64_t *dims) {
+/* Bytes of the padded input copy rlx_stem_conv needs (xp), or -1. */
+int64_t rlx_stem_conv_pad_nbytes(const int64_t *dims) {
     const int64_t *d = dims;
     if (d[D_N] < 1 || d[D_C] < 1 || d[D_OH] < 1 || d[D_OW] < 1) return -1;
     int64_t hp = (d[D_OH] - 1) * d[D_SH] + (d[D_KH] - 1) * d[D_DH] + 1;
@@ -275,9 +275,9 @@ int64_t rlx_small_conv_pad_nbytes(const int64_t *dims) {
 }
 
 static PyObject *addresses(PyObject *self, PyObject *unused) {
-    return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)rlx_small_conv,
-                         (unsigned long long)(uintptr_t)rlx_small_conv_pack,
-                         (unsigned long long)(uintptr_t)rlx_small_conv_pad_nbytes);
+    return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)rlx_stem_conv,
+                         (unsigned long long)(uintptr_t)rlx_stem_conv_pack,
+                         (unsigned long long)(uintptr_t)rlx_stem_conv_pad_nbytes);
 }
 
 static PyObject *isa(PyObject *self, PyObject *unused) {
@@ -287,13 +287,13 @@ static PyObject *isa(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"addresses", addresses, METH_NOARGS,
-     "(rlx_small_conv, rlx_small_conv_pack, rlx_small_conv_pad_nbytes): addresses, for ctypes."},
+     "(rlx_stem_conv, rlx_stem_conv_pack, rlx_stem_conv_pad_nbytes): addresses, for ctypes."},
     {"isa", isa, METH_NOARGS, "The tiles this CPU runs: 'avx512', or 'generic' (tests only)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rlx_cpu._smallconv",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rlx_cpu._stemconv",
                                     "A direct convolution for few input channels (see the C source).",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__smallconv(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__stemconv(void) { return PyModule_Create(&module); }
