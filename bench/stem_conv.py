@@ -84,7 +84,7 @@ def _stem(api: dict[str, Any], shape: tuple[int, ...], wshape: tuple[int, ...], 
     rng = np.random.default_rng(0)
     x = rng.random(shape, np.float32)
     wt = rng.random(wshape, np.float32)
-    conv = sc.SmallConv(shape, wt, np.zeros(o, np.float32), (n, o, ho, wo), (s, s), (pad,) * 4, "relu", None,
+    conv = sc.StemConv(shape, wt, np.zeros(o, np.float32), (n, o, ho, wo), (s, s), (pad,) * 4, "relu", None,
                         api["gomp"], sc.AUTO, nhwc)
     xp, y = oc._aligned(conv.pad_nbytes + 64), oc._aligned(4 * n * o * ho * wo)
     return lambda: conv.run(x.ctypes.data, xp.ctypes.data, y.ctypes.data, threads), (x, conv, xp, y)

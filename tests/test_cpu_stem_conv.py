@@ -66,7 +66,7 @@ def _run(x: np.ndarray, w: np.ndarray, b: np.ndarray, s: tuple[int, int], p: tup
     n, c, h, wd = x.shape
     oc, _, kh, kw = w.shape
     oshape = (n, oc, (h + p[0] + p[2] - kh) // s[0] + 1, (wd + p[1] + p[3] - kw) // s[1] + 1)
-    conv = stem_conv.SmallConv(x.shape, w, b, oshape, s, p, act, clip, api["gomp"], isa)
+    conv = stem_conv.StemConv(x.shape, w, b, oshape, s, p, act, clip, api["gomp"], isa)
     xp = np.full(conv.pad_nbytes // 4, np.nan, np.float32)  # the kernel writes every byte it reads
     y = np.full((n, oc // 16, oshape[2], oshape[3], 16), np.nan, np.float32)
     conv.run(x.ctypes.data, xp.ctypes.data, y.ctypes.data, threads)
@@ -129,7 +129,7 @@ def test_refuses_what_it_does_not_take() -> None:
     x_shape = (1, 3, 8, 8)
     def bind(oc: int, act: str) -> Any:
         w, b = np.ones((oc, 3, 3, 3), np.float32), np.zeros(oc, np.float32)
-        return stem_conv.SmallConv(x_shape, w, b, (1, oc, 6, 6), (1, 1), (0, 0, 0, 0), act, None,
+        return stem_conv.StemConv(x_shape, w, b, (1, oc, 6, 6), (1, 1), (0, 0, 0, 0), act, None,
                                     api["gomp"], stem_conv.GENERIC)
 
     with pytest.raises(ValueError):  # output channels not in whole blocks of 16

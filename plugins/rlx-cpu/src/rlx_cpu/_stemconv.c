@@ -1,4 +1,5 @@
-/* rlx_cpu._stemconv: a direct convolution for a few input channels, written in oneDNN's nChw16c.
+/* rlx_cpu._stemconv: a direct convolution for a few input channels, written in oneDNN's nChw16c or
+ * in NHWC (whichever the next conv reads).
  *
  * Why: a CNN's stem conv (ResNet's 3->64 7x7 stride 2) has so few input channels that oneDNN's
  * kernels for it run at under half the core's FMA rate (ResNet-18 224x224 b1: 1.5 ms of the chain's
@@ -13,9 +14,10 @@
  * summed in one fixed order (bias, then channels, kernel rows, kernel columns) by whichever thread
  * owns its row: the same bits for every thread count.
  *
- * The module exposes no Python functions but the kernel's address and the instruction sets it was
- * built for: rlx_cpu.conv_chain calls it through ctypes, which releases the GIL. Optional, as
- * rlx_cpu._dispatch: without it oneDNN runs the stem.
+ * The module's Python functions only give the C functions' addresses and the tiles this CPU runs:
+ * rlx_cpu.stem_conv calls the kernel through ctypes, which releases the GIL. Optional, as
+ * rlx_cpu._dispatch: without it oneDNN runs the stem. Only GCC and clang build it (vector
+ * extensions, target attributes); elsewhere the optional build is skipped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -1431,12 +1431,10 @@ class _Blocked:
         for the residual), else oneDNN's nChw16c (``run.nhwc`` says which)."""
         from . import stem_conv as sc
 
-        st = steps[k]
-        oshape = shapes[k + 1]
-
+        st, oshape = steps[k], shapes[k + 1]
         if not (STEM_CONV and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
-                and st["src"] == 0
-                and st.get("res") is None and sc.why_not() is None and self.api.get("gomp")):
+                and st["src"] == 0 and st.get("res") is None and sc.why_not() is None
+                and self.api.get("gomp")):
             return None
         w, b = ins[st["w"]], ins[st["b"]]
         strides, pads, dil, g = _conv_args(at)
@@ -1451,7 +1449,7 @@ class _Blocked:
             return None
         nhwc = self._next_conv_wants_nhwc(k, steps, ins, shapes)
         try:
-            conv = sc.SmallConv(x.shape, w, b, oshape, strides, pads, act, self.fuse.get(k), self.api["gomp"],
+            conv = sc.StemConv(x.shape, w, b, oshape, strides, pads, act, self.fuse.get(k), self.api["gomp"],
                                 sc.ISA, nhwc)
         except ValueError:
             return None

@@ -65,7 +65,7 @@ def why_not() -> str | None:
     return None
 
 
-class SmallConv:
+class StemConv:
     """One conv bound to the kernel: ``run(x, xp, y, threads)`` with the input's, the padded copy's
     and the output's addresses (nChw16c, or NHWC with ``nhwc``; ``pad_nbytes``: the copy's size)."""
 
