@@ -51,7 +51,6 @@ typedef struct {
     int64_t d[D_COUNT];
     int64_t hp, wp;
     float lo, hi;
-    int isa;
     omp_int_fn thread_num, num_threads;
 } job_t;
 
@@ -181,8 +180,8 @@ static int64_t row_count(const job_t *j, int nbmax) {
 #define HAVE_X86 1
 /* 20 zmm accumulators, 4 weight vectors and 5 broadcasts: 29 of the 32 registers. Six pixels (24
  * accumulators) left GCC too few registers: it read the weights from memory in every FMA and
- * spilled, 1.57 instead of 1.09 ms for ResNet-18's stem at b1 on two Ice Lake cores (4 pixels:
- * 1.13 ms). */
+ * spilled. One-off builds of each tile width (not kept), ResNet-18's stem at b1 on two Ice Lake
+ * cores, p50: 6 pixels 1.57 ms, 4 pixels 1.13, 5 pixels 1.09. */
 static __attribute__((target("avx512f,fma"))) void rows_avx512(void *arg) {
     const job_t *j = (const job_t *)arg;
     int64_t lo, hi;
@@ -233,7 +232,7 @@ int rlx_stem_conv(const float *x, float *xp, const float *w, const float *bias, 
     j.wp = (d[D_OW] - 1) * d[D_SW] + (d[D_KW] - 1) * d[D_DW] + 1;
     if (j.hp < d[D_PT] + d[D_H]) j.hp = d[D_PT] + d[D_H];
     if (j.wp < d[D_PL] + d[D_W]) j.wp = d[D_PL] + d[D_W];
-    j.x = x, j.xp = xp, j.w = w, j.bias = bias, j.y = y, j.lo = lo, j.hi = hi, j.isa = isa;
+    j.x = x, j.xp = xp, j.w = w, j.bias = bias, j.y = y, j.lo = lo, j.hi = hi;
     j.thread_num = (omp_int_fn)thread_num;
     j.num_threads = (omp_int_fn)num_threads;
     gomp_parallel_fn par = (gomp_parallel_fn)gomp_parallel;

@@ -167,9 +167,10 @@ FINITE_POOLS = True
 #: evaluates an exp for every negative output. Only where the bound holds for inputs of RMS up to
 #: :data:`RELU_RMS`: every ReLU conv then reads values the bound covers, so a ReLU post-op joins the
 #: NaN-losing steps whose input must stay far below float32's range. Measured 2026-12-03 (2-core
-#: Ice Lake VM, ``bench/conv_ab.py``-style blocks alternating in one process, p50 / fastest): the
-#: stem conv of ResNet-18 224x224 b1 (3->64, 7x7 s2) 1735 / 1482 us with the exp, 1443 / 1258
-#: with relu, 1429 / 1251 without any activation.
+#: Ice Lake VM, ``python bench/conv_ab.py --batch 1 --batch 8 --no-pool --onednn-stem --elu-relu``,
+#: three runs, raw docs/device-runs/conv-ab-cpu-2026-12-03-stem.txt; ``onednn-stem`` vs ``elu-relu``
+#: is this switch alone): ResNet-18 224x224 b1 17.7 vs 20.3, 21.2 vs 22.3, 25.3 vs 26.1 ms; b8
+#: 118.0 vs 133.4, 164.5 vs 169.7, but 237.0 vs 200.9 ms in the noisiest run.
 FINITE_RELU = True
 #: Input RMS the finite variant with ReLU post-ops must cover (raw 8-bit pixels: at most 255);
 #: where the weights' bound allows less, ReLUs keep the NaN-keeping form.

@@ -1,4 +1,5 @@
-"""Whether rlx-cpu's compiled dispatch loop (the optional ``rlx_cpu._dispatch`` extension) is used.
+"""Whether rlx-cpu's compiled dispatch loop (the optional ``rlx_cpu._dispatch`` extension) is used,
+and why an optional extension is missing.
 
 A module of its own, importing nothing heavy, so that device probing (``rlx doctor``) can say so
 without loading NumPy's or oneDNN's bindings.
@@ -16,6 +17,11 @@ def why_not() -> str | None:
     try:
         from . import _dispatch  # noqa: F401
     except ImportError as e:
-        return (f"rlx_cpu._dispatch was not built when rlx-cpu was installed ({e}); reinstall rlx-cpu "
-                "where a C compiler and Python's headers are present (apt-get install gcc python3-dev)")
+        return not_built("rlx_cpu._dispatch", e)
     return None
+
+
+def not_built(module: str, e: ImportError) -> str:
+    """Why one of rlx-cpu's optional C extensions is missing, and the fix."""
+    return (f"{module} was not built when rlx-cpu was installed ({e}); reinstall rlx-cpu where a C "
+            "compiler and Python's headers are present (apt-get install gcc python3-dev)")

@@ -58,8 +58,9 @@ def why_not() -> str | None:
     try:
         from ._stemconv import isa
     except ImportError as e:
-        return (f"rlx_cpu._stemconv was not built when rlx-cpu was installed ({e}); reinstall rlx-cpu "
-                "where a C compiler and Python's headers are present")
+        from .native import not_built
+
+        return not_built("rlx_cpu._stemconv", e)
     if ISA == AUTO and isa() != "avx512":
         return "this CPU has no AVX-512 (the kernel's only fast tiles)"
     return None
