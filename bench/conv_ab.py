@@ -7,7 +7,9 @@ calling thread whatever its size (``--chain-solo``), each conv on
 an OpenMP team (``--openmp``,
 ``onednn_conv.ROW_POOL = False``), vs im2col (``--im2col``), vs the chain with its stem on oneDNN's
 conv instead of rlx-cpu's direct kernel (``--onednn-stem``: ``conv_chain.STEM_CONV`` off) and with
-that and ReLUs in the NaN-keeping elu form (``--elu-relu``: ``conv_chain.FINITE_RELU`` off too);
+that and ReLUs in the NaN-keeping elu form (``--elu-relu``: ``conv_chain.FINITE_RELU`` off too),
+vs the chain with its 3x3 convs on oneDNN's direct conv instead of Winograd's F(4x4, 3x3)
+(``--direct-3x3``: ``conv_chain.WINOGRAD`` off);
 ``--no-pool`` leaves out the per-conv side. All programs are compiled
 first; then blocks of runs alternate A, B, A, B so that drift and other processes' load hit both.
 The first run of each block is dropped (libgomp's worker may still spin from the other side's last
@@ -38,13 +40,14 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
 
     exes = {}
     saved = conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE
-    stem = conv_chain.STEM_CONV, conv_chain.FINITE_RELU
+    stem = conv_chain.STEM_CONV, conv_chain.FINITE_RELU, conv_chain.WINOGRAD
     for side in sides:
         # off: the chain's convs bound one at a time
         conv_chain.USE = side in ("chain", "chain-openmp", "chain-team", "chain-solo", "chain-pieces",
-                                  "onednn-stem", "elu-relu")
+                                  "onednn-stem", "elu-relu", "direct-3x3")
         conv_chain.STEM_CONV = stem[0] and side not in ("onednn-stem", "elu-relu")
         conv_chain.FINITE_RELU = stem[1] and side != "elu-relu"
+        conv_chain.WINOGRAD = stem[2] and side != "direct-3x3"
         conv_chain.OPENMP = side != "chain-pieces"
         conv_chain.SOLO_MACS = {"chain-team": 0, "chain-solo": 1 << 62}.get(side, saved[2])
         onednn_conv.ROW_POOL = side != "openmp"
@@ -53,7 +56,7 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
         exe.run(feed)  # binds the kernels with the switches above
         exes[side] = exe
     conv_chain.USE, conv_chain.OPENMP, conv_chain.SOLO_MACS, onednn_conv.ROW_POOL, onednn_conv.USE = saved
-    conv_chain.STEM_CONV, conv_chain.FINITE_RELU = stem
+    conv_chain.STEM_CONV, conv_chain.FINITE_RELU, conv_chain.WINOGRAD = stem
     return exes
 
 
@@ -93,6 +96,9 @@ def main() -> None:
     ap.add_argument("--elu-relu", action="store_true",
                     help="a side: as --onednn-stem, and every ReLU post-op in the NaN-keeping elu form "
                          "(conv_chain.FINITE_RELU off)")
+    ap.add_argument("--direct-3x3", action="store_true",
+                    help="a side: the chain with its 3x3 convs on oneDNN's direct conv "
+                         "(conv_chain.WINOGRAD off)")
     ap.add_argument("--no-pool", action="store_true", help="leave out the side of convs bound one at a time")
     ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process (ResNet-18)")
     ap.add_argument("--zoo", help="a zoo CNN instead of ResNet-18 (tests/_zoo.py; exports cached where "
@@ -102,6 +108,7 @@ def main() -> None:
 
     sides = ["chain"] + ([] if a.no_pool else ["pool"]) + (["chain-pieces"] if a.chain_pieces else [])
     sides += (["onednn-stem"] if a.onednn_stem else []) + (["elu-relu"] if a.elu_relu else [])
+    sides += ["direct-3x3"] if a.direct_3x3 else []
     sides += (["chain-openmp"] if a.chain_openmp else []) + (["chain-team"] if a.chain_team else [])
     sides += ["chain-solo"] if a.chain_solo else []
     sides += (["openmp"] if a.openmp else []) + (["im2col"] if a.im2col else [])

@@ -30,8 +30,8 @@ fi
 if [ "$(uname -m)" = x86_64 ] && command -v ldconfig >/dev/null 2>&1; then
   ldconfig -p | grep -q libgomp.so.1 || need_apt+=(libgomp1)
 fi
-# rlx-cpu's C extensions (rlx_cpu._dispatch, rlx_cpu._stemconv; optional: without these it runs a
-# Python loop and oneDNN's stem convs).
+# rlx-cpu's C extensions (rlx_cpu._dispatch, rlx_cpu._stemconv, rlx_cpu._winograd; optional: without
+# these it runs a Python loop and oneDNN's convs).
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' >/dev/null 2>&1; then

@@ -135,6 +135,13 @@ _CLIPS = ("maximum", "minimum")
 #: 1.71-2.71 ms at b1, 10.8-12.6 vs 13.1-14.0 ms at b8 (``python bench/stem_conv.py``, two runs;
 #: the model: ``bench/conv_ab.py --onednn-stem``).
 STEM_CONV = True
+#: True: in the chain's finite variant, 3x3 stride-1 convs run as Winograd's F(4x4, 3x3)
+#: (:mod:`rlx_cpu.winograd`, ``RLX_CPU_WINOGRAD``) where :func:`rlx_cpu.winograd.worth_it` says it
+#: beats oneDNN's direct conv (ResNet's layer1 and layer2). Only there: its transforms spread a NaN
+#: or Inf over a 4x4 output tile, and they amplify magnitudes by at most 100 (input) x 361 (output)
+#: over the direct sum's bound (|U| <= the sum of |w| over the 3x3 taps), so a conv whose output the
+#: variant's bound keeps below :data:`_SAFE` keeps its intermediates below 3.7e34, within float32.
+WINOGRAD = True
 #: Members a region needs: a single conv gains nothing (its own reorders are all it has).
 MIN_MEMBERS = 2
 #: Squeeze-excitation step: ``x * gate(fc2(act(fc1(reduce_mean_hw(x)))))`` with 1x1-conv FCs, as one
@@ -753,8 +760,10 @@ class _Finite:
     (which bounds every ``|x|``) the bound holds for."""
 
     def __init__(self, fuse: dict[int, tuple[float, float]], pools: bool, relus: bool = False,
-                 limit: float = _X_MAX) -> None:
+                 limit: float = _X_MAX, upto: int = -1) -> None:
         self.fuse, self.pools, self.relus, self.limit = fuse, pools, relus, limit
+        #: the last value the bound keeps below :data:`_SAFE` (for inputs up to ``limit``)
+        self.upto = upto
 
 
 def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) -> _Finite | None:
@@ -858,10 +867,10 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
     if relu:
         lim = limit(max(lossy + relu))
         if lim >= RELU_RMS * math.sqrt(ins[0].size):
-            return _Finite(fuse, pools, True, min(lim, _X_MAX))
+            return _Finite(fuse, pools, True, min(lim, _X_MAX), max(lossy + relu))
     if not lossy:
         return None
-    return _Finite(fuse, pools) if limit(max(lossy)) > _X_MAX else None
+    return _Finite(fuse, pools, upto=max(lossy)) if limit(max(lossy)) > _X_MAX else None
 
 
 def _finite_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
@@ -1169,6 +1178,8 @@ class _Blocked:
         self.onednn_pools = bool(finite and finite.pools)
         #: ReLUs as oneDNN's relu post-op (see FINITE_RELU)
         self.fast_relu = bool(finite and finite.relus)
+        #: values whose bound the finite variant checks (Winograd convs may write only those)
+        self.bounded = finite.upto if finite else -1
         if finite and split > 1:
             raise _Unsupported("the finite variant is for the OpenMP team's chains (no conv pieces)")
         #: scratch areas of conv pieces (see _piece_area): (memory, area), each area's bytes
@@ -1375,6 +1386,16 @@ class _Blocked:
                 if res is not None:
                     reorder(vals[res][0], dst_md, vals[res][1], dst_mem)
             dst_at = ("p", o.ctypes.data) if off_d is None else ("s", off_d)
+            wino = self._winograd(k, st, at, src_md, src_at, dst_md, off_d, ins, shapes, arena)
+            if wino is not None:
+                self.entries.append(wino)
+                self.impls.append(wino.impl)  # type: ignore[attr-defined]
+                free_after(k, st["src"], *(() if res is None else (res,)))
+                vals[k + 1] = (dst_md, dst_mem, off_d)
+                where[k + 1] = dst_at
+                if final:
+                    reorder(dst_md, o_md, dst_mem, p.memory(o_md, o.ctypes.data))
+                continue
             stem = self._stem_conv(k, steps, at, src_md, dst_md, off_d, x, ins, shapes, arena)
             if stem is not None:
                 self.entries.append(stem)
@@ -1463,6 +1484,49 @@ class _Blocked:
             conv.run(xa, base + pad_off, base + off_d, self.threads)
         run.impl = conv.impl  # type: ignore[attr-defined]
         run.nhwc = nhwc  # type: ignore[attr-defined]
+        self.keep.append(conv)
+        return run
+
+    def _winograd(self, k: int, st: Mapping[str, Any], at: Attrs, src_md: Any, src_at: tuple[str, int],
+                  dst_md: Any, off_d: int | None, ins: Sequence[np.ndarray],
+                  shapes: Sequence[tuple[int, ...]], arena: _Arena) -> Run | None:
+        """The conv as Winograd's F(4x4, 3x3) (:mod:`rlx_cpu.winograd`) where it takes it and is the
+        faster: the finite variant (see :data:`WINOGRAD`) on the OpenMP team, a 3x3 stride-1 conv
+        of one group whose source and destination oneDNN keeps in NHWC, output bounded by the
+        variant's plan, constant weights; None otherwise. A residual is already in the destination
+        (the sum post-op's contract): the kernel adds it in place."""
+        from . import winograd as wg
+
+        if not (WINOGRAD and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
+                and k + 1 <= self.bounded and wg.why_not() is None and self.api.get("gomp")):
+            return None
+        w, b = ins[st["w"]], ins[st["b"]]
+        strides, pads, dil, g = _conv_args(at)
+        xs, oshape = shapes[st["src"]], shapes[k + 1]
+        fns = self.p.fns
+        lay_s, lay_d = _layout(fns, src_md), _layout(fns, dst_md)
+        if (g != 1 or strides != (1, 1) or dil != (1, 1) or w.shape[2:] != (3, 3) or w.flags.writeable
+                or lay_s is None or not lay_s[2] or lay_d is None or not lay_d[2] or len(xs) != 4
+                or not wg.worth_it(xs, w.shape, oshape)):
+            return None
+        act = self._act(st["op"], at)
+        if not isinstance(act, str) or act not in wg.ACT:
+            return None
+        try:
+            conv = wg.WinogradConv(xs, w, b, oshape, pads, act, self.fuse.get(k), self.api["gomp"], wg.ISA)
+        except ValueError:
+            return None
+        sc_off = arena.alloc(conv.scratch_nbytes(self.threads), k)
+        arena.free(sc_off, k)
+        res = st.get("res") is not None
+        kind, src_where = src_at
+
+        def run() -> None:
+            base = self.buf.ctypes.data + self.shift
+            y = base + off_d
+            conv.run(base + src_where if kind == "s" else src_where, y if res else 0, y, base + sc_off,
+                     self.threads)
+        run.impl = conv.impl  # type: ignore[attr-defined]
         self.keep.append(conv)
         return run
 

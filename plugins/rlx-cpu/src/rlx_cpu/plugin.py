@@ -172,7 +172,7 @@ def rlx_probe_devices() -> list[DeviceInfo]:
                        details={"machine": platform.machine(), "processor": platform.processor() or "?",
                                 "cores": str(os.cpu_count()), "threads": str(_pool_threads()),
                                 "threads_from": _threads_from(), "dispatch": _dispatch(),
-                                "stem_conv": _stem_conv()})]
+                                "stem_conv": _stem_conv(), "winograd": _winograd()})]
 
 
 def _dispatch() -> str:
@@ -187,6 +187,13 @@ def _stem_conv() -> str:
 
     why = why_not()
     return "rlx_cpu._stemconv (AVX-512)" if why is None else f"oneDNN: {why}"
+
+
+def _winograd() -> str:
+    from .winograd import why_not
+
+    why = why_not()
+    return "rlx_cpu._winograd (AVX-512)" if why is None else f"oneDNN: {why}"
 
 
 def _threads_from() -> str:

@@ -89,8 +89,15 @@ STEM_CONV = declare_setting(
     "rlx-cpu's own direct kernel (the optional rlx_cpu._stemconv extension, AVX-512 CPUs) instead of "
     "oneDNN's, on the same OpenMP team (0: oneDNN's, as before; `rlx doctor --json` gives which, in "
     "the cpu device's details).", owner=OWNER)
+WINOGRAD = declare_setting(
+    "RLX_CPU_WINOGRAD", "bool", True,
+    "A conv chain's 3x3 stride-1 convs run as Winograd's F(4x4, 3x3) (the optional rlx_cpu._winograd "
+    "extension, AVX-512 CPUs) where that measured faster than oneDNN's direct conv, in the chain's "
+    "finite variant only (inputs without NaN or Inf: a NaN would spread over a 4x4 tile); results differ "
+    "from the direct conv's by rounding, ~1e-6 of the values' magnitude (0: oneDNN's direct conv for "
+    "all of them; `rlx doctor --json` gives which, in the cpu device's details).", owner=OWNER)
 
 SETTINGS: list[Setting] = [THREADS, ADAPT, REUSE_DISTANCE, CHAIN, CHAIN_PIECES, DIRECT_BLAS, PRIVATE_BLAS,
                            ONEDNN, NUMBA_MIN, FUSE_BIND, WEIGHT_LAYOUT, PAIR_MIN_FLOPS, DENSE,
                            DENSE_OPENMP, CONV_CHAIN, CONV_OPENMP, POOL_NUMPY, NATIVE_DISPATCH,
-                           STEM_CONV]
+                           STEM_CONV, WINOGRAD]
