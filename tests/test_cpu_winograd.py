@@ -152,6 +152,8 @@ def test_refuses_what_it_does_not_take() -> None:
     assert not winograd.worth_it((1, 256, 14, 14), (256, 256, 3, 3), (1, 256, 14, 14))  # C x K too big
     assert not winograd.worth_it((1, 64, 8, 8), (64, 64, 3, 3), (1, 64, 8, 8))  # 4 tiles
     assert winograd.worth_it((1, 64, 56, 56), (64, 64, 3, 3), (1, 64, 56, 56))
+    assert winograd.worth_it((8, 256, 14, 14), (256, 256, 3, 3), (8, 256, 14, 14))  # 128 tiles
+    assert not winograd.worth_it((8, 512, 7, 7), (512, 512, 3, 3), (8, 512, 7, 7))
 
 
 def _block(batch: int, c: int = 64, hw: int = 20) -> Any:

@@ -1386,7 +1386,7 @@ class _Blocked:
                 if res is not None:
                     reorder(vals[res][0], dst_md, vals[res][1], dst_mem)
             dst_at = ("p", o.ctypes.data) if off_d is None else ("s", off_d)
-            wino = self._winograd(k, st, at, src_md, src_at, dst_md, off_d, ins, shapes, arena)
+            wino = self._winograd(k, st, at, src_md, src_at, dst_md, off_d, ins, shapes, arena, shared)
             if wino is not None:
                 self.entries.append(wino)
                 self.impls.append(wino.impl)  # type: ignore[attr-defined]
@@ -1489,7 +1489,7 @@ class _Blocked:
 
     def _winograd(self, k: int, st: Mapping[str, Any], at: Attrs, src_md: Any, src_at: tuple[str, int],
                   dst_md: Any, off_d: int | None, ins: Sequence[np.ndarray],
-                  shapes: Sequence[tuple[int, ...]], arena: _Arena) -> Run | None:
+                  shapes: Sequence[tuple[int, ...]], arena: _Arena, shared: dict[Any, Any]) -> Run | None:
         """The conv as Winograd's F(4x4, 3x3) (:mod:`rlx_cpu.winograd`) where it takes it and is the
         faster: the finite variant (see :data:`WINOGRAD`) on the OpenMP team, a 3x3 stride-1 conv
         of one group whose source and destination oneDNN keeps in NHWC, output bounded by the
@@ -1512,10 +1512,15 @@ class _Blocked:
         act = self._act(st["op"], at)
         if not isinstance(act, str) or act not in wg.ACT:
             return None
+        key = ("winograd", id(w))  # the transformed weights, shared by the thread-count variants
         try:
-            conv = wg.WinogradConv(xs, w, b, oshape, pads, act, self.fuse.get(k), self.api["gomp"], wg.ISA)
+            conv = wg.WinogradConv(xs, w, b, oshape, pads, act, self.fuse.get(k), self.api["gomp"], wg.ISA,
+                                   u=shared.get(key))
         except ValueError:
             return None
+        if key not in shared:
+            shared[key] = conv.u
+            release_file_pages(w)  # the transformed copy runs: a memory-mapped original's pages leave
         sc_off = arena.alloc(conv.scratch_nbytes(self.threads), k)
         arena.free(sc_off, k)
         res = st.get("res") is not None

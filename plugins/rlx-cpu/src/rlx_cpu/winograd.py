@@ -24,12 +24,14 @@ ACT = {"": 0, "relu": 1, "relu_drops_nan": 1, "clip": 2}
 ISA = AUTO
 #: Where it beats oneDNN's direct conv (2 threads, 2-core Ice Lake VM, 2026-12-03, p50 ms, ResNet-18's
 #: 3x3 convs, kernel vs oneDNN's brgconv): 64 ch on 56x56 b1 0.49-0.53 vs 1.07-1.15, b8 4.4-5.0 vs
-#: 10.2-10.9; 128 ch on 28x28 b1 0.51-0.52 vs 1.04-1.11, b8 4.0 vs 10.0-10.4; but 256 ch on 14x14 b1
-#: 0.97-1.23 vs 1.02-1.08 and 512 ch on 7x7 3.7 vs 1.15: each thread streams all 36 x C x K
-#: transformed weights (4x the direct conv's) for every block of tiles, which wins only while they
-#: stay in cache and the tiles are many. So: C x K up to 128 x 128, at least 16 tiles.
-MAX_CK = 128 * 128
-MIN_TILES = 16
+#: 10.2-10.9; 128 ch on 28x28 b1 0.51-0.52 vs 1.04-1.11, b8 4.0 vs 10.0-10.4; 256 ch on 14x14 b8
+#: 5.1 vs 8.5-11.1; but 256 ch b1 (16 tiles) 0.97-1.23 vs 1.02-1.08 and 512 ch on 7x7 b1 3.7-4.0 vs
+#: 1.1-1.2: each thread reads all 36 x C x K transformed weights (4x the direct conv's) for every
+#: block of tiles, which pays only while they stay in cache or the tiles are many. 512 ch at b8 (7.6
+#: vs 9.6-10.7) is left to oneDNN: 1.2x for 38 MB more weights a conv. So: C x K up to 128 x 128 with
+#: at least 16 tiles, up to 256 x 256 with at least 64.
+MAX_CK, MIN_TILES = 128 * 128, 16
+MAX_CK_MANY, MANY_TILES = 256 * 256, 64
 _P = ctypes.c_void_p
 
 # F(4x4, 3x3) (Lavin and Gray, 2016): G turns a 3x3 kernel into 6x6; B^T and A^T are in the C source.
@@ -69,7 +71,8 @@ def worth_it(x_shape: tuple[int, ...], w_shape: tuple[int, ...], oshape: tuple[i
     """Whether a 3x3 stride-1 conv is in the range where the kernel measured faster (see MAX_CK)."""
     k, c = w_shape[:2]
     tiles = oshape[0] * -(-oshape[2] // 4) * -(-oshape[3] // 4)
-    return c % 16 == 0 and k % 64 == 0 and c * k <= MAX_CK and tiles >= MIN_TILES and x_shape[1] == c
+    fits = (c * k <= MAX_CK and tiles >= MIN_TILES) or (c * k <= MAX_CK_MANY and tiles >= MANY_TILES)
+    return c % 16 == 0 and k % 64 == 0 and fits and x_shape[1] == c
 
 
 def transform_weights(w: np.ndarray) -> np.ndarray:
@@ -86,11 +89,12 @@ def transform_weights(w: np.ndarray) -> np.ndarray:
 
 class WinogradConv:
     """One conv bound to the kernel: ``run(x, res, y, scratch, threads)`` with addresses (NHWC
-    input, residual or 0, output; ``scratch_nbytes(threads)`` of 64-byte aligned scratch)."""
+    input, residual or 0, output; ``scratch_nbytes(threads)`` of 64-byte aligned scratch); ``u``:
+    the weights as an earlier binding transformed them."""
 
     def __init__(self, x_shape: tuple[int, ...], w: np.ndarray, b: np.ndarray, oshape: tuple[int, ...],
                  pads: tuple[int, int, int, int], act: str, clip: tuple[float, float] | None,
-                 gomp: tuple[int, int, int], isa: int = AUTO) -> None:
+                 gomp: tuple[int, int, int], isa: int = AUTO, u: np.ndarray | None = None) -> None:
         import numpy as np
 
         from .onednn_conv import _aligned
@@ -108,9 +112,12 @@ class WinogradConv:
                              np.int64)
         if self.scratch_nbytes(1) < 0:
             raise ValueError("the Winograd kernel does not take this conv")
-        u = transform_weights(w)
-        self.u = _aligned(u.nbytes)
-        self.u[:] = u.reshape(-1)
+        if u is None:  # else transformed by an earlier binding of the same weights
+            t = transform_weights(w)
+            u = _aligned(t.nbytes)
+            u[:] = t.reshape(-1)
+        #: the transformed weights, 64-byte aligned (other thread-count variants may share them)
+        self.u = u
         self.b = np.ascontiguousarray(b, np.float32)
         lo, hi = clip if clip is not None else (0.0, 0.0)
         self.lo, self.hi = ctypes.c_float(lo), ctypes.c_float(hi)
