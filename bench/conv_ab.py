@@ -16,7 +16,9 @@ The first run of each block is dropped (libgomp's worker may still spin from the
 conv). Prints each side's median
 over blocks of the block p50, the fastest run, and the median process CPU time a run (a spinning
 OpenMP worker counts there; on a loaded machine it varies less than wall time), and ONNX Runtime's
-p50 from its own process (``--ort``).
+p50 from its own process (``--ort``) or as one more side of the alternation in this process
+(``--ort-inline``: 2 intra-op threads; its spinning threads may still run into the next side's
+first run, which is dropped).
 
     taskset -c 0,1 python bench/conv_ab.py --batch 1 --batch 8 --rounds 6 --ort
     python bench/conv_ab.py --zoo efficientnet_b0 --batch 1 --batch 8   # a zoo CNN (64x64, tests/_zoo.py)
@@ -60,18 +62,43 @@ def _programs(graph: Any, feed: dict[str, Any], sides: list[str]) -> dict[str, A
     return exes
 
 
-def _zoo_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
+class _Ort:
+    """ONNX Runtime on the same model as a side: ``run(feed)`` as an Executable's."""
+
+    def __init__(self, path: str, feed: dict[str, Any]) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.sess.get_inputs()]
+        self.outs = [o.name for o in self.sess.get_outputs()]
+
+    def run(self, feed: dict[str, Any]) -> dict[str, Any]:
+        vals = list(feed.values())
+        res = self.sess.run(None, dict(zip(self.names, vals)))
+        return dict(zip(self.outs, res))
+
+
+def _zoo() -> Any:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "tests"))
-    _zoo = importlib.import_module("_zoo")  # the tests' zoo (not type-checked with the benches)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    return importlib.import_module("_zoo")  # the tests' zoo (not type-checked with the benches)
 
+
+def _zoo_path(name: str, batch: int) -> Any:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return _zoo().export(name, "legacy", False, root / ".pytest_cache" / "rlx-onnx-zoo", batch=batch)
+
+
+def _zoo_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
     from rlx_core.frontends.onnx import load_onnx
 
-    path = _zoo.export(name, "legacy", False, root / ".pytest_cache" / "rlx-onnx-zoo", batch=batch)
-    return load_onnx(str(path)), dict(_zoo.feeds(name, batch))
+    return load_onnx(str(_zoo_path(name, batch))), dict(_zoo().feeds(name, batch))
 
 
 def main() -> None:
@@ -101,6 +128,8 @@ def main() -> None:
                          "(conv_chain.WINOGRAD off)")
     ap.add_argument("--no-pool", action="store_true", help="leave out the side of convs bound one at a time")
     ap.add_argument("--ort", action="store_true", help="ONNX Runtime's p50 in its own process (ResNet-18)")
+    ap.add_argument("--ort-inline", action="store_true",
+                    help="a side: ONNX Runtime (2 threads) in this process, alternating with the others")
     ap.add_argument("--zoo", help="a zoo CNN instead of ResNet-18 (tests/_zoo.py; exports cached where "
                                   "the tests cache them)")
     a = ap.parse_args()
@@ -118,15 +147,22 @@ def main() -> None:
                                                               bench.inputs("resnet18", batch, 128))
         exes = _programs(graph, feed, sides)
         ref = exes["chain"].run(feed)
+        if a.ort_inline:
+            exes["ort"] = _Ort(str(_zoo_path(a.zoo, batch) if a.zoo else bench.onnx_path("resnet18")), feed)
+            got = exes["ort"].run(feed)
+            for (k, v), o in zip(ref.items(), got.values()):
+                err = float(abs(v - o).max())
+                assert err < 1e-3 * max(1.0, float(abs(v).max())), ("ort", k, err)
         for s in sides[1:]:
             for k, v in exes[s].run(feed).items():
                 err = float(abs(v - ref[k]).max())
                 assert err < 1e-3 * max(1.0, float(abs(ref[k]).max())), (s, k, err)
-        p50s: dict[str, list[float]] = {s: [] for s in sides}
-        cpu: dict[str, list[float]] = {s: [] for s in sides}  # process CPU time a run (spinning counts)
-        best = dict.fromkeys(sides, float("inf"))  # fastest run: the moments both cores were free
+        sides_all = sides + (["ort"] if a.ort_inline else [])
+        p50s: dict[str, list[float]] = {s: [] for s in sides_all}
+        cpu: dict[str, list[float]] = {s: [] for s in sides_all}  # process CPU time a run (spinning counts)
+        best = dict.fromkeys(sides_all, float("inf"))  # fastest run: the moments both cores were free
         for r in range(a.rounds):
-            for s in sides if r % 2 == 0 else sides[::-1]:
+            for s in sides_all if r % 2 == 0 else sides_all[::-1]:
                 ts = []
                 exes[s].run(feed)
                 c0 = time.process_time()
@@ -140,6 +176,9 @@ def main() -> None:
         line = ", ".join(f"{s} {statistics.median(v):.3f} ms (blocks {min(v):.3f}-{max(v):.3f}; "
                          f"fastest {best[s]:.3f}; CPU {statistics.median(cpu[s]):.3f} ms a run)"
                          for s, v in p50s.items())
+        if a.ort_inline:
+            ort_p50 = statistics.median(p50s["ort"])
+            line += ", " + ", ".join(f"{s}/ORT {statistics.median(p50s[s]) / ort_p50:.3f}" for s in sides)
         if a.ort and not a.zoo:
             o = bench.run_one("ort", "resnet18", batch, 128, False)
             line += f", ORT {o.get('p50_s', float('nan')) * 1e3:.2f} ms"

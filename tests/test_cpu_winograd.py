@@ -156,13 +156,13 @@ def test_refuses_what_it_does_not_take() -> None:
     assert not winograd.worth_it((8, 512, 7, 7), (512, 512, 3, 3), (8, 512, 7, 7))
 
 
-def _block(batch: int, c: int = 64, hw: int = 20) -> Any:
-    """A ResNet basic block after a conv: conv-relu, conv + residual - relu, then a global mean."""
+def _block(batch: int, c: int = 64, hw: int = 20, scale: float = 1.0) -> Any:
+    """A ResNet basic block between two convs: conv-relu, conv-relu, conv + residual - relu, conv-relu."""
     g = GraphBuilder("block")
     x = g.input("x", "f32", (batch, 16, hw, hw))
 
     def conv(v: Any, cin: int, name: str) -> Any:
-        w = (RNG.standard_normal((c, cin, 3, 3)) * np.sqrt(2 / (9 * cin))).astype(np.float32)
+        w = (RNG.standard_normal((c, cin, 3, 3)) * np.sqrt(2 / (9 * cin)) * scale).astype(np.float32)
         return g.op("conv2d_bias", v, g.param(name, w), g.param(name + "b", (RNG.standard_normal(c) * 0.1)
                                                                 .astype(np.float32)),
                     strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1)
@@ -225,6 +225,37 @@ def test_chain_runs_3x3_convs_as_winograd(batch: int, isa: str, monkeypatch: pyt
     assert winograd.why_not() == "RLX_CPU_WINOGRAD=0"
     off = _impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
     assert not any(i.startswith("winograd") for i in off), off
+
+
+def test_inputs_past_the_bound_run_the_direct_conv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the weights' bound no longer covers every input below float32's dot overflow, the finite
+    variant's check bounds the input's norm by the Winograd convs' limit (still covering inputs of
+    RMS 256): a finite input past it runs the exact variant (oneDNN's direct conv), equal to the
+    reference; one below it runs Winograd's."""
+    from rlx_cpu import _winograd, conv_chain, winograd
+
+    if _winograd.isa() != "avx512":
+        monkeypatch.setattr(winograd, "ISA", winograd.GENERIC)
+    graph = _block(1, scale=40.0)  # ~1e3 per conv: the chain's bound ~1e12
+    plans: list[Any] = []
+    plan = conv_chain._finite_plan
+    monkeypatch.setattr(conv_chain, "_finite_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
+    calls: list[int] = []
+    run = winograd.WinogradConv.run
+    monkeypatch.setattr(winograd.WinogradConv, "run", lambda self, *a: calls.append(1) or run(self, *a))
+    exe = Session("cpu", use_cache=False).compile(graph)
+    xf = RNG.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    exe.run(x=xf)
+    (fin,) = plans
+    assert fin.wino and 256 * np.sqrt(xf.size) <= fin.limit < conv_chain._X_MAX, fin.limit
+    assert len(calls) == 4
+    big = (xf * (2 * fin.limit / float(np.linalg.norm(xf)))).astype(np.float32)  # norm 2x the limit
+    calls.clear()
+    got = exe.run(x=big)["y"]
+    assert not calls  # the exact variant: oneDNN's direct convs
+    ref = evaluate(graph, {"x": big.astype(np.float64)})["y"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
 
 
 def test_too_few_tiles_keep_the_direct_conv() -> None:

@@ -141,6 +141,8 @@ STEM_CONV = True
 #: or Inf over a 4x4 output tile, and they amplify magnitudes by at most 100 (input) x 361 (output)
 #: over the direct sum's bound (|U| <= the sum of |w| over the 3x3 taps), so a conv whose output the
 #: variant's bound keeps below :data:`_SAFE` keeps its intermediates below 3.7e34, within float32.
+#: :func:`_finite_plan` takes a conv only where that bound holds for inputs of RMS :data:`RELU_RMS`
+#: and lowers the variant's run-time limit on the input's norm to it.
 WINOGRAD = True
 #: Members a region needs: a single conv gains nothing (its own reorders are all it has).
 MIN_MEMBERS = 2
@@ -756,14 +758,33 @@ def _shapes(x_shape: tuple[int, ...], xs: Sequence[np.ndarray], steps: Sequence[
 class _Finite:
     """What the finite variant does with oneDNN's NaN-losing forms (:data:`FUSE_CLIPS`,
     :data:`FINITE_POOLS`, :data:`FINITE_RELU`): conv step -> (lo, hi) of the clip pair fused as its
-    post-op, whether max pools and ReLUs are oneDNN's, and the largest input norm ``||x||_2``
-    (which bounds every ``|x|``) the bound holds for."""
+    post-op, whether max pools and ReLUs are oneDNN's, the conv steps that may run as Winograd's
+    F(4x4, 3x3) (:data:`WINOGRAD`), and the largest input norm ``||x||_2`` (which bounds every
+    ``|x|``) the bound holds for."""
 
     def __init__(self, fuse: dict[int, tuple[float, float]], pools: bool, relus: bool = False,
-                 limit: float = _X_MAX, upto: int = -1) -> None:
-        self.fuse, self.pools, self.relus, self.limit = fuse, pools, relus, limit
-        #: the last value the bound keeps below :data:`_SAFE` (for inputs up to ``limit``)
-        self.upto = upto
+                 limit: float = _X_MAX, wino: frozenset[int] = frozenset()) -> None:
+        self.fuse, self.pools, self.relus, self.limit, self.wino = fuse, pools, relus, limit, wino
+
+
+def _winograd_steps(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) -> set[int]:
+    """The conv steps whose shapes Winograd's kernel takes where it is the faster (its layouts are
+    checked when the chain is planned)."""
+    from . import winograd as wg
+
+    if not WINOGRAD or ins[0].ndim != 4 or wg.why_not() is not None:
+        return set()
+    shapes = _shapes(ins[0].shape, ins, steps)
+    out = set()
+    for k, st in enumerate(steps):
+        if not _is_conv(st):
+            continue
+        strides, _, dil, g = _conv_args(_step_attrs(st))
+        w = ins[st["w"]]
+        if (g == 1 and strides == (1, 1) and dil == (1, 1) and w.shape[2:] == (3, 3)
+                and wg.worth_it(shapes[st["src"]], w.shape, shapes[k + 1])):
+            out.add(k)
+    return out
 
 
 def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) -> _Finite | None:
@@ -802,7 +823,8 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
     if pools:
         lossy += [st["src"] for st in steps if st["op"] == _POOL]
     relu = [k + 1 for k, st in enumerate(steps) if FINITE_RELU and st["op"] in _RELU_OPS]
-    if not lossy and not relu:
+    wino = _winograd_steps(steps, ins)
+    if not lossy and not relu and not wino:
         return None
 
     def gain(w: np.ndarray) -> float:
@@ -864,13 +886,21 @@ def _finite_plan(steps: Sequence[Mapping[str, Any]], ins: Sequence[np.ndarray]) 
                 lim = min(lim, (_SAFE - cb) / ab)
         return lim
 
+    need = RELU_RMS * math.sqrt(ins[0].size)
+    # Winograd convs (see WINOGRAD) whose output stays below _SAFE for inputs of RMS RELU_RMS; the
+    # run-time check then bounds the input's norm by the lowest such limit
+    wino = {k for k in wino if limit(k + 1) >= need}
+    cap = min([limit(k + 1) for k in wino], default=math.inf)
     if relu:
         lim = limit(max(lossy + relu))
-        if lim >= RELU_RMS * math.sqrt(ins[0].size):
-            return _Finite(fuse, pools, True, min(lim, _X_MAX), max(lossy + relu))
-    if not lossy:
-        return None
-    return _Finite(fuse, pools, upto=max(lossy)) if limit(max(lossy)) > _X_MAX else None
+        if lim >= need:
+            return _Finite(fuse, pools, True, min(lim, cap, _X_MAX), frozenset(wino))
+    if lossy and limit(max(lossy)) > _X_MAX:
+        return _Finite(fuse, pools, limit=min(cap, _X_MAX), wino=frozenset(wino))
+    lim = min(cap, limit(max(lossy)) if lossy else math.inf)
+    if wino and lim >= need:  # the NaN-losing steps bounded as far as the Winograd convs are
+        return _Finite(fuse, pools, limit=min(lim, _X_MAX), wino=frozenset(wino))
+    return None
 
 
 def _finite_variant(api: dict[str, Any], ins: Sequence[np.ndarray], o: np.ndarray,
@@ -1178,8 +1208,8 @@ class _Blocked:
         self.onednn_pools = bool(finite and finite.pools)
         #: ReLUs as oneDNN's relu post-op (see FINITE_RELU)
         self.fast_relu = bool(finite and finite.relus)
-        #: values whose bound the finite variant checks (Winograd convs may write only those)
-        self.bounded = finite.upto if finite else -1
+        #: conv steps that may run as Winograd's F(4x4, 3x3): bounded by the finite variant's check
+        self.wino = finite.wino if finite else frozenset()
         if finite and split > 1:
             raise _Unsupported("the finite variant is for the OpenMP team's chains (no conv pieces)")
         #: scratch areas of conv pieces (see _piece_area): (memory, area), each area's bytes
@@ -1498,7 +1528,7 @@ class _Blocked:
         from . import winograd as wg
 
         if not (WINOGRAD and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
-                and k + 1 <= self.bounded and wg.why_not() is None and self.api.get("gomp")):
+                and k in self.wino and self.api.get("gomp")):
             return None
         w, b = ins[st["w"]], ins[st["b"]]
         strides, pads, dil, g = _conv_args(at)
