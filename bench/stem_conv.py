@@ -11,12 +11,12 @@ ReLU after (oneDNN's relu post-op). ``stem`` writes oneDNN's nChw16c, ``stem-nhw
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _onednn_conv import relu_conv
 
 CASES = {  # name: (input shape, weight shape, stride, pad)
     "resnet 7x7 s2 224 b1": ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
@@ -30,47 +30,6 @@ CASES = {  # name: (input shape, weight shape, stride, pad)
     "3x3 s2 224 ->64": ((1, 3, 224, 224), (64, 3, 3, 3), 2, 1),
     "convnext 4x4 s4 224 ->96": ((1, 3, 224, 224), (96, 3, 4, 4), 4, 0),
 }
-
-
-def _onednn(api: dict[str, Any], shape: tuple[int, ...], wshape: tuple[int, ...], s: int, pad: int
-            ) -> tuple[Callable[[], None], Any, str]:
-    from rlx_cpu import onednn_conv as oc
-
-    fns = api["fns"]
-    p = oc._Prim(api)
-    n, c, h, w = shape
-    o, _, kh, kw = wshape
-    ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // s + 1
-    src = p.md_plain(shape, (c * h * w, h * w, w, 1))
-    bias = np.zeros(o, np.float32)
-    bmd = p.md_plain(bias.shape, (1,))
-    attr = p.attr()
-    ops = oc._VP()
-    p.check(fns["dnnl_post_ops_create"](ctypes.byref(ops)), "post_ops_create")
-    p.owned.append(("dnnl_post_ops_destroy", ops))
-    p.check(fns["dnnl_post_ops_append_eltwise"](ops, oc._ELTWISE_RELU, 0.0, 0.0), "append_eltwise")
-    p.check(fns["dnnl_primitive_attr_set_post_ops"](attr, ops), "set_post_ops")
-    pd = oc._VP()
-    p.check(fns["dnnl_convolution_forward_primitive_desc_create"](
-        ctypes.byref(pd), api["engine"], oc._FWD_INFERENCE, oc._CONV_DIRECT, src, p.md_any(wshape), bmd,
-        p.md_any((n, o, ho, wo)), oc._dims((s, s)), oc._dims((0, 0)), oc._dims((pad, pad)),
-        oc._dims((pad, pad)), attr), "conv")
-    p.owned.append(("dnnl_primitive_desc_destroy", pd))
-    q, xmd = fns["dnnl_primitive_desc_query_md"], oc._QUERY_EXEC_ARG_MD
-    keep: list[Any] = [p, bias]
-
-    def buf(md: Any) -> Any:
-        a = oc._aligned(int(fns["dnnl_memory_desc_get_size"](md)) + 64)
-        a[:] = np.random.default_rng(0).random(a.size, np.float32) - 0.5
-        keep.append(a)
-        return p.memory(md, a.ctypes.data)
-    args = [(oc._ARG_SRC, buf(q(pd, xmd, oc._ARG_SRC))), (oc._ARG_WEIGHTS, buf(q(pd, xmd, oc._ARG_WEIGHTS))),
-            (oc._ARG_DST, buf(q(pd, xmd, oc._ARG_DST))), (oc._ARG_BIAS, p.memory(bmd, bias.ctypes.data))]
-    args += p.own_scratchpad(pd, keep)
-    prim = p.primitive(pd)
-    arr = (oc._ExecArg * len(args))(*(oc._ExecArg(a, m) for a, m in args))
-    ex, stream = fns["dnnl_primitive_execute"], oc._stream(api)
-    return lambda: ex(prim, stream, len(args), arr), keep, oc.impl_info(api, pd)
 
 
 def _stem(api: dict[str, Any], shape: tuple[int, ...], wshape: tuple[int, ...], s: int, pad: int, nhwc: bool,
@@ -102,7 +61,7 @@ def main() -> None:
         raise SystemExit(f"nothing to compare here: {why or 'no oneDNN'}")
     api["omp"][1](a.threads)
     for name, (shape, wshape, s, pad) in CASES.items():
-        one, keep1, impl = _onednn(api, shape, wshape, s, pad)
+        one, keep1, impl = relu_conv(api, shape, wshape, s, pad, nchw_src=True)
         sides: dict[str, Callable[[], None]] = {"onednn": one}
         keep = [keep1]
         for label, nhwc in (("stem", False), ("stem-nhwc", True)):

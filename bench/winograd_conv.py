@@ -11,13 +11,13 @@ shape: what ``MAX_CK`` / ``MIN_TILES`` were chosen from. A benchmark, not a test
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _onednn_conv import relu_conv
 
 CASES = {  # name: (batch, channels, height = width)
     "layer1 64ch 56x56 b1": (1, 64, 56),
@@ -31,37 +31,6 @@ CASES = {  # name: (batch, channels, height = width)
     "zoo 64x64: layer1 64ch 16x16 b1": (1, 64, 16),
     "zoo 64x64: layer2 128ch 8x8 b1": (1, 128, 8),
 }
-
-
-def _onednn(api: dict[str, Any], n: int, c: int, h: int) -> tuple[Callable[[], None], Any, str]:
-    from rlx_cpu import onednn_conv as oc
-
-    fns = api["fns"]
-    p = oc._Prim(api)
-    shape, wshape = (n, c, h, h), (c, c, 3, 3)
-    bias = np.zeros(c, np.float32)
-    bmd = p.md_plain(bias.shape, (1,))
-    pd = oc._VP()
-    p.check(fns["dnnl_convolution_forward_primitive_desc_create"](
-        ctypes.byref(pd), api["engine"], oc._FWD_INFERENCE, oc._CONV_DIRECT, p.md_any(shape),
-        p.md_any(wshape), bmd, p.md_any(shape), oc._dims((1, 1)), oc._dims((0, 0)), oc._dims((1, 1)),
-        oc._dims((1, 1)), oc._post_ops(p, False, "relu", None)), "conv")
-    p.owned.append(("dnnl_primitive_desc_destroy", pd))
-    q, xmd = fns["dnnl_primitive_desc_query_md"], oc._QUERY_EXEC_ARG_MD
-    keep: list[Any] = [p, bias]
-
-    def buf(md: Any) -> Any:
-        a = oc._aligned(int(fns["dnnl_memory_desc_get_size"](md)) + 64)
-        a[:] = np.random.default_rng(0).random(a.size, np.float32) - 0.5
-        keep.append(a)
-        return p.memory(md, a.ctypes.data)
-    args = [(oc._ARG_SRC, buf(q(pd, xmd, oc._ARG_SRC))), (oc._ARG_WEIGHTS, buf(q(pd, xmd, oc._ARG_WEIGHTS))),
-            (oc._ARG_DST, buf(q(pd, xmd, oc._ARG_DST))), (oc._ARG_BIAS, p.memory(bmd, bias.ctypes.data))]
-    args += p.own_scratchpad(pd, keep)
-    prim = p.primitive(pd)
-    arr = (oc._ExecArg * len(args))(*(oc._ExecArg(a, m) for a, m in args))
-    ex, stream = fns["dnnl_primitive_execute"], oc._stream(api)
-    return lambda: ex(prim, stream, len(args), arr), keep, oc.impl_info(api, pd)
 
 
 def _winograd(api: dict[str, Any], n: int, c: int, h: int, threads: int) -> tuple[Callable[[], None], Any]:
@@ -92,7 +61,7 @@ def main() -> None:
         raise SystemExit(f"nothing to compare here: {why or 'no oneDNN'}")
     api["omp"][1](a.threads)
     for name, (n, c, h) in CASES.items():
-        one, keep1, impl = _onednn(api, n, c, h)
+        one, keep1, impl = relu_conv(api, (n, c, h, h), (c, c, 3, 3), 1, 1, nchw_src=False)
         wino, keep2 = _winograd(api, n, c, h, a.threads)
         sides = {"onednn": one, "winograd": wino}
         reps = 10 if n > 1 else 40

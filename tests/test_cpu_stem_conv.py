@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cpu_kernels import chain_impls, isas, require_built
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.ir.reference import evaluate
@@ -20,21 +21,14 @@ RNG = np.random.default_rng(11)
 
 @pytest.fixture(autouse=True)
 def _built() -> Iterator[None]:
-    from rlx_cpu import onednn_conv
-
-    if onednn_conv._api() is None:
-        pytest.skip("oneDNN is not installed (the chain's stem convs run on its OpenMP team)")
-    try:
-        from rlx_cpu import _stemconv  # noqa: F401
-    except ImportError as e:  # CI builds it: a missing build is a failure, not a skip
-        pytest.fail(f"rlx_cpu._stemconv was not built: {e}")
+    require_built("rlx_cpu._stemconv", "the chain's stem convs")
     yield
 
 
 def _isas() -> list[int]:
-    from rlx_cpu import _stemconv, stem_conv
+    from rlx_cpu import stem_conv
 
-    return [stem_conv.GENERIC] + ([stem_conv.AVX512] if _stemconv.isa() == "avx512" else [])
+    return isas("rlx_cpu._stemconv", stem_conv)
 
 
 def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, s: tuple[int, int], p: tuple[int, int, int, int],
@@ -171,17 +165,6 @@ def _stem(batch: int, oc: int = 64, fed: bool = False, k: int = 7) -> Any:
     return g.build()
 
 
-def _impls(exe: Any, graph: Any, feeds: dict[str, np.ndarray]) -> list[str]:
-    from rlx_core.runtime import bind_inputs
-
-    compiled, _, _ = exe._specialise(bind_inputs(graph, feeds, "test")[1])
-    out: list[str] = []
-    for name, r in zip(compiled.kernel_names, compiled.runs):
-        if "conv_chain" in name:
-            out += list(getattr(r, "onednn_impl", None) or [])
-    return out
-
-
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("isa", ["auto", "generic"])
 def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,7 +186,7 @@ def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest
         made.append(self)
     monkeypatch.setattr(conv_chain._Blocked, "_plan", plan)
     exe = Session("cpu", use_cache=False).compile(graph)
-    impls = _impls(exe, graph, {"x": xf})
+    impls = chain_impls(exe, graph, {"x": xf})
     used = isa == "generic" or _stemconv.isa() == "avx512"
     assert (impls[0] == f"stem_conv:{'generic' if isa == 'generic' else 'avx512'}") == used, impls
     if used and _stemconv.isa() == "avx512":  # NHWC out, as the 3x3 conv's brgconv reads it: no
@@ -212,7 +195,8 @@ def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest
     monkeypatch.setattr(conv_chain._Blocked, "_plan", orig)
     monkeypatch.setattr(conv_chain, "STEM_CONV", False)
     onednn = Session("cpu", use_cache=False).compile(graph)
-    assert not _impls(onednn, graph, {"x": xf})[0].startswith("stem_conv"), _impls(onednn, graph, {"x": xf})
+    base_impls = chain_impls(onednn, graph, {"x": xf})
+    assert not base_impls[0].startswith("stem_conv"), base_impls
     monkeypatch.setattr(conv_chain, "STEM_CONV", True)
     for nan in (False, True):
         xv = xf.copy()
@@ -229,16 +213,16 @@ def test_chain_stem_runs_on_the_kernel(batch: int, isa: str, monkeypatch: pytest
         np.testing.assert_allclose(got[ok], base[ok], rtol=2e-4, atol=2e-4 * scale)
     monkeypatch.setenv("RLX_CPU_STEM_CONV", "0")
     assert stem_conv.why_not() == "RLX_CPU_STEM_CONV=0"
-    off = _impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
+    off = chain_impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
     assert not off[0].startswith("stem_conv"), off
     monkeypatch.delenv("RLX_CPU_STEM_CONV")
     for oc, k in ((32, 7), (64, 3)):  # where oneDNN's is the faster (stem_conv.OC_MULTIPLE, MIN_TAPS)
         other = _stem(batch, oc, k=k)
-        impls = _impls(Session("cpu", use_cache=False).compile(other), other, {"x": xf})
+        impls = chain_impls(Session("cpu", use_cache=False).compile(other), other, {"x": xf})
         assert not impls[0].startswith("stem_conv"), impls
     fed = _stem(batch, fed=True)
     w = RNG.standard_normal((64, 3, 7, 7)).astype(np.float32)
-    impls = _impls(Session("cpu", use_cache=False).compile(fed), fed, {"x": xf, "w": w})
+    impls = chain_impls(Session("cpu", use_cache=False).compile(fed), fed, {"x": xf, "w": w})
     assert not any(i.startswith("stem_conv") for i in impls), impls
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cpu_kernels import chain_impls, isas, require_built
 
 from rlx_core import GraphBuilder, Session
 from rlx_core.ir.reference import evaluate
@@ -21,21 +22,14 @@ RNG = np.random.default_rng(23)
 
 @pytest.fixture(autouse=True)
 def _built() -> Iterator[None]:
-    from rlx_cpu import onednn_conv
-
-    if onednn_conv._api() is None:
-        pytest.skip("oneDNN is not installed (the chain's Winograd convs run on its OpenMP team)")
-    try:
-        from rlx_cpu import _winograd  # noqa: F401
-    except ImportError as e:  # CI builds it: a missing build is a failure, not a skip
-        pytest.fail(f"rlx_cpu._winograd was not built: {e}")
+    require_built("rlx_cpu._winograd", "the chain's Winograd convs")
     yield
 
 
 def _isas() -> list[int]:
-    from rlx_cpu import _winograd, winograd
+    from rlx_cpu import winograd
 
-    return [winograd.GENERIC] + ([winograd.AVX512] if _winograd.isa() == "avx512" else [])
+    return isas("rlx_cpu._winograd", winograd)
 
 
 def _reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, p: tuple[int, int, int, int],
@@ -174,17 +168,6 @@ def _block(batch: int, c: int = 64, hw: int = 20, scale: float = 1.0) -> Any:
     return g.build()
 
 
-def _impls(exe: Any, graph: Any, feeds: dict[str, np.ndarray]) -> list[str]:
-    from rlx_core.runtime import bind_inputs
-
-    compiled, _, _ = exe._specialise(bind_inputs(graph, feeds, "test")[1])
-    out: list[str] = []
-    for name, r in zip(compiled.kernel_names, compiled.runs):
-        if "conv_chain" in name:
-            out += list(getattr(r, "onednn_impl", None) or [])
-    return out
-
-
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("isa", ["auto", "generic"])
 def test_chain_runs_3x3_convs_as_winograd(batch: int, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,13 +183,13 @@ def test_chain_runs_3x3_convs_as_winograd(batch: int, isa: str, monkeypatch: pyt
     graph = _block(batch)
     xf = RNG.standard_normal((batch, 16, 20, 20)).astype(np.float32)
     exe = Session("cpu", use_cache=False).compile(graph)
-    impls = _impls(exe, graph, {"x": xf})
+    impls = chain_impls(exe, graph, {"x": xf})
     used = isa == "generic" or _winograd.isa() == "avx512"
     name = f"winograd_4x3:{'generic' if isa == 'generic' else 'avx512'}"
     assert (impls.count(name) == 4) == used, impls  # the first one after a reorder into NHWC
     monkeypatch.setattr(conv_chain, "WINOGRAD", False)
     direct = Session("cpu", use_cache=False).compile(graph)
-    assert not any(i.startswith("winograd") for i in _impls(direct, graph, {"x": xf}))
+    assert not any(i.startswith("winograd") for i in chain_impls(direct, graph, {"x": xf}))
     monkeypatch.setattr(conv_chain, "WINOGRAD", True)
     for nan in (False, True):
         xv = xf.copy()
@@ -223,7 +206,7 @@ def test_chain_runs_3x3_convs_as_winograd(batch: int, isa: str, monkeypatch: pyt
         np.testing.assert_allclose(got[ok], base[ok], rtol=1e-4, atol=2e-5 * scale)
     monkeypatch.setenv("RLX_CPU_WINOGRAD", "0")
     assert winograd.why_not() == "RLX_CPU_WINOGRAD=0"
-    off = _impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
+    off = chain_impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
     assert not any(i.startswith("winograd") for i in off), off
 
 
@@ -261,7 +244,7 @@ def test_inputs_past_the_bound_run_the_direct_conv(monkeypatch: pytest.MonkeyPat
 def test_too_few_tiles_keep_the_direct_conv() -> None:
     graph = _block(1, hw=8)  # 8x8: 4 tiles
     xf = RNG.standard_normal((1, 16, 8, 8)).astype(np.float32)
-    impls = _impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
+    impls = chain_impls(Session("cpu", use_cache=False).compile(graph), graph, {"x": xf})
     assert impls and not any(i.startswith("winograd") for i in impls), impls
 
 
