@@ -153,6 +153,8 @@ def main() -> None:
             for (k, v), o in zip(ref.items(), got.values()):
                 err = float(abs(v - o).max())
                 assert err < 1e-3 * max(1.0, float(abs(v).max())), ("ort", k, err)
+                print(f"batch {batch}: output {k} vs ORT's: max abs difference {err:.2g} on values up to "
+                      f"{float(abs(o).max()):.2g}, same argmax {bool((v.argmax(-1) == o.argmax(-1)).all())}")
         for s in sides[1:]:
             for k, v in exes[s].run(feed).items():
                 err = float(abs(v - ref[k]).max())

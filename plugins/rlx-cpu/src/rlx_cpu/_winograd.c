@@ -9,7 +9,7 @@
  *
  * Numbers: the transforms mix all 36 values of a tile, so a NaN or Inf input makes a whole tile
  * NaN where the direct conv keeps it to the outputs whose window holds it, and rounding differs
- * from the direct sum (relative error ~1e-6 of the tile's magnitude here). rlx_cpu.conv_chain
+ * from the direct sum (tests/test_cpu_winograd.py bounds it by 2e-5 of the output's largest magnitude). rlx_cpu.conv_chain
  * therefore binds it only in a chain's finite variant, which runs while its input is finite and
  * bounded so that no value of the chain can overflow (see conv_chain._finite_plan).
  *

@@ -1530,14 +1530,13 @@ class _Blocked:
         if not (WINOGRAD and OPENMP and settings.CONV_OPENMP.get() and self.split < 2 and off_d is not None
                 and k in self.wino and self.api.get("gomp")):
             return None
+        # the shape rule and constant weights: checked by _winograd_steps when the plan took step k
         w, b = ins[st["w"]], ins[st["b"]]
-        strides, pads, dil, g = _conv_args(at)
+        _, pads, _, _ = _conv_args(at)
         xs, oshape = shapes[st["src"]], shapes[k + 1]
         fns = self.p.fns
         lay_s, lay_d = _layout(fns, src_md), _layout(fns, dst_md)
-        if (g != 1 or strides != (1, 1) or dil != (1, 1) or w.shape[2:] != (3, 3) or w.flags.writeable
-                or lay_s is None or not lay_s[2] or lay_d is None or not lay_d[2] or len(xs) != 4
-                or not wg.worth_it(xs, w.shape, oshape)):
+        if lay_s is None or not lay_s[2] or lay_d is None or not lay_d[2]:
             return None
         act = self._act(st["op"], at)
         if not isinstance(act, str) or act not in wg.ACT:

@@ -22,14 +22,15 @@ ACT = {"": 0, "relu": 1, "relu_drops_nan": 1, "clip": 2}
 #: The code bound convs use: AUTO (AVX-512 where the CPU has it, else none) or GENERIC (portable
 #: and slow: tests set it to run the chain's path on any machine).
 ISA = AUTO
-#: Where it beats oneDNN's direct conv (2 threads, 2-core Ice Lake VM, 2026-12-03, p50 ms, ResNet-18's
-#: 3x3 convs, kernel vs oneDNN's brgconv): 64 ch on 56x56 b1 0.49-0.53 vs 1.07-1.15, b8 4.4-5.0 vs
-#: 10.2-10.9; 128 ch on 28x28 b1 0.51-0.52 vs 1.04-1.11, b8 4.0 vs 10.0-10.4; 256 ch on 14x14 b8
-#: 5.1 vs 8.5-11.1; but 256 ch b1 (16 tiles) 0.97-1.23 vs 1.02-1.08 and 512 ch on 7x7 b1 3.7-4.0 vs
-#: 1.1-1.2: each thread reads all 36 x C x K transformed weights (4x the direct conv's) for every
-#: block of tiles, which pays only while they stay in cache or the tiles are many. 512 ch at b8 (7.6
-#: vs 9.6-10.7) is left to oneDNN: 1.2x for 38 MB more weights a conv. So: C x K up to 128 x 128 with
-#: at least 16 tiles, up to 256 x 256 with at least 64.
+#: Where it beats oneDNN's direct conv (``python bench/winograd_conv.py --rounds 3``, 2 threads, 2-core
+#: Ice Lake VM, 2026-12-03 22:12 UTC, raw docs/device-runs/winograd-conv-cpu-2026-12-03.txt, p50 ms,
+#: ResNet-18's 3x3 convs, kernel vs oneDNN's brgconv): 64 ch on 56x56 b1 0.51 vs 1.23, b8 4.15 vs
+#: 9.03; 128 ch on 28x28 b1 0.43 vs 1.03, b8 3.32 vs 8.10; 256 ch on 14x14 b8 4.91 vs 8.12; but 256 ch
+#: b1 (16 tiles) 1.02 vs 0.99, 512 ch on 7x7 b1 3.71 vs 1.15 and 128 ch on 8x8 (4 tiles) 0.145 vs
+#: 0.088: each thread reads all 36 x C x K transformed weights (4x the direct conv's) for every block
+#: of tiles, which pays only while they stay in cache or the tiles are many. 512 ch at b8 (6.19 vs
+#: 9.19) is left to oneDNN: 38 MB more weights a conv. So: C x K up to 128 x 128 with at least 16
+#: tiles, up to 256 x 256 with at least 64.
 MAX_CK, MIN_TILES = 128 * 128, 16
 MAX_CK_MANY, MANY_TILES = 256 * 256, 64
 _P = ctypes.c_void_p
